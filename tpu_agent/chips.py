@@ -1,0 +1,68 @@
+"""TPU generations: the one table read by the runtime's device properties and the profiler's estimates.
+
+Values for name, HBM and peak bf16 FLOP/s come from TorchTPU 0.2.0's ``_internal/utils/hardware.py`` (see
+``shared/reference/torchtpu_api.md`` §1.2). HBM bandwidth, MXU tile and TensorCores per chip come from
+Google's public Cloud TPU system-architecture pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_agent.errors import TpuAgentError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One TPU generation as user code and performance estimates see it."""
+
+    key: str  # CLI spelling: v5e, v5p, v6e, v7
+    device_name: str  # what torch.tpu.get_device_name() returns
+    pci_device_id: int
+    hbm_bytes_per_chip: int
+    devices_per_chip: int  # TorchTPU devices (processes) one chip exposes
+    peak_bf16_flops_per_chip: float
+    hbm_bandwidth_bytes_per_s: float
+    mxu_tile: int  # systolic array edge: matmul dims are padded to multiples of it
+    single_host_topology: dict[int, str]  # local chip count -> TORCH_TPU_TOPOLOGY value
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        return self.hbm_bytes_per_chip // self.devices_per_chip
+
+    @property
+    def peak_bf16_flops_per_device(self) -> float:
+        return self.peak_bf16_flops_per_chip / self.devices_per_chip
+
+    @property
+    def hbm_bandwidth_per_device(self) -> float:
+        return self.hbm_bandwidth_bytes_per_s / self.devices_per_chip
+
+
+CHIPS: dict[str, Chip] = {
+    chip.key: chip
+    for chip in (
+        Chip("v4", "TPU v4", 0x005E, 32 * GIB, 1, 275e12, 1.2e12, 128, {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}),
+        Chip("v5e", "TPU v5e", 0x0063, 16 * GIB, 1, 197e12, 819e9, 128, {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}),
+        Chip("v5p", "TPU v5p", 0x0062, 95 * GIB, 1, 459e12, 2.765e12, 128, {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}),
+        Chip("v6e", "TPU v6e", 0x006F, 32 * GIB, 1, 918e12, 1.64e12, 256, {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}),
+        Chip("v7", "TPU v7", 0x0076, 192 * GIB, 2, 2307e12, 7.37e12, 256, {2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"}),
+    )
+}
+
+DEFAULT_CHIP = "v6e"
+CLI_CHIPS = ("v5e", "v5p", "v6e", "v7")
+
+
+def get_chip(key: str) -> Chip:
+    """Look a chip up by its CLI spelling, with an error that lists the valid ones."""
+    try:
+        return CHIPS[key.lower()]
+    except KeyError:
+        raise TpuAgentError(
+            code="unknown-chip",
+            message=f"unknown TPU chip {key!r}",
+            hint=f"use one of: {', '.join(CLI_CHIPS)}",
+        ) from None

@@ -1,0 +1,73 @@
+"""Output plumbing shared by every command: ``--format``, JSON emission and error rendering.
+
+Agents read ``--format json`` from stdout; people read rich text. Human diagnostics and progress go to
+stderr so that stdout stays machine-readable in every format.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from tpu_agent.errors import ExitCode, TpuAgentError
+
+console = Console()
+console_err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OutputFormat(str, Enum):
+    """The formats a command can print; not every command supports every one (each says which)."""
+
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+    markdown = "markdown"
+    html = "html"
+
+
+FORMAT_HELP = "Output format: text for people, json for agents and scripts."
+
+
+def print_json(data: Any) -> None:
+    """Write ``data`` as indented JSON to stdout (no rich markup, no wrapping)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(error: TpuAgentError, output_format: OutputFormat = OutputFormat.text) -> None:
+    """Report ``error`` in the requested format and exit with its code."""
+    if output_format == OutputFormat.json:
+        print_json({"error": error.to_dict()})
+    else:
+        console_err.print(f"[bold red]error[/] [dim]({error.code})[/]: {error.message}", highlight=False)
+        if error.hint:
+            console_err.print(f"  [bold]hint[/]: {error.hint}", highlight=False)
+    raise typer.Exit(int(error.exit_code))
+
+
+def handles_errors(func: F) -> F:
+    """Decorator for command bodies: a :class:`TpuAgentError` becomes a clean message and its exit code.
+
+    The command's ``output_format`` keyword (when it has one) decides whether the error is JSON.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TpuAgentError as error:
+            fail(error, kwargs.get("output_format", OutputFormat.text))
+
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["ExitCode", "OutputFormat", "FORMAT_HELP", "console", "console_err", "print_json", "fail", "handles_errors"]

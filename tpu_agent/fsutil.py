@@ -1,0 +1,55 @@
+"""File writes that never leave a user file half-written.
+
+Every subpackage that writes a user-visible file (migrated sources, reports, harness configs, profiles)
+goes through :func:`atomic_write_bytes` / :func:`atomic_write_text`: the data goes to a temporary file in
+the same directory, is flushed and fsynced, takes the original file's permission bits, and then replaces
+the target with one ``os.replace``. A crash at any point leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, keeping the existing file's mode (or 0o644 for a new file).
+
+    A symlink at ``path`` is written through to its target so the link itself survives; callers that must
+    not follow links out of a tree check that before calling (see ``tpu_agent.migrate``).
+    """
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tpu-agent-tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: Path, text: str, encoding: str = "utf-8", newline: str | None = None) -> None:
+    """Text flavour of :func:`atomic_write_bytes`.
+
+    ``newline`` is the line ending to write (``"\\r\\n"`` keeps a CRLF file CRLF); ``None`` writes ``text``
+    exactly as given, which is what the codemod wants because it already preserved the file's endings.
+    """
+    if newline is not None:
+        text = text.replace("\r\n", "\n").replace("\n", newline)
+    atomic_write_bytes(path, text.encode(encoding))

@@ -1,0 +1,180 @@
+"""The migrate data model: rules, findings, per-file results, plans and apply results.
+
+One model serves every stage: the engine fills :class:`FileResult` objects into a :class:`Plan`
+(touching nothing on disk), :func:`tpu_agent.migrate.api.apply` writes a plan, and the report renderers
+(text, JSON, SARIF, Markdown), the CLI and the MCP server all read the same objects. ``to_dict`` methods
+define the stable JSON schema agents consume (documented in ``docs/migrate-json-schema.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class Safety(str, Enum):
+    """How far a rule may go on its own (the ruff model)."""
+
+    SAFE = "safe"  # applied by default: same behaviour on CUDA, CPU and TPU
+    UNSAFE = "unsafe"  # applied only with --unsafe-fixes: rests on an assumption the report names
+    MANUAL = "manual"  # never rewritten: a person must port it; reported with what to do
+
+
+class Target(str, Enum):
+    """What device code the rewrite produces."""
+
+    ACCELERATOR = "accelerator"  # device-agnostic torch.accelerator code, still runs on CPU and CUDA
+    TPU = "tpu"  # literal "tpu" devices and TorchTPU-only forms
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One migration rule as data: what ``tpu-agent rules CODE`` prints and the report cites."""
+
+    code: str  # stable, e.g. "TPU101"; never reused once published
+    name: str  # kebab-case, e.g. "cuda-device-string"
+    family: str  # devices | cuda-api | amp | distributed | compile | backend-flags | env-vars | third-party
+    safety: Safety
+    summary: str  # one line: what the rule finds
+    rationale: str  # why it matters on TPU
+    before: str  # example input (a few lines of Python or shell)
+    after: str  # the same example after the rule (for MANUAL rules: the TODO / suggested port)
+    reference: str  # doc reference, e.g. "torchtpu_api.md §5.2" or a URL
+    since_torch: str | None = None  # the oldest torch that has the emitted API, when it matters
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "name": self.name,
+            "family": self.family,
+            "safety": self.safety.value,
+            "summary": self.summary,
+            "rationale": self.rationale,
+            "before": self.before,
+            "after": self.after,
+            "reference": self.reference,
+            "since_torch": self.since_torch,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One CUDA-specific reference found in a file, fixed or not.
+
+    ``fixed`` is True when the plan rewrites it; an UNSAFE finding without ``--unsafe-fixes`` and every
+    MANUAL finding have ``fixed=False`` and a ``message`` saying what to do.
+    """
+
+    code: str
+    path: str  # as the user gave it (relative to the cwd when possible)
+    line: int  # 1-based
+    column: int  # 1-based
+    message: str
+    safety: Safety
+    fixed: bool
+    end_line: int | None = None
+    end_column: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "path": self.path,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "message": self.message,
+            "safety": self.safety.value,
+            "fixed": self.fixed,
+        }
+
+
+class FileKind(str, Enum):
+    PYTHON = "python"
+    NOTEBOOK = "notebook"
+    SHELL = "shell"
+    ENV = "env"
+    YAML = "yaml"
+    DOCKERFILE = "dockerfile"
+    CUDA_SOURCE = "cuda-source"  # .cu/.cuh files: inventoried as manual items, never rewritten
+
+
+@dataclass
+class FileResult:
+    """What the engine decided for one file. ``migrated_bytes`` is None when nothing changes."""
+
+    path: Path
+    display_path: str
+    kind: FileKind
+    original_sha256: str
+    migrated_bytes: bytes | None = None
+    findings: list[Finding] = field(default_factory=list)
+    skipped_reason: str | None = None  # syntax error with path:line, undecodable bytes, symlink leaving the tree
+    prefiltered: bool = False  # skipped cheaply: no CUDA-ish token in the file
+    lines: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.migrated_bytes is not None
+
+    @property
+    def cuda_references(self) -> int:
+        return len(self.findings)
+
+    @property
+    def converted_references(self) -> int:
+        return sum(1 for f in self.findings if f.fixed)
+
+
+@dataclass
+class MigrateOptions:
+    """Every knob of ``tpu-agent migrate`` that changes what the plan contains."""
+
+    select: frozenset[str] | None = None  # codes or code prefixes; None means all rules
+    ignore: frozenset[str] = frozenset()
+    unsafe_fixes: bool = False
+    target: Target = Target.ACCELERATOR
+    annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
+    jobs: int = 0  # 0: one worker per core
+
+    def rule_enabled(self, code: str) -> bool:
+        if any(code.startswith(prefix) for prefix in self.ignore):
+            return False
+        return self.select is None or any(code.startswith(prefix) for prefix in self.select)
+
+
+@dataclass
+class Plan:
+    """The result of ``plan()``: every file examined, what would change, and why. Touches nothing."""
+
+    roots: list[Path]
+    options: MigrateOptions
+    files: list[FileResult]
+
+    @property
+    def changed_files(self) -> list[FileResult]:
+        return [f for f in self.files if f.changed]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [finding for f in self.files for finding in f.findings]
+
+    @property
+    def manual_findings(self) -> list[Finding]:
+        return [f for f in self.findings if not f.fixed]
+
+
+@dataclass
+class ApplyResult:
+    """What ``apply()`` wrote. ``written`` are absolute paths of files replaced or created."""
+
+    written: list[Path]
+    unchanged: list[Path]
+    output_dir: Path | None = None
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Content hash used to detect files that changed between plan and apply."""
+    return hashlib.sha256(data).hexdigest()
