@@ -1,9 +1,236 @@
-"""CLI commands of ``tpu_agent.migrate``: argument parsing and rendering only."""
+"""CLI commands of ``tpu_agent.migrate``: ``tpu-agent migrate`` and ``tpu-agent rules``.
+
+Argument parsing and rendering only: the plan, the writes and every safety check live in
+:mod:`tpu_agent.migrate.api`, the numbers and formats in :mod:`tpu_agent.migrate.report`.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+
 import typer
+from rich.padding import Padding
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from tpu_agent.cli._output import console, console_err, handles_errors, print_json
+from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.fsutil import atomic_write_text
+from tpu_agent.migrate.model import MigrateOptions, Rule, Target
+
+# The API, report and rule modules are imported inside the commands: every `tpu-agent` invocation
+# imports this module, and they pull in libcst and the whole rule catalogue.
+
+# Below this many files a plan takes about a second; a bar would only flicker.
+PROGRESS_MIN_FILES = 200
+
+
+class ReportFormat(str, Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+    markdown = "markdown"
+
+
+class RulesFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+MIGRATE_HELP = """Rewrite CUDA-specific PyTorch code into device-agnostic / TorchTPU code.
+
+By default the files are rewritten in place (refused when they have uncommitted git changes); [bold]--diff[/] and [bold]--check[/] write nothing, [bold]--output-dir[/] writes a migrated copy.
+
+Exit codes: 0 done (or --check found nothing), 1 --check found changes or manual work, 2 bad arguments or paths, 3 refused (uncommitted changes, stale files, unsafe output dir).
+
+Examples:
+
+  tpu-agent migrate ./repo --diff
+
+  tpu-agent migrate ./repo --check --format sarif --report migrate.sarif
+
+  tpu-agent migrate train.py --target tpu --unsafe-fixes
+
+  tpu-agent migrate ./repo --output-dir ./repo-tpu --select TPU1,TPU2 --ignore TPU105
+
+  tpu-agent migrate ./repo --format json > plan.json
+"""
+
+RULES_HELP = """List the migration rules, or explain one (summary, rationale, before/after, reference).
+
+Examples:
+
+  tpu-agent rules
+
+  tpu-agent rules TPU101
+
+  tpu-agent rules --format json
+"""
+
+
+def parse_codes(value: str | None, option: str) -> frozenset[str] | None:
+    """``"TPU1,TPU201"`` -> code prefixes; each must match at least one known rule (typos fail loudly)."""
+    if value is None:
+        return None
+    from tpu_agent.migrate.rules import ALL_RULES
+
+    prefixes = frozenset(part.strip().upper() for part in value.split(",") if part.strip())
+    if not prefixes:
+        raise TpuAgentError("bad-rule-selection", f"{option} needs at least one rule code or prefix", "Example: --select TPU1,TPU201")
+    unknown = sorted(p for p in prefixes if not any(code.startswith(p) for code in ALL_RULES))
+    if unknown:
+        raise TpuAgentError(
+            "unknown-rule-code",
+            f"{option} {', '.join(unknown)}: no rule code starts with {'these' if len(unknown) > 1 else 'this'}",
+            "Run `tpu-agent rules` to list the rule codes.",
+        )
+    return prefixes
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A ``progress(done, total)`` callback drawing a rich bar on stderr, shown once a tree is large."""
+    if not enabled:
+        yield None
+        return
+    bar = Progress(
+        TextColumn("[bold]migrate[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("files"),
+        TimeRemainingColumn(),
+        console=console_err,
+        transient=True,
+    )
+    task: list[int] = []
+
+    def update(done: int, total: int) -> None:
+        if not task:
+            if total < PROGRESS_MIN_FILES:
+                return
+            bar.start()
+            task.append(bar.add_task("plan", total=total))
+        bar.update(task[0], completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        bar.stop()
+
+
+def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_format: ReportFormat, report: Path | None) -> None:
+    if output_dir is not None and (diff or check):
+        flag = "--diff" if diff else "--check"
+        raise TpuAgentError("conflicting-options", f"--output-dir writes files but {flag} writes nothing", f"Drop {flag} or --output-dir.")
+    if diff and output_format != ReportFormat.text and report is None:
+        raise TpuAgentError(
+            "conflicting-options",
+            f"--diff prints a unified diff on stdout, so --format {output_format.value} has nowhere to go",
+            f"Add --report FILE to write the {output_format.value} report to a file as well.",
+        )
+
+
+def migrate(
+    paths: list[Path] = typer.Argument(..., help="Files or directories to migrate (.py, .ipynb, shell, env, YAML, Dockerfile).", show_default=False),
+    diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the rewrite and write nothing."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when anything would change or needs manual work (for CI and pre-commit)."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="Write a migrated copy of the tree into DIR; the source is left untouched.", metavar="DIR"),
+    select: str | None = typer.Option(None, "--select", help="Only these rule codes or prefixes, comma-separated (e.g. TPU1,TPU201).", metavar="CODES"),
+    ignore: str | None = typer.Option(None, "--ignore", help="Skip these rule codes or prefixes, comma-separated.", metavar="CODES"),
+    unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also apply fixes that rest on an assumption the report names."),
+    target: Target = typer.Option(Target.ACCELERATOR, "--target", help="accelerator: device-agnostic torch.accelerator code; tpu: literal TorchTPU forms.", case_sensitive=False),
+    annotate: bool = typer.Option(False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."),
+    jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Worker processes for parsing; 0 means one per core."),
+    allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Rewrite files even when they have uncommitted git changes."),
+    output_format: ReportFormat = typer.Option(ReportFormat.text, "--format", "-f", help="Report format: text for people, json for agents, sarif for code scanning, markdown for PRs."),
+    report: Path | None = typer.Option(None, "--report", help="Write the report (in --format) to FILE and print only a short summary.", metavar="FILE"),
+) -> None:
+    from tpu_agent.migrate import api
+    from tpu_agent.migrate.report import render, summarize, unified_diff
+    from tpu_agent.migrate.report import text as text_report
+
+    _check_combination(diff, check, output_dir, output_format, report)
+    options = MigrateOptions(
+        select=parse_codes(select, "--select"),
+        ignore=parse_codes(ignore, "--ignore") or frozenset(),
+        unsafe_fixes=unsafe_fixes,
+        target=target,
+        annotate=annotate,
+        jobs=jobs,
+    )
+    show_progress = output_format == ReportFormat.text and console_err.is_terminal
+    with progress_bar(show_progress) as progress:
+        plan = api.plan(paths, options, progress)
+    applied = None if (diff or check) else api.apply(plan, output_dir=output_dir, allow_dirty=allow_dirty)
+    summary = summarize(plan)
+    if diff:
+        sys.stdout.write(unified_diff(plan))
+        sys.stdout.flush()
+    if report is not None or diff:
+        short = console_err if diff else console
+        if report is not None:
+            atomic_write_text(report, render(plan, output_format.value, applied))
+        short.print(text_report.totals_line(summary.totals), highlight=False)
+        if applied is not None:
+            short.print(text_report.applied_line(applied), highlight=False)
+        if report is not None:
+            short.print(f"{output_format.value} report written to {report}", highlight=False)
+    elif output_format == ReportFormat.text:
+        text_report.print_report(summary, console, applied)
+    else:
+        sys.stdout.write(render(plan, output_format.value, applied))
+        sys.stdout.flush()
+    if check and summary.needs_attention:
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+def _explain(rule: Rule) -> None:
+    """Print one rule the way ``ruff rule`` does: what, why, before/after, where to read more."""
+    console.print(Text.assemble((rule.code, "bold cyan"), " ", (rule.name, "bold"), f"  ({rule.family}, {rule.safety.value})"))
+    console.print()
+    console.print(rule.summary, highlight=False)
+    sections = (("Why", rule.rationale), ("Before", rule.before), ("After", rule.after))
+    for title, body in sections:
+        console.print()
+        console.print(f"[bold]{title}[/]")
+        console.print(Padding(Text(body), (0, 0, 0, 4)), highlight=False)
+    console.print()
+    console.print(f"[bold]Reference[/]: {rule.reference}", highlight=False)
+    console.print(f"[bold]Since torch[/]: {rule.since_torch or 'any supported version'}", highlight=False)
+
+
+def rules(
+    code: str | None = typer.Argument(None, help="A rule code to explain, e.g. TPU101. Omit to list every rule.", show_default=False),
+    output_format: RulesFormat = typer.Option(RulesFormat.text, "--format", "-f", help="text for people, json for agents."),
+) -> None:
+    from tpu_agent.migrate.rules import ALL_RULES, get_rule
+
+    if code is not None:
+        rule = get_rule(code.strip().upper())
+        if output_format == RulesFormat.json:
+            print_json(rule.to_dict())
+        else:
+            _explain(rule)
+        return
+    ordered = [ALL_RULES[c] for c in sorted(ALL_RULES)]
+    if output_format == RulesFormat.json:
+        print_json([rule.to_dict() for rule in ordered])
+        return
+    table = Table(title=f"{len(ordered)} migration rules", title_justify="left")
+    for column in ("Code", "Name", "Family", "Safety", "Summary"):
+        table.add_column(column, overflow="fold")
+    for rule in ordered:
+        table.add_row(rule.code, rule.name, rule.family, rule.safety.value, rule.summary)
+    console.print(table)
+    console.print("Explain one with: tpu-agent rules CODE", style="dim")
 
 
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
+    app.command("migrate", help=MIGRATE_HELP, no_args_is_help=True)(handles_errors(migrate))
+    app.command("rules", help=RULES_HELP)(handles_errors(rules))
