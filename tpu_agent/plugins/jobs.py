@@ -1,0 +1,236 @@
+"""Long work (runs, profiles) as jobs: a subprocess with a handle, a bounded log, a deadline and a kill.
+
+Hosts cut tool calls off (Codex after 60 s by default), and a training run takes as long as it takes,
+so ``tpu_run``/``tpu_profile`` start a job, wait a bounded time, and hand back a job id that
+``tpu_job_status``/``tpu_job_cancel`` take. Each job is ``sys.executable -m tpu_agent ...`` started
+without a shell in its own process group (so cancel reaches every rank torchrun spawned), with its
+output merged into one log file that stops growing at a byte cap. A watchdog kills the group at the
+job's deadline, and :meth:`JobManager.shutdown` kills whatever is still running when the server exits.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.plugins.workspace import Workspace
+
+#: Seconds between SIGTERM and SIGKILL when a job is stopped.
+KILL_GRACE_S = 3.0
+#: Log bytes kept per job; the rest of the output is drained and dropped (the log says so).
+DEFAULT_MAX_LOG_BYTES = 4 * 1024 * 1024
+
+
+class JobState(str, Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass
+class Job:
+    """One subprocess started by the server. Mutated only under the manager's lock and its own threads."""
+
+    id: str
+    kind: str  # "run" | "profile"
+    argv: list[str]
+    workspace: Workspace
+    log_path: Path
+    timeout_s: float
+    max_log_bytes: int
+    artefact_dir: Path | None  # e.g. the profile's logdir
+    process: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    exit_code: int | None = None
+    stop_reason: JobState | None = None  # set when the server stopped it (cancel, deadline)
+    log_truncated: bool = False
+    _pump: threading.Thread | None = None
+
+    @property
+    def state(self) -> JobState:
+        if self.exit_code is None:
+            return JobState.RUNNING
+        if self.stop_reason is not None:
+            return self.stop_reason
+        return JobState.SUCCEEDED if self.exit_code == 0 else JobState.FAILED
+
+    @property
+    def elapsed_s(self) -> float:
+        return (self.ended if self.ended is not None else time.monotonic()) - self.started
+
+    @property
+    def done(self) -> bool:
+        return self.exit_code is not None
+
+    def log_tail(self, lines: int) -> list[str]:
+        """The last ``lines`` lines of the log (reads at most the last 256 KiB)."""
+        if lines <= 0 or not self.log_path.exists():
+            return []
+        with self.log_path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - 256 * 1024))
+            data = handle.read()
+        text = data.decode("utf-8", errors="replace")
+        return text.splitlines()[-lines:]
+
+    def last_line(self) -> str | None:
+        tail = self.log_tail(1)
+        return tail[0][:200] if tail else None
+
+
+def _terminate_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the job's process group, then SIGKILL it if it is still there after a grace period."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # ranks that ignored SIGTERM, and grandchildren left behind by the leader
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+class JobManager:
+    """Every job this server started, by id. Thread-safe: sync tools run on worker threads."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def start(
+        self,
+        kind: str,
+        argv: Sequence[str],
+        workspace: Workspace,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        artefact_dir: Path | None = None,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+        job_id: str | None = None,
+    ) -> Job:
+        """Start ``argv`` in the workspace, its output going to ``.tpu-agent/jobs/<id>/output.log``."""
+        job_id = job_id or new_job_id(kind)
+        log_path = workspace.artefact_dir("jobs", job_id) / "output.log"
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env["PYTHONUNBUFFERED"] = "1"
+        process = subprocess.Popen(  # noqa: S603 - argv list, no shell
+            list(argv),
+            cwd=workspace.root,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        job = Job(
+            id=job_id,
+            kind=kind,
+            argv=list(argv),
+            workspace=workspace,
+            log_path=log_path,
+            timeout_s=timeout_s,
+            max_log_bytes=max_log_bytes,
+            artefact_dir=artefact_dir,
+            process=process,
+        )
+        job._pump = threading.Thread(target=self._pump_output, args=(job,), name=f"job-{job_id}", daemon=True)
+        with self._lock:
+            self._jobs[job_id] = job
+        job._pump.start()
+        return job
+
+    def _pump_output(self, job: Job) -> None:
+        """Copy the job's output to its log up to the cap, enforce the deadline, record the exit."""
+        assert job.process.stdout is not None
+        deadline = job.started + job.timeout_s
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire, args=(job,))
+        watchdog.daemon = True
+        watchdog.start()
+        written = 0
+        with job.log_path.open("wb") as log:
+            for chunk in iter(lambda: job.process.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                if written < job.max_log_bytes:
+                    keep = chunk[: job.max_log_bytes - written]
+                    log.write(keep)
+                    log.flush()
+                    written += len(keep)
+                    if len(keep) < len(chunk):
+                        job.log_truncated = True
+                        log.write(b"\n[tpu-agent: log cap reached; further output dropped]\n")
+                        log.flush()
+        code = job.process.wait()
+        watchdog.cancel()
+        job.ended = time.monotonic()
+        job.exit_code = code
+
+    def _expire(self, job: Job) -> None:
+        if job.process.poll() is None:
+            job.stop_reason = JobState.TIMED_OUT
+            _terminate_group(job.process)
+
+    def get(self, job_id: str) -> Job:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            known = sorted(self._jobs)
+        if job is None:
+            raise TpuAgentError(
+                "unknown-job",
+                f"no job {job_id!r} in this server",
+                ("Known jobs: " + ", ".join(known) + ". " if known else "")
+                + "Job ids come from tpu_run or tpu_profile; jobs do not survive a server restart.",
+            )
+        return job
+
+    def cancel(self, job_id: str) -> tuple[Job, bool]:
+        """Stop the job's whole process group; returns the job and whether it was still running."""
+        job = self.get(job_id)
+        was_running = job.process.poll() is None
+        if was_running:
+            job.stop_reason = JobState.CANCELLED
+            _terminate_group(job.process)
+        self.wait_exit(job, KILL_GRACE_S + 2)
+        return job, was_running
+
+    @staticmethod
+    def wait_exit(job: Job, seconds: float) -> bool:
+        """Block up to ``seconds`` until the job's exit is recorded (log fully pumped)."""
+        if job._pump is not None:
+            job._pump.join(timeout=max(0.0, seconds))
+        return job.done
+
+    def shutdown(self) -> None:
+        """Kill every job that is still running (called when the server exits)."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            if job.process.poll() is None:
+                job.stop_reason = JobState.CANCELLED
+                _terminate_group(job.process)
+
+
+def new_job_id(kind: str) -> str:
+    return f"{kind}-{secrets.token_hex(4)}"
+
+
+__all__ = ["DEFAULT_MAX_LOG_BYTES", "Job", "JobManager", "JobState", "new_job_id"]

@@ -1,0 +1,202 @@
+"""Migration plans kept between ``tpu_plan_migration`` and ``tpu_apply_plan``.
+
+An agent plans, shows the user the diff, waits for approval, and applies, possibly many tool calls
+(or a server restart) later. So a plan is stored as JSON under ``<workspace>/.tpu-agent/plans/<id>.json``
+with every changed file's original sha256 and migrated content; applying reloads it into the migrate
+data model and hands it to :func:`tpu_agent.migrate.api.apply`, which refuses files whose hash changed
+and treats a second apply as a no-op. The id is a content hash of the plan, so planning the same tree
+twice gives the same id.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.fsutil import atomic_write_text
+from tpu_agent.migrate.model import (
+    FileKind,
+    FileResult,
+    Finding,
+    MigrateOptions,
+    Plan,
+    Safety,
+    Target,
+    sha256_bytes,
+)
+from tpu_agent.plugins.workspace import Workspace
+
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """A plan as the server keeps it: its id, where it lives, and the migrate ``Plan`` it rebuilds."""
+
+    id: str
+    path: Path
+    plan: Plan
+    diff: str
+
+
+def _options_to_dict(options: MigrateOptions) -> dict[str, object]:
+    return {
+        "select": sorted(options.select) if options.select is not None else None,
+        "ignore": sorted(options.ignore),
+        "unsafe_fixes": options.unsafe_fixes,
+        "target": options.target.value,
+        "annotate": options.annotate,
+    }
+
+
+def _options_from_dict(data: dict[str, object]) -> MigrateOptions:
+    select = data.get("select")
+    return MigrateOptions(
+        select=frozenset(select) if isinstance(select, list) else None,  # type: ignore[arg-type]
+        ignore=frozenset(data.get("ignore") or []),  # type: ignore[arg-type]
+        unsafe_fixes=bool(data.get("unsafe_fixes")),
+        target=Target(str(data.get("target", Target.ACCELERATOR.value))),
+        annotate=bool(data.get("annotate")),
+    )
+
+
+def _finding_from_dict(data: dict[str, object]) -> Finding:
+    return Finding(
+        code=str(data["code"]),
+        path=str(data["path"]),
+        line=int(data["line"]),  # type: ignore[arg-type]
+        column=int(data["column"]),  # type: ignore[arg-type]
+        message=str(data["message"]),
+        safety=Safety(str(data["safety"])),
+        fixed=bool(data["fixed"]),
+        end_line=data.get("end_line"),  # type: ignore[arg-type]
+        end_column=data.get("end_column"),  # type: ignore[arg-type]
+    )
+
+
+def unified_diff(plan: Plan, workspace: Workspace) -> str:
+    """One unified diff over every file the plan changes, with workspace-relative ``a/``/``b/`` names."""
+    chunks: list[str] = []
+    for result in sorted(plan.changed_files, key=lambda r: workspace.relative(r.path)):
+        rel = workspace.relative(result.path)
+        before = result.path.read_bytes().decode("utf-8", errors="replace") if result.path.exists() else ""
+        after = (result.migrated_bytes or b"").decode("utf-8", errors="replace")
+        chunks.extend(
+            difflib.unified_diff(
+                before.splitlines(keepends=True),
+                after.splitlines(keepends=True),
+                fromfile=f"a/{rel}",
+                tofile=f"b/{rel}",
+            )
+        )
+        if chunks and not chunks[-1].endswith("\n"):
+            chunks[-1] += "\n\\ No newline at end of file\n"
+    return "".join(chunks)
+
+
+def _plan_to_dict(plan: Plan, workspace: Workspace) -> dict[str, object]:
+    files = []
+    for result in sorted(plan.files, key=lambda r: workspace.relative(r.path)):
+        if not result.changed and not result.findings and result.skipped_reason is None:
+            continue
+        files.append(
+            {
+                "path": workspace.relative(result.path),
+                "display_path": result.display_path,
+                "kind": result.kind.value,
+                "original_sha256": result.original_sha256,
+                "migrated_sha256": sha256_bytes(result.migrated_bytes) if result.changed else None,
+                "migrated_b64": (
+                    base64.b64encode(result.migrated_bytes).decode("ascii") if result.migrated_bytes else None
+                ),
+                "findings": [f.to_dict() for f in result.findings],
+                "skipped_reason": result.skipped_reason,
+                "lines": result.lines,
+            }
+        )
+    return {
+        "roots": sorted(workspace.relative(root) for root in plan.roots),
+        "options": _options_to_dict(plan.options),
+        "files": files,
+    }
+
+
+def plan_id_for(body: dict[str, object]) -> str:
+    """A content hash of the stored plan: same tree, same options -> same id."""
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+    return f"plan-{digest[:12]}"
+
+
+def save_plan(plan: Plan, workspace: Workspace) -> StoredPlan:
+    """Write ``plan`` (and its diff) under ``.tpu-agent/plans/`` and return it with its id."""
+    body = _plan_to_dict(plan, workspace)
+    plan_id = plan_id_for(body)
+    directory = workspace.artefact_dir("plans")
+    diff = unified_diff(plan, workspace)
+    record = {"format": PLAN_FORMAT, "id": plan_id, "workspace": str(workspace.root), **body}
+    path = directory / f"{plan_id}.json"
+    atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(directory / f"{plan_id}.diff", diff)
+    return StoredPlan(id=plan_id, path=path, plan=plan, diff=diff)
+
+
+def _plan_path(plan_id: str, workspace: Workspace) -> Path:
+    if not plan_id.startswith("plan-") or not plan_id[5:].isalnum():
+        raise TpuAgentError(
+            "unknown-plan",
+            f"{plan_id!r} is not a plan id",
+            "Plan ids look like 'plan-1a2b3c4d5e6f' and come from tpu_plan_migration.",
+        )
+    return workspace.artefacts / "plans" / f"{plan_id}.json"
+
+
+def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
+    """Rebuild a stored plan, re-checking every path against the workspace sandbox."""
+    path = _plan_path(plan_id, workspace)
+    if not path.is_file():
+        raise TpuAgentError(
+            "unknown-plan",
+            f"no plan {plan_id!r} under {workspace.relative(path.parent)}/ in the workspace {workspace.root}",
+            "Call tpu_plan_migration first (plans are stored per workspace), then pass its plan_id.",
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        files = []
+        for entry in record["files"]:
+            target = workspace.resolve(entry["path"], must_exist=False, for_write=entry["migrated_b64"] is not None)
+            migrated = base64.b64decode(entry["migrated_b64"]) if entry["migrated_b64"] else None
+            files.append(
+                FileResult(
+                    path=target,
+                    display_path=entry["display_path"],
+                    kind=FileKind(entry["kind"]),
+                    original_sha256=entry["original_sha256"],
+                    migrated_bytes=migrated,
+                    findings=[_finding_from_dict(f) for f in entry["findings"]],
+                    skipped_reason=entry["skipped_reason"],
+                    lines=entry["lines"],
+                )
+            )
+        plan = Plan(
+            roots=[workspace.resolve(root, must_exist=False) for root in record["roots"]],
+            options=_options_from_dict(record["options"]),
+            files=files,
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise TpuAgentError(
+            "corrupt-plan",
+            f"the stored plan {workspace.relative(path)} cannot be read ({error})",
+            "Plan again with tpu_plan_migration.",
+            ExitCode.REFUSED,
+        ) from error
+    diff_path = path.with_suffix(".diff")
+    diff = diff_path.read_text(encoding="utf-8") if diff_path.exists() else ""
+    return StoredPlan(id=plan_id, path=path, plan=plan, diff=diff)
+
+
+__all__ = ["StoredPlan", "load_plan", "plan_id_for", "save_plan", "unified_diff"]
