@@ -1,0 +1,226 @@
+"""Throughput of ``tpu_agent.migrate.api.plan`` on a synthetic repository.
+
+Generates a corpus in a temporary directory (default 2,400 files, about 360k lines; a quarter of the
+files use CUDA-specific PyTorch, the rest is plain Python with no CUDA token), then plans the CUDA part
+and the plain part separately, once with one worker and once with one worker per core, and prints
+files/s and lines/s side by side, with per-core figures.
+
+Targets (ISSUE 2): 3,000 lines/s per core for files that are parsed, 50,000 lines/s for files the
+prefilter dismisses. Run:
+
+    .venv/bin/python benchmarks/migrate_bench.py [--files 2400] [--lines 150] [--cuda-share 0.25] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_agent.migrate import api
+from tpu_agent.migrate.model import MigrateOptions, Plan
+
+PARSED_TARGET_PER_CORE = 3_000  # lines/s
+PREFILTER_TARGET = 50_000  # lines/s
+
+HEADER = '"""Module {index}: synthetic code for the migrate benchmark."""\n\nfrom __future__ import annotations\n\nimport math\nimport os\n'
+
+# Plain blocks: ordinary Python a repository is mostly made of (no CUDA-ish token anywhere).
+PLAIN_BLOCKS = [
+    '''
+
+def moving_average_{n}(values: list[float], window: int = 5) -> list[float]:
+    """Average of each window of values."""
+    out = []
+    for i in range(len(values) - window + 1):
+        chunk = values[i : i + window]
+        out.append(sum(chunk) / window)
+    return out
+''',
+    '''
+
+class Config{n}:
+    """Settings read from the environment."""
+
+    def __init__(self, prefix: str = "APP") -> None:
+        self.prefix = prefix
+        self.values = {{k: v for k, v in os.environ.items() if k.startswith(prefix)}}
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.values.get(f"{{self.prefix}}_{{key}}", default)
+
+    def __repr__(self) -> str:
+        return f"Config{n}({{self.prefix!r}}, {{len(self.values)}} values)"
+''',
+    '''
+
+def parse_line_{n}(line: str) -> tuple[str, float] | None:
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return None
+    name, _, value = line.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        return None
+''',
+    '''
+
+def schedule_{n}(step: int, warmup: int = 100, total: int = 10_000) -> float:
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+''',
+]
+
+# CUDA blocks: the patterns the rules rewrite or flag (devices, torch.cuda API, AMP, NCCL, cuDNN flags).
+CUDA_BLOCKS = [
+    '''
+
+def train_step_{n}(model, batch, optimizer, scaler):
+    inputs = batch["x"].cuda(non_blocking=True)
+    labels = batch["y"].to("cuda")
+    with torch.cuda.amp.autocast():
+        loss = model(inputs).sub(labels).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    torch.cuda.synchronize()
+    return loss.item()
+''',
+    '''
+
+def setup_{n}(rank: int, world_size: int):
+    torch.cuda.set_device(rank)
+    torch.distributed.init_process_group("nccl", rank=rank, world_size=world_size)
+    torch.backends.cudnn.benchmark = True
+    device = torch.device(f"cuda:{{rank}}")
+    return device
+''',
+    '''
+
+def report_memory_{n}():
+    if torch.cuda.is_available():
+        used = torch.cuda.memory_allocated() / 2**20
+        peak = torch.cuda.max_memory_allocated() / 2**20
+        print(f"memory {{used:.1f}} MiB (peak {{peak:.1f}} MiB) on {{torch.cuda.device_count()}} devices")
+    torch.cuda.empty_cache()
+''',
+]
+
+
+def make_file(index: int, lines: int, cuda: bool, rng: random.Random) -> str:
+    """About ``lines`` lines of Python; CUDA files mix one CUDA block in per few plain ones."""
+    parts = [HEADER.format(index=index)]
+    if cuda:
+        parts.append("import torch\n")
+    n = 0
+    while sum(p.count("\n") for p in parts) < lines:
+        pool = CUDA_BLOCKS if cuda and n % 4 == 1 else PLAIN_BLOCKS
+        parts.append(rng.choice(pool).format(n=n))
+        n += 1
+    return "".join(parts)
+
+
+def make_corpus(root: Path, files: int, lines: int, cuda_share: float, seed: int = 0) -> tuple[Path, Path]:
+    """Write the corpus as ``root/cuda`` and ``root/plain``, nested a few packages deep like a repository."""
+    rng = random.Random(seed)
+    cuda_count = round(files * cuda_share)
+    for index in range(files):
+        cuda = index < cuda_count
+        directory = root / ("cuda" if cuda else "plain") / f"pkg{index % 17}" / f"sub{index % 5}"
+        directory.mkdir(parents=True, exist_ok=True)
+        size = max(20, int(rng.gauss(lines, lines / 4)))
+        (directory / f"mod_{index}.py").write_text(make_file(index, size, cuda, rng), encoding="utf-8")
+    return root / "cuda", root / "plain"
+
+
+@dataclass
+class Measurement:
+    label: str
+    jobs: int
+    files: int
+    lines: int
+    parsed: int
+    prefiltered: int
+    changed: int
+    seconds: float
+
+    @property
+    def files_per_s(self) -> float:
+        return self.files / self.seconds
+
+    @property
+    def lines_per_s(self) -> float:
+        return self.lines / self.seconds
+
+
+def measure(label: str, root: Path, jobs: int) -> Measurement:
+    start = time.perf_counter()
+    plan: Plan = api.plan([root], MigrateOptions(jobs=jobs))
+    seconds = time.perf_counter() - start
+    return Measurement(
+        label=label,
+        jobs=jobs,
+        files=len(plan.files),
+        lines=sum(f.lines for f in plan.files),
+        parsed=sum(1 for f in plan.files if not f.prefiltered and f.skipped_reason is None),
+        prefiltered=sum(1 for f in plan.files if f.prefiltered),
+        changed=len(plan.changed_files),
+        seconds=seconds,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=2_400, help="files in the corpus (default 2400)")
+    parser.add_argument("--lines", type=int, default=150, help="mean lines per file (default 150)")
+    parser.add_argument("--cuda-share", type=float, default=0.25, help="share of files using CUDA (default 0.25)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="workers for the parallel run (default: cores)")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-bench-"))
+    try:
+        cuda_root, plain_root = make_corpus(workdir, args.files, args.lines, args.cuda_share)
+        runs = [
+            measure(label, root, jobs)
+            for label, root in (("parsed (CUDA files)", cuda_root), ("prefiltered (plain files)", plain_root))
+            for jobs in sorted({1, args.jobs})
+        ]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    total_files = sum(r.files for r in runs if r.jobs == 1)
+    total_lines = sum(r.lines for r in runs if r.jobs == 1)
+    print(f"corpus: {total_files} files, {total_lines} lines, {args.cuda_share:.0%} using CUDA; {os.cpu_count()} cores")
+    header = f"{'corpus part':<27}{'jobs':>5}{'files':>7}{'parsed':>8}{'prefilt':>8}{'changed':>8}{'seconds':>9}{'files/s':>10}{'lines/s':>10}{'lines/s/core':>14}"
+    print(header)
+    for r in runs:
+        print(
+            f"{r.label:<27}{r.jobs:>5}{r.files:>7}{r.parsed:>8}{r.prefiltered:>8}{r.changed:>8}{r.seconds:>9.2f}"
+            f"{r.files_per_s:>10.0f}{r.lines_per_s:>10.0f}{r.lines_per_s / r.jobs:>14.0f}"
+        )
+    by_key = {(r.label.split()[0], r.jobs): r for r in runs}
+    parsed_1 = by_key[("parsed", 1)]
+    prefiltered_1 = by_key[("prefiltered", 1)]
+    print(
+        f"parsed, one worker: {parsed_1.lines_per_s:,.0f} lines/s "
+        f"(target {PARSED_TARGET_PER_CORE:,} per core: {parsed_1.lines_per_s / PARSED_TARGET_PER_CORE:.2f}x)"
+    )
+    print(
+        f"prefiltered, one worker: {prefiltered_1.lines_per_s:,.0f} lines/s "
+        f"(target {PREFILTER_TARGET:,}: {prefiltered_1.lines_per_s / PREFILTER_TARGET:.2f}x)"
+    )
+    if args.jobs > 1:
+        parallel = by_key[("parsed", args.jobs)]
+        print(f"parsed, {args.jobs} workers vs one: {parallel.lines_per_s / parsed_1.lines_per_s:.2f}x speed-up")
+
+
+if __name__ == "__main__":
+    main()
