@@ -175,11 +175,11 @@ def migrate(
         short = console_err if diff else console
         if report is not None:
             atomic_write_text(report, render(plan, output_format.value, applied))
-        short.print(text_report.totals_line(summary.totals), highlight=False)
+        short.print(text_report.totals_line(summary.totals), highlight=False, soft_wrap=True)
         if applied is not None:
-            short.print(text_report.applied_line(applied), highlight=False)
+            short.print(text_report.applied_line(applied), highlight=False, soft_wrap=True)
         if report is not None:
-            short.print(f"{output_format.value} report written to {report}", highlight=False)
+            short.print(f"{output_format.value} report written to {report}", highlight=False, soft_wrap=True)
     elif output_format == ReportFormat.text:
         text_report.print_report(summary, console, applied)
     else:
