@@ -217,3 +217,42 @@ def test_rules_unknown_code_exits_2(tmp_path: Path, code: str) -> None:
     result = cli("rules", code, cwd=tmp_path)
     assert result.returncode == 2
     assert code.upper() in result.stderr.upper()
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """A large tree shows a rich bar on stderr when stderr is a terminal, and none when it is a pipe."""
+    import pty
+    import threading
+
+    tree = tmp_path / "big"
+    tree.mkdir()
+    for index in range(250):
+        (tree / f"m{index}.py").write_text(f"VALUE = {index}\n")
+    master, slave = pty.openpty()
+    captured: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            captured.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    with_tty = subprocess.run(
+        [sys.executable, "-m", "tpu_agent", "migrate", "--check", "big"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=slave, timeout=120,
+    )
+    os.close(slave)
+    reader.join(timeout=10)
+    os.close(master)
+    assert with_tty.returncode == 0
+    assert "250/250" in b"".join(captured).decode(errors="replace")
+    piped = cli("migrate", "--check", "big", cwd=tmp_path)
+    assert piped.returncode == 0 and "250/250" not in piped.stderr and piped.stderr == ""
