@@ -1,0 +1,80 @@
+"""A faithful CPU emulation of TorchTPU's ``tpu`` device (reference: shared/reference/torchtpu_api.md).
+
+``activate()`` makes ``torch.device("tpu")`` usable in this process: tensors, autograd, optimizers, autocast,
+the three eager modes, ``torch.compile(backend="tpu")`` and the ``torch.tpu`` module, with TorchTPU's observable
+rules (bf16 MXU rounding, internal legacy APIs, one device per process, its error texts). Data lives in CPU
+tensors; the runtime event log records what a TPU run would show (flushes, host syncs, compiles, steps).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import state
+
+_active = False
+
+
+def is_active() -> bool:
+    return _active
+
+
+def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
+    """Register the emulated ``tpu`` device for this process (idempotent).
+
+    ``chip`` picks what ``torch.tpu.get_device_name/get_device_properties`` report; ``eager_mode`` (strict,
+    debug, defer_and_fuse, or a TorchTPU enum name) overrides the TORCH_TPU_* environment default.
+    Raises TpuAgentError when another PrivateUse1 backend owns the process.
+    """
+    global _active
+    chosen = get_chip(chip)
+    mode = state.parse_eager_mode(eager_mode) if eager_mode is not None else None
+    if _active:
+        state.chip = chosen
+        if mode is not None:
+            from tpu_agent.runtime.emulated import modes
+
+            modes.apply_mode(mode)
+        return
+    from tpu_agent.runtime.emulated import autocast, compile, device, modes, telemetry
+
+    device.register()
+    state.chip = chosen
+    autocast.register()
+    compile.install()
+    telemetry.install()
+    modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())
+    atexit.register(_at_exit)
+    _active = True
+    if state.log_enabled:
+        events.emit(
+            events.RunInfo,
+            backend="emulated",
+            chip=chosen.key,
+            eager_mode=state.eager_mode.value,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            argv=list(sys.argv),
+            env=_relevant_env(),
+        )
+
+
+def _relevant_env() -> dict[str, str]:
+    prefixes = ("TORCH_TPU_", "TPU_", "XLA_", "LIBTPU_", "TPU_AGENT_")
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+
+
+def _at_exit() -> None:
+    from tpu_agent.runtime.emulated import deferred, telemetry
+
+    try:
+        deferred.flush("exit")
+    finally:
+        telemetry.emit_op_batch()
+        events.get_log().flush()
+
+
+__all__ = ["activate", "is_active"]

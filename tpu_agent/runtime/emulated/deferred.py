@@ -1,0 +1,241 @@
+"""DeferAndFuse (Fused Eager): graph capture, kept apart from graph execution.
+
+*Capture* (:func:`record`) turns each op on tpu tensors into a :class:`Node` of the process's pending
+:class:`Graph`. Output shapes come from running the op on meta tensors, so the returned tpu tensors have the
+right metadata but no data yet (TorchTPU's "Deferred" promise state). *Execution* is a separate
+:class:`Executor` object that receives a finished graph; today's :class:`CpuExecutor` runs the nodes in order
+on the CPU (TorchTPU's "Materialized" state). A later XLA executor can take the same graph objects.
+
+A flush runs the whole pending graph. It happens at TorchTPU's triggers (reference §2.4): host reads (item,
+tolist, cpu, print, save, bool/float/int), collectives (``flush_pending("collective")``), explicit
+synchronize, compiled calls, a graph size limit, ops whose output shape depends on data, and process exit.
+Errors in recorded ops therefore surface at the flush, naming the op and the user line that recorded it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import ops, state, telemetry
+from tpu_agent.runtime.emulated import tensor as tt
+
+MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
+_META = torch.device("meta")
+
+
+@dataclass
+class Node:
+    """One recorded op: its ATen overload, arguments (tpu tensors by reference) and the tpu tensors it returned."""
+
+    func: Any
+    args: tuple
+    kwargs: dict
+    outputs: Any
+    precision: state.Precision
+    site: events.Site | None
+    signature: str
+
+
+@dataclass
+class Graph:
+    """The pending op sequence; ``hash`` is stable for the same step code and shapes."""
+
+    nodes: list[Node] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def hash(self) -> str:
+        digest = hashlib.sha1()
+        for node in self.nodes:
+            digest.update(node.signature.encode())
+            digest.update(b";")
+        return digest.hexdigest()[:16]
+
+
+class Executor(Protocol):
+    def run(self, graph: Graph, cause: str) -> None: ...
+
+
+class DeferredExecutionError(RuntimeError):
+    """An op recorded under DeferAndFuse failed when its graph was materialised."""
+
+
+class CpuExecutor:
+    """Runs a captured graph node by node on the CPU, with the same op semantics as Strict mode."""
+
+    def run(self, graph: Graph, cause: str) -> None:
+        for node in graph.nodes:
+            try:
+                cargs = tt.unwrap_args(node.func, node.args)
+                ckwargs, _ = tt.unwrap_kwargs(node.func, node.kwargs) if node.kwargs else (node.kwargs, False)
+                out = tt.run_on_cpu(node.func, cargs, ckwargs, node.precision)
+            except Exception as error:
+                where = f" recorded at {node.site}" if node.site else ""
+                raise DeferredExecutionError(
+                    f"{error}\n  [DeferAndFuse] op {node.func}{where} failed when the pending graph was materialised by '{cause}'"
+                ) from error
+            _fill(node.outputs, out)
+
+
+def _fill(wrapped: Any, out: Any) -> None:
+    if type(wrapped) is tt.TpuTensor:
+        if wrapped._elem is None and isinstance(out, torch.Tensor):
+            tt.materialized(wrapped, out)
+    elif isinstance(wrapped, (list, tuple)) and isinstance(out, (list, tuple)):
+        for w, o in zip(wrapped, out, strict=False):
+            _fill(w, o)
+
+
+class CompileCache:
+    """Emulates TorchTPU's executable cache: one entry per distinct graph hash (``torch.tpu._get_cache_stats``)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.requests = 0
+        self.hits = 0
+
+    def lookup(self, graph_hash: str) -> None:
+        self.requests += 1
+        if graph_hash in self.seen:
+            self.hits += 1
+        else:
+            self.seen.add(graph_hash)
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+cache = CompileCache()
+executor: Executor = CpuExecutor()
+_pending = Graph()
+_lock = threading.RLock()
+
+
+def pending_ops() -> int:
+    return len(_pending)
+
+
+def flush(cause: str, site: events.Site | None = None) -> None:
+    """Execute the pending graph (no-op when empty) and log a Flush record with ``cause``."""
+    global _pending
+    with _lock:
+        graph = _pending
+        if not graph.nodes:
+            return
+        _pending = Graph()
+        graph_hash = graph.hash
+        cache.lookup(graph_hash)
+        start = time.perf_counter_ns()
+        try:
+            executor.run(graph, cause)
+        finally:
+            if state.log_enabled:
+                events.emit(
+                    events.Flush,
+                    cause=cause,
+                    graph_ops=len(graph),
+                    graph_hash=graph_hash,
+                    duration_ns=time.perf_counter_ns() - start,
+                    site=site if site is not None else telemetry.call_site(2),
+                )
+                telemetry.emit_op_batch()
+
+
+# ------------------------------------------------------------------------------------------------ capture
+
+
+def _meta_of(x: Any) -> Any:
+    t = type(x)
+    if t is tt.TpuTensor:
+        m = x.__dict__.get("_meta")
+        if m is None:
+            m = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
+            if x.storage_offset():
+                m = m.as_strided(x.shape, x.stride(), x.storage_offset())
+            x._meta = m
+        return m
+    if t is list or t is tuple:
+        return t(_meta_of(y) for y in x)
+    if isinstance(x, torch.Tensor):
+        return x.to(_META)
+    if t is torch.device and x.type == "tpu":
+        return _META
+    return x
+
+
+def _snapshot_host(x: Any) -> Any:
+    """Host tensors are read at record time (a host-to-device copy happens at once, reference §2.3)."""
+    if type(x) is torch.Tensor and x.dim():
+        return x.clone()
+    return x
+
+
+def _signature(func: Any, margs: Any) -> str:
+    shapes = [f"{tuple(a.shape)}{str(a.dtype)[6:]}" for a in margs if isinstance(a, torch.Tensor)]
+    return f"{func}({','.join(shapes)})"
+
+
+def _eager(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
+    flush(cause, telemetry.call_site(3) if state.log_enabled else None)
+    return tt.strict_dispatch(func, args, kwargs)
+
+
+def _is_host_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
+    if func is torch.ops.aten._to_copy.default:
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu"
+    if func is torch.ops.aten.copy_.default:
+        return type(args[0]) is not tt.TpuTensor
+    return False
+
+
+def record(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
+    if func in ops.HOST_READ_OPS or _is_host_transfer(func, args, kwargs):
+        return _eager(func, args, kwargs, ops.HOST_READ_OPS.get(func, "cpu"))
+    if func in ops.DATA_DEPENDENT_OPS:
+        return _eager(func, args, kwargs, "data_dependent")
+    special = tt.special_for(func)
+    if special is not None:
+        special(func, args, kwargs)
+    margs = [_meta_of(a) for a in args]
+    mkwargs = {k: _meta_of(v) for k, v in kwargs.items()} if kwargs else kwargs
+    if mkwargs and "device" in mkwargs and mkwargs["device"] is not None:
+        mkwargs["device"] = _META
+    try:
+        mout = func(*margs, **mkwargs)
+    except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
+        telemetry.emit_fallback(str(func))
+        return _eager(func, args, kwargs, "fallback")
+    except RuntimeError as error:
+        if "meta" in str(error).lower():
+            telemetry.emit_fallback(str(func))
+            return _eager(func, args, kwargs, "fallback")
+        raise
+    if state.log_enabled:
+        telemetry.op_counts[func] += 1
+    outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
+    node = Node(
+        func=func,
+        args=tuple(_snapshot_host(a) for a in args),
+        kwargs={k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
+        outputs=outputs,
+        precision=state.effective_precision(),
+        site=telemetry.call_site(3),
+        signature=_signature(func, margs),
+    )
+    with _lock:
+        _pending.nodes.append(node)
+        full = len(_pending) >= MAX_GRAPH_OPS
+    if full:
+        flush("size_limit")
+    return outputs

@@ -1,0 +1,526 @@
+"""``tpu_dist``: TorchTPU's c10d backend, emulated by gloo on the CPU data behind ``tpu`` tensors.
+
+TorchTPU registers ``"tpu_dist"`` and ``"tpu"`` (both ``devices=["tpu"]``) and makes ``tpu_dist`` the default
+backend of the ``tpu`` device (reference §4.1), so ``init_process_group()``, ``init_process_group("tpu_dist")``
+and ``"cpu:gloo,tpu:tpu_dist"`` all work; :func:`register` does the same here.
+
+:class:`ProcessGroupTpu` is a Python ``dist.ProcessGroup``: torch's C++ callers (DDP's reducer, functional
+collectives used by DTensor and FSDP2) reach its Python methods through the ProcessGroup trampoline, and
+``torch.distributed``'s Python functions call them directly. Each collective
+
+1. materialises pending DeferAndFuse work (``flush_pending("collective")``: TorchTPU forces eager collectives
+   into their own graph, reference §8.1 ``..._MATERIALIZE_COLLECTIVE_TENSORS``),
+2. checks TorchTPU's restrictions (no ``reduce``, ``monitored_barrier``, ``PREMUL_SUM``, barrier options, or
+   buffer sizes that differ across ranks; :data:`RESTRICTIONS`),
+3. agrees with the other ranks on what is being run (a tiny gloo all-gather of op, size and sequence number),
+   which turns a desynchronised program or uneven sizes into an error on every rank instead of a hang,
+4. runs the gloo collective in place on the CPU tensors (results land in the ``tpu`` tensors, which share
+   that data) and emits a :class:`~tpu_agent.runtime.events.Collective` event.
+
+Hangs: each rank records its progress in the store before each collective; when gloo times out (the
+``timeout`` of ``init_process_group``), the error names the op and the ranks that never reached it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch.futures import Future
+
+from tpu_agent.runtime import events
+
+BACKEND_NAMES = ("tpu_dist", "tpu")
+DEVICE_TYPE = "tpu"
+ASYMMETRIC_INPUT = "asymmetric input buffer sizes across ranks are not supported on TPU."
+ASYMMETRIC_OUTPUT = "asymmetric output buffer sizes across ranks are not supported on TPU."
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """One TorchTPU collective restriction: where it applies, the error it raises, and the source."""
+
+    code: str
+    applies_to: str
+    message: str
+    workaround: str
+    reference: str
+
+
+RESTRICTIONS: dict[str, Restriction] = {
+    r.code: r
+    for r in (
+        Restriction("reduce", "dist.reduce", "Backend tpu_dist does not support reduce", "all_reduce, then use the result on the destination rank", "torchtpu_api.md §4.3"),
+        Restriction(
+            "monitored_barrier",
+            "ProcessGroup.monitored_barrier",
+            "Backend tpu_dist does not support monitoredBarrier, only GLOO supports monitored barrier.",
+            "use a gloo group (dist.new_group(backend='gloo')) for monitored_barrier",
+            "torchtpu_api.md §4.3, §8.2",
+        ),
+        Restriction("premul_sum", "ReduceOp.PREMUL_SUM", "BuildReduceBody: 'premul_sum' reduction is not supported", "scale the tensor, then all_reduce with SUM", "torchtpu_api.md §4.3, §8.2"),
+        Restriction("asymmetric_input", "tensor sizes that differ across ranks", ASYMMETRIC_INPUT, "pad to equal sizes; give DTensor explicit shape/stride", "torchtpu_api.md §4.3, §8.2"),
+        Restriction("asymmetric_output", "output buffers of unequal size", ASYMMETRIC_OUTPUT, "pad to equal sizes", "torchtpu_api.md §4.3, §8.2"),
+        Restriction("barrier_timeout", "dist.barrier(timeout=...)", "timeout in barrier options is not supported", "drop the timeout argument", "torchtpu_api.md §8.2"),
+        Restriction("barrier_device_ids", "dist.barrier(device_ids=[i]), i != 0", "device_ids in barrier options is not supported except device_ids=[0]", "drop device_ids (each rank sees its device as tpu:0)", "torchtpu_api.md §8.2"),
+        Restriction("recv_anysource", "recv without src", "recvAnysource is not supported on TPU", "pass src= to recv", "torchtpu_api.md §4.3"),
+    )
+}
+
+# Codes exchanged in the agreement step (index = code), so ranks can tell which op each of them is in.
+_OPS = (
+    "barrier", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "all_reduce_coalesced",
+    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+)  # fmt: skip
+_OP_CODE = {name: code for code, name in enumerate(_OPS)}
+_UNSET_TIMEOUT = dist.BarrierOptions().timeout
+_ANY_SIZE = -1  # all_to_all: TorchTPU accepts uneven splits
+
+
+def _restricted(code: str) -> RuntimeError:
+    return RuntimeError(RESTRICTIONS[code].message)
+
+
+class _DoneWork(dist.Work):
+    """A finished collective (the gloo call underneath was waited for); ``get_future`` yields ``result``."""
+
+    def __init__(self, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._result = result
+        self._future: Future[list[torch.Tensor]] = Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future[list[torch.Tensor]]:
+        return self._future
+
+
+class _Staged:
+    """The CPU tensors a gloo call works on, for a list of (possibly ``tpu``) tensors.
+
+    ``tpu`` tensors are replaced by the CPU tensor holding their data, so gloo's in-place results are the
+    ``tpu`` tensors' results; a non-contiguous one goes through a contiguous copy written back afterwards.
+    """
+
+    def __init__(self) -> None:
+        self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def cpu(self, tensor: torch.Tensor) -> torch.Tensor:
+        data = _cpu_data(tensor)
+        if data.is_contiguous():
+            return data
+        dense = data.contiguous()
+        self._write_back.append((data, dense))
+        return dense
+
+    def cpus(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.cpu(t) for t in tensors]
+
+    def finish(self) -> None:
+        for data, dense in self._write_back:
+            data.copy_(dense)
+
+
+def _cpu_data(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.device.type == DEVICE_TYPE:
+        from tpu_agent.runtime.emulated.tensor import unwrap
+
+        return unwrap(tensor)
+    return tensor
+
+
+def _flush_if_tpu(tensors: Sequence[torch.Tensor]) -> None:
+    if any(t.device.type == DEVICE_TYPE for t in tensors):
+        from tpu_agent.runtime.emulated.tensor import flush_pending
+
+        flush_pending("collective")
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _same_shapes(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> bool:
+    return all(t.shape == like.shape for t in tensors)
+
+
+class ProcessGroupTpu(dist.ProcessGroup):
+    """The emulated ``ProcessGroupTpu``: TorchTPU's collective semantics, executed by gloo on the CPU."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._gloo = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
+        self._progress = PrefixStore("tpu_dist_progress", store)
+        self._timeout = timeout
+        self._seq = 0
+        self._group_name = ""
+        self._group_desc = ""
+        # C++ paths this class cannot override (e.g. ProcessGroup::all_gather_single) dispatch to the
+        # registered backend; gloo then works on the CPU data the tpu tensor subclass hands it.
+        for device in ("cpu", DEVICE_TYPE):
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, self._gloo)
+
+    # ------------------------------------------------------------------------------ identity (trampoline)
+
+    def getBackendName(self) -> str:  # noqa: N802 - the C++ virtual's name
+        return "tpu_dist"
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def name(self) -> str:
+        return "tpu_dist"
+
+    # ------------------------------------------------------------------------------------- machinery
+
+    def _global_ranks(self) -> list[int]:
+        try:
+            return dist.get_process_group_ranks(self)
+        except (ValueError, RuntimeError, KeyError):
+            return list(range(self.size()))
+
+    def _run(
+        self,
+        op: str,
+        tensors: Sequence[torch.Tensor],
+        signature: int,
+        body: Callable[[_Staged], list[torch.Tensor]],
+        asymmetric: str = ASYMMETRIC_INPUT,
+    ) -> _DoneWork:
+        """Flush, agree with the other ranks, run ``body`` on staged CPU tensors, emit the event."""
+        _flush_if_tpu(tensors)
+        self._seq += 1
+        seq = self._seq
+        start = time.perf_counter_ns()
+        self._progress.set(str(self.rank()), f"{seq}:{op}")
+        try:
+            self._agree(op, seq, signature, asymmetric)
+            staged = _Staged()
+            result = body(staged)
+            staged.finish()
+        except RuntimeError as error:
+            if "timed out" in str(error).lower() or "timeout" in str(error).lower():
+                raise RuntimeError(self._hang_message(op, seq)) from error
+            raise
+        if events.get_log().enabled:
+            events.emit(
+                events.Collective,
+                op=op,
+                bytes=_nbytes(tensors),
+                group_size=self.size(),
+                duration_ns=time.perf_counter_ns() - start,
+                site=events.user_call_site(),
+            )
+        return _DoneWork(result)
+
+    def _agree(self, op: str, seq: int, signature: int, asymmetric: str) -> None:
+        """All-gather (op, size, seq) so every rank sees a mismatch and raises the same error."""
+        if self.size() == 1:
+            return
+        mine = torch.tensor([_OP_CODE[op], signature, seq], dtype=torch.int64)
+        everyone = torch.empty(self.size() * 3, dtype=torch.int64)
+        self._gloo._allgather_base(everyone, mine).wait()
+        rows = everyone.view(self.size(), 3).tolist()
+        ranks = self._global_ranks()
+        if any(row[0] != rows[0][0] for row in rows):
+            issued = ", ".join(f"rank {ranks[i]} {_OPS[row[0]]}" for i, row in enumerate(rows))
+            raise RuntimeError(f"tpu_dist: ranks issued different collectives as collective #{seq}: {issued}; every rank must run the same collectives in the same order")
+        sizes = {row[1] for row in rows}
+        if signature != _ANY_SIZE and len(sizes) > 1:
+            numels = ", ".join(f"rank {ranks[i]}: {row[1]}" for i, row in enumerate(rows))
+            raise RuntimeError(f"{asymmetric} ({op}, elements per rank: {numels})")
+
+    def _hang_message(self, op: str, seq: int) -> str:
+        ranks = self._global_ranks()
+        behind = []
+        for group_rank, global_rank in enumerate(ranks):
+            key = str(group_rank)
+            if group_rank == self.rank():
+                continue
+            if not self._progress.check([key]):
+                behind.append(f"rank {global_rank} (no collective yet)")
+                continue
+            their_seq, _, their_op = self._progress.get(key).decode().partition(":")
+            if int(their_seq) < seq:
+                behind.append(f"rank {global_rank} (last entered {their_op} #{their_seq})")
+        waiting = "; did not reach it: " + ", ".join(behind) if behind else ""
+        return (
+            f"tpu_dist: {op} (collective #{seq} of group {self._group_name or 'default'}, ranks {ranks}) timed out after "
+            f"{self._timeout.total_seconds():g} s on rank {ranks[self.rank()]}{waiting}. Every rank must reach the same "
+            "collectives in the same order (check rank-dependent branches and early exits)"
+        )
+
+    @staticmethod
+    def _reduce_op(opts: Any) -> tuple[Any, bool]:
+        """The gloo ReduceOp for ``opts`` and whether to divide by the group size afterwards (AVG)."""
+        red = opts.reduceOp
+        if red.op == dist.ReduceOp.RedOpType.PREMUL_SUM:
+            raise _restricted("premul_sum")
+        if red.op == dist.ReduceOp.RedOpType.AVG:
+            # TorchTPU lowers AVG to SUM and a divide ("'avg' reduction should be handled using 'sum'").
+            return dist.ReduceOp.SUM, True
+        return red, False
+
+    def _average(self, tensors: Sequence[torch.Tensor]) -> None:
+        for t in tensors:
+            t.div_(self.size()) if t.is_floating_point() or t.is_complex() else t.floor_divide_(self.size())
+
+    # ---------------------------------------------------------------------------------- collectives
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        opts = opts or dist.AllreduceOptions()
+        red, average = self._reduce_op(opts)
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            cpu = staged.cpus(tensors)
+            gloo_opts = dist.AllreduceOptions()
+            gloo_opts.reduceOp = red
+            self._gloo.allreduce(cpu, gloo_opts).wait()
+            if average:
+                self._average(cpu)
+            return tensors
+
+        return self._run("all_reduce", tensors, sum(t.numel() for t in tensors), body)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        single = dist.AllreduceOptions()
+        if opts is not None:
+            single.reduceOp = opts.reduceOp
+        red, average = self._reduce_op(single)
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            cpu = staged.cpus(tensors)
+            gloo_opts = dist.AllreduceOptions()
+            gloo_opts.reduceOp = red
+            for t in cpu:
+                self._gloo.allreduce([t], gloo_opts).wait()
+            if average:
+                self._average(cpu)
+            return tensors
+
+        return self._run("all_reduce_coalesced", tensors, sum(t.numel() for t in tensors), body)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        opts = opts or dist.BroadcastOptions()
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            gloo_opts = dist.BroadcastOptions()
+            gloo_opts.rootRank, gloo_opts.rootTensor = opts.rootRank, opts.rootTensor
+            self._gloo.broadcast(staged.cpus(tensors), gloo_opts).wait()
+            return tensors
+
+        return self._run("broadcast", tensors, sum(t.numel() for t in tensors), body)
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        for outputs, tensor in zip(output_lists, inputs, strict=True):
+            if not _same_shapes(outputs, tensor):
+                raise _restricted("asymmetric_output")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            cpu_outputs = [staged.cpus(outputs) for outputs in output_lists]
+            self._gloo.allgather(cpu_outputs, staged.cpus(inputs)).wait()
+            return [t for outputs in output_lists for t in outputs]
+
+        flat = [t for outputs in output_lists for t in outputs]
+        return self._run("all_gather", [*inputs, *flat], sum(t.numel() for t in inputs), body)
+
+    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
+        return self._gather_into("all_gather_into_tensor", [output], [tensor])
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        return self._gather_into("all_gather_into_tensor_coalesced", outputs, inputs)
+
+    def _gather_into(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _DoneWork:
+        for output, tensor in zip(outputs, inputs, strict=True):
+            if output.numel() != tensor.numel() * self.size():
+                raise _restricted("asymmetric_output")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            for output, tensor in zip(outputs, inputs, strict=True):
+                self._gloo._allgather_base(staged.cpu(output), staged.cpu(tensor)).wait()
+            return outputs
+
+        return self._run(op, [*inputs, *outputs], sum(t.numel() for t in inputs), body)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _DoneWork:
+        opts = opts or dist.ReduceScatterOptions()
+        red, average = self._reduce_op(opts)
+        for output, inputs in zip(outputs, input_lists, strict=True):
+            if not _same_shapes(inputs, output):
+                raise _restricted("asymmetric_input")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            gloo_opts = dist.ReduceScatterOptions()
+            gloo_opts.reduceOp = red
+            cpu_outputs = staged.cpus(outputs)
+            self._gloo.reduce_scatter(cpu_outputs, [staged.cpus(inputs) for inputs in input_lists], gloo_opts).wait()
+            if average:
+                self._average(cpu_outputs)
+            return outputs
+
+        flat = [t for inputs in input_lists for t in inputs]
+        return self._run("reduce_scatter", [*outputs, *flat], sum(t.numel() for t in outputs), body)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
+        return self._scatter_from("reduce_scatter_tensor", [output], [tensor], opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        return self._scatter_from("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    def _scatter_from(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> _DoneWork:
+        single = dist.ReduceScatterOptions()
+        if opts is not None:
+            single.reduceOp = opts.reduceOp
+        red, average = self._reduce_op(single)
+        for output, tensor in zip(outputs, inputs, strict=True):
+            if tensor.numel() != output.numel() * self.size():
+                raise _restricted("asymmetric_input")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            gloo_opts = dist.ReduceScatterOptions()
+            gloo_opts.reduceOp = red
+            for output, tensor in zip(outputs, inputs, strict=True):
+                cpu_output = staged.cpu(output)
+                self._gloo._reduce_scatter_base(cpu_output, staged.cpu(tensor), gloo_opts).wait()
+                if average:
+                    self._average([cpu_output])
+            return outputs
+
+        return self._run(op, [*outputs, *inputs], sum(t.numel() for t in outputs), body)
+
+    def alltoall_base(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], opts: Any = None
+    ) -> _DoneWork:
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            self._gloo.alltoall_base(staged.cpu(output), staged.cpu(tensor), output_splits, input_splits).wait()
+            return [output]
+
+        return self._run("all_to_all_single", [output, tensor], _ANY_SIZE, body)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            # gloo has no list all_to_all: one all_to_all_single per peer pair, through flat buffers.
+            flat_in = torch.cat([staged.cpu(t).reshape(-1) for t in inputs])
+            flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype)
+            self._gloo.alltoall_base(flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]).wait()
+            for t, piece in zip(outputs, flat_out.split([o.numel() for o in outputs]), strict=True):
+                staged.cpu(t).copy_(piece.view(t.shape))
+            return outputs
+
+        return self._run("all_to_all", [*outputs, *inputs], _ANY_SIZE, body)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        opts = opts or dist.GatherOptions()
+        for outputs in output_lists:
+            if not _same_shapes(outputs, inputs[0]):
+                raise _restricted("asymmetric_output")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            gloo_opts = dist.GatherOptions()
+            gloo_opts.rootRank = opts.rootRank
+            self._gloo.gather([staged.cpus(o) for o in output_lists], staged.cpus(inputs), gloo_opts).wait()
+            return [t for o in output_lists for t in o]
+
+        flat = [t for o in output_lists for t in o]
+        return self._run("gather", [*inputs, *flat], sum(t.numel() for t in inputs), body)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _DoneWork:
+        opts = opts or dist.ScatterOptions()
+        for inputs in input_lists:
+            if not _same_shapes(inputs, outputs[0]):
+                raise _restricted("asymmetric_input")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            gloo_opts = dist.ScatterOptions()
+            gloo_opts.rootRank = opts.rootRank
+            self._gloo.scatter(staged.cpus(outputs), [staged.cpus(i) for i in input_lists], gloo_opts).wait()
+            return outputs
+
+        flat = [t for i in input_lists for t in i]
+        return self._run("scatter", [*outputs, *flat], sum(t.numel() for t in outputs), body)
+
+    def barrier(self, opts: Any = None) -> _DoneWork:
+        if opts is not None:
+            if opts.timeout != _UNSET_TIMEOUT:
+                raise _restricted("barrier_timeout")
+            if list(opts.device_ids) not in ([], [0]):
+                raise _restricted("barrier_device_ids")
+
+        def body(staged: _Staged) -> list[torch.Tensor]:
+            self._gloo.barrier().wait()
+            return []
+
+        return self._run("barrier", [], 0, body)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _DoneWork:
+        _flush_if_tpu(tensors)
+        staged = _Staged()
+        self._gloo.send(staged.cpus(tensors), dst, tag).wait()
+        return _DoneWork(tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _DoneWork:
+        _flush_if_tpu(tensors)
+        staged = _Staged()
+        self._gloo.recv(staged.cpus(tensors), src, tag).wait()
+        staged.finish()
+        return _DoneWork(tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _DoneWork:
+        raise _restricted("recv_anysource")
+
+    # ------------------------------------------------------------------------ unsupported by TorchTPU
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+        raise _restricted("reduce")
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        raise _restricted("monitored_barrier")
+
+
+def create_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupTpu:
+    """The c10d creator function registered for ``tpu_dist`` and ``tpu``."""
+    return ProcessGroupTpu(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Register ``tpu_dist`` and ``tpu`` for the ``tpu`` device, as TorchTPU's device init does; idempotent.
+
+    Like TorchTPU, nothing is registered once a process group exists (registration must precede
+    ``init_process_group``), and ``tpu_dist`` becomes the default backend of the ``tpu`` device.
+    """
+    if dist.is_initialized():
+        return
+    for name in BACKEND_NAMES:
+        if name.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(name, create_process_group, devices=[DEVICE_TYPE])
+    dist.Backend.default_device_backend_map[DEVICE_TYPE] = BACKEND_NAMES[0]

@@ -1,0 +1,62 @@
+"""Switching eager modes and matmul precision (``torch.tpu.eager_mode``, ``set_eager_mode``, ``precision``).
+
+Changing the mode swaps the dispatcher function the tensor type calls, so Strict pays nothing for the other
+modes. Leaving DeferAndFuse first runs the pending graph: work recorded under one mode never executes under
+another's rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated.state import EagerMode, Precision
+
+
+def apply_mode(mode: EagerMode) -> None:
+    """Make ``mode`` the process-wide eager mode."""
+    from tpu_agent.runtime.emulated import deferred, tensor
+
+    if state.eager_mode is EagerMode.DEFER_AND_FUSE and mode is not EagerMode.DEFER_AND_FUSE:
+        deferred.flush("mode_change")
+    state.eager_mode = mode
+    state.debug_checks = state.debug_checks_from_env(mode)
+    tensor.set_dispatcher(deferred.record if mode is EagerMode.DEFER_AND_FUSE else tensor.strict_dispatch)
+
+
+@contextlib.contextmanager
+def set_eager_mode(mode: EagerMode) -> Iterator[None]:
+    """Scoped eager mode; the previous mode comes back even when the block raises (forbidden under compile)."""
+    previous = state.eager_mode
+    apply_mode(state.parse_eager_mode(mode))
+    try:
+        yield
+    finally:
+        apply_mode(previous)
+
+
+@contextlib.contextmanager
+def precision(mode: Precision) -> Iterator[None]:
+    """``torch.tpu.precision(...)``: overrides the global f32 matmul precision inside the block."""
+    if not isinstance(mode, Precision):
+        raise ValueError(f"precision must be a torch.tpu.Precision value (DEFAULT, HIGH, HIGHEST), got {mode!r}")
+    state.precision_stack.append(mode)
+    try:
+        yield
+    finally:
+        state.precision_stack.pop()
+
+
+def set_float32_matmul_precision(name: str) -> None:
+    """TorchTPU's remap: medium -> DEFAULT (1-pass bf16), high -> HIGH, highest -> HIGHEST (reference §6.2)."""
+    try:
+        state.precision = state.PRECISION_BY_TORCH_NAME[name]
+    except KeyError:
+        raise ValueError(f"Invalid precision {name!r}; expected one of 'medium', 'high', 'highest'") from None
+
+
+def get_float32_matmul_precision() -> str:
+    return state.TORCH_NAME_BY_PRECISION[state.precision]

@@ -1,0 +1,162 @@
+"""Per-op behaviour of the emulated device, as data: which ops feed the MXU, which read data back to the host,
+which may mix host and device tensors, and which TorchTPU does not implement.
+
+The dispatcher (:mod:`tensor`) and the deferred executor (:mod:`deferred`) both consult these tables, so an op
+behaves the same whether it runs at once or at a flush.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+aten = torch.ops.aten
+
+# Ops whose tensor operands at these positions go through the MXU. TorchTPU rounds f32/f16 operands to bf16
+# for one pass at Precision.DEFAULT; the emulation rounds them the same way before the CPU kernel runs.
+MXU_OPERANDS: dict[torch._ops.OpOverload, tuple[int, ...]] = {
+    aten.mm.default: (0, 1),
+    aten.bmm.default: (0, 1),
+    aten.addmm.default: (1, 2),
+    aten._addmm_activation.default: (1, 2),
+    aten.baddbmm.default: (1, 2),
+    aten.addbmm.default: (1, 2),
+    aten.addmv.default: (1, 2),
+    aten.mv.default: (0, 1),
+    aten.dot.default: (0, 1),
+    aten.addr.default: (1, 2),
+    aten.convolution.default: (0, 1),
+    aten.convolution_backward.default: (0, 1, 2),
+}
+
+# Matmul-family ops whose two operands must share a dtype; TorchTPU checks this itself (reference §8.2).
+SAME_DTYPE_OPERANDS: dict[torch._ops.OpOverload, tuple[str, int, int]] = {
+    aten.mm.default: ("mm", 0, 1),
+    aten.bmm.default: ("bmm", 0, 1),
+    aten.addmm.default: ("addmm", 1, 2),
+    aten.baddbmm.default: ("baddbmm", 1, 2),
+    aten.mv.default: ("mv", 0, 1),
+    aten.dot.default: ("dot", 0, 1),
+}
+
+# Ops that legitimately take host tensors next to device tensors (transfers, and host index tensors as CUDA allows).
+MIXED_DEVICE_OK = frozenset(
+    {
+        aten.copy_.default,
+        aten._copy_from.default,
+        aten._to_copy.default,
+        aten.index.Tensor,
+        aten.index_put_.default,
+        aten.index_put.default,
+        aten._index_put_impl_.default,
+        aten.set_.source_Tensor,
+        aten.lift_fresh.default,
+        aten.lift_fresh_copy.default,
+    }
+)
+
+# Ops that return data to the host (the cause names follow events.HostSync.op).
+HOST_READ_OPS: dict[torch._ops.OpOverload, str] = {
+    aten._local_scalar_dense.default: "item",
+    aten.equal.default: "bool",
+    aten.is_nonzero.default: "bool",
+}
+
+# Ops whose output shape depends on values: DeferAndFuse must materialise their inputs to record them.
+DATA_DEPENDENT_OPS = frozenset(
+    {
+        aten.nonzero.default,
+        aten.nonzero_static.default,
+        aten.masked_select.default,
+        aten._unique2.default,
+        aten.unique_dim.default,
+        aten.unique_consecutive.default,
+        aten.repeat_interleave.Tensor,
+        aten.bincount.default,
+    }
+)
+
+DEBUG_SKIP_FINITE_CHECK = frozenset(
+    {
+        # these produce non-finite values by definition or only move data
+        aten.isinf.default,
+        aten.isnan.default,
+        aten.isfinite.default,
+        aten.copy_.default,
+        aten._to_copy.default,
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.empty_like.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+    }
+)
+
+
+@dataclass(frozen=True)
+class UnsupportedRule:
+    """A class of ops TorchTPU 0.2.0 cannot run, with the error it raises (reference §8.2, §9.2, §9.4)."""
+
+    code: str
+    name: str
+    rationale: str
+    example: str
+    reference: str
+
+
+UNSUPPORTED_RULES = {
+    rule.code: rule
+    for rule in (
+        UnsupportedRule(
+            "sparse",
+            "sparse operators",
+            "TorchTPU has no sparse layouts; only torch.tpu.ops.sparse_* embedding ops exist",
+            "x.to_sparse() on a tpu tensor",
+            "torchtpu_api.md §9.2",
+        ),
+        UnsupportedRule(
+            "quantized",
+            "quantized dtypes",
+            "qint8/quint8/qint32 and packed sub-byte types are not TorchTPU dtypes",
+            "torch.quantize_per_tensor(x_tpu, 0.1, 0, torch.qint8)",
+            "torchtpu_api.md §9.4",
+        ),
+        UnsupportedRule(
+            "complex32",
+            "complex32 dtype",
+            "ComplexHalf is not a TorchTPU dtype",
+            "x_tpu.to(torch.complex32)",
+            "torchtpu_api.md §9.4",
+        ),
+        UnsupportedRule(
+            "fast-accum",
+            "_scaled_mm use_fast_accum",
+            "TorchTPU rejects use_fast_accum=True in _scaled_mm",
+            "torch._scaled_mm(a, b, scale_a, scale_b, use_fast_accum=True)",
+            "torchtpu_api.md §8.2",
+        ),
+        UnsupportedRule(
+            "no-kernel",
+            "ATen op without a TPU kernel",
+            "Ops with no TorchTPU kernel fail unless the CPU fallback is enabled",
+            "an op listed in NO_TPU_KERNEL",
+            "torchtpu_api.md §9.2",
+        ),
+    )
+}
+
+# Dtypes TorchTPU cannot hold (reference §9.4).
+QUANTIZED_DTYPES = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
+
+# Ops assumed to have no TorchTPU kernel: the non-symmetric eigendecomposition, which XLA lowers only on CPU
+# (JAX's linalg.eig is CPU-only for the same reason). The reference names no other specific op.
+NO_TPU_KERNEL = frozenset({aten.linalg_eig.default, aten._linalg_eigvals.default})
+
+
+def not_implemented_message(op_name: str) -> str:
+    return f"'{op_name}' is not implemented for TPU. Please file a feature request"
+
+
+def fallback_message(op_name: str) -> str:
+    return f"'{op_name}' is not implemented for TPU. Falling back to CPU"

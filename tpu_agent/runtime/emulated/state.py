@@ -1,0 +1,98 @@
+"""Process-wide settings of the emulated device, in one place so every module reads the same values.
+
+The emulated ``tpu`` device is a process singleton, like TorchTPU's: one chip, one eager mode (a global, as in
+TorchTPU's C++ atomic), one matmul precision. The hot dispatch path reads these module attributes directly,
+so they are plain globals rather than properties.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from tpu_agent.chips import Chip
+
+
+class EagerMode(enum.Enum):
+    """TorchTPU's eager modes (``torch.tpu.EagerMode``); the values are the enum names TorchTPU logs."""
+
+    DEFER_NEVER = "DEFER_NEVER"  # Strict Eager: each op runs at once
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "DEFER_NEVER_AND_LAUNCH_BLOCKING"  # Debug Eager: each op runs and is checked
+    DEFER_AND_FUSE = "DEFER_AND_FUSE"  # Fused Eager: ops are recorded and run at a flush
+
+
+class Precision(enum.Enum):
+    """``torch.tpu.Precision``: passes of the bf16 MXU used for an f32 matmul."""
+
+    DEFAULT = 0  # 1 pass: inputs rounded to bf16 (8-bit significand)
+    HIGH = 1  # 3 passes: about 16 significand bits
+    HIGHEST = 2  # 6 passes: the full f32 significand
+
+
+# torch.set_float32_matmul_precision spellings, remapped as TorchTPU does (reference §6.2).
+PRECISION_BY_TORCH_NAME = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
+TORCH_NAME_BY_PRECISION = {v: k for k, v in PRECISION_BY_TORCH_NAME.items()}
+
+EAGER_MODE_ALIASES = {
+    "strict": EagerMode.DEFER_NEVER,
+    "debug": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+    "defer_and_fuse": EagerMode.DEFER_AND_FUSE,
+    "fused": EagerMode.DEFER_AND_FUSE,
+}
+
+chip: Chip | None = None
+eager_mode: EagerMode = EagerMode.DEFER_NEVER
+precision: Precision = Precision.DEFAULT
+precision_stack: list[Precision] = []
+allow_excess_precision: bool = False
+cpu_fallback: bool = False  # TorchTPU's execution_mode.enable_cpu_fallback (off by default)
+debug_checks: bool = False  # NaN/Inf and operand checks after each op (Debug Eager, or TORCH_TPU_ENABLE_DEBUG_CHECKS=1)
+log_enabled: bool = False  # mirrors events.get_log().enabled, read per op
+
+
+def effective_precision() -> Precision:
+    """The scoped ``torch.tpu.precision`` if one is active, else the global setting."""
+    return precision_stack[-1] if precision_stack else precision
+
+
+def _env_flag(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def eager_mode_from_env() -> EagerMode:
+    """The default mode TorchTPU derives from its environment (new spelling wins over the old one)."""
+    if _env_flag("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING") == "1":
+        return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    if _env_flag("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE") == "1":
+        return EagerMode.DEFER_AND_FUSE
+    return EagerMode.DEFER_NEVER
+
+
+def parse_eager_mode(value: str | EagerMode) -> EagerMode:
+    """Accept the enum, its name (any case) or the doc names strict/debug/defer_and_fuse."""
+    if isinstance(value, EagerMode):
+        return value
+    key = str(value).strip()
+    if key.upper() in EagerMode.__members__:
+        return EagerMode[key.upper()]
+    if key.lower() in EAGER_MODE_ALIASES:
+        return EAGER_MODE_ALIASES[key.lower()]
+    from tpu_agent.errors import TpuAgentError
+
+    raise TpuAgentError(
+        code="unknown-eager-mode",
+        message=f"unknown eager mode {value!r}",
+        hint="use one of: strict, debug, defer_and_fuse (or DEFER_NEVER, DEFER_NEVER_AND_LAUNCH_BLOCKING, DEFER_AND_FUSE)",
+    )
+
+
+def debug_checks_from_env(mode: EagerMode) -> bool:
+    """Debug Eager turns the checks on; ``TORCH_TPU_ENABLE_DEBUG_CHECKS`` overrides either way."""
+    value = _env_flag("TORCH_TPU_ENABLE_DEBUG_CHECKS", "TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS")
+    if value is not None:
+        return value == "1"
+    return mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING

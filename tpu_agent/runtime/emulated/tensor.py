@@ -1,0 +1,354 @@
+"""The emulated ``tpu`` tensor: a PrivateUse1 wrapper subclass whose data lives in a CPU tensor.
+
+Every ATen op on a tpu tensor reaches :meth:`TpuTensor.__torch_dispatch__` below autograd, so autograd,
+optimizers and ``nn`` modules work unchanged. The dispatcher then follows the eager mode:
+
+* Strict (DEFER_NEVER): unwrap, run the op on the CPU, wrap the results. This is the hot path, kept to a few
+  dictionary lookups per op so that training costs little more than on plain CPU.
+* Debug (DEFER_NEVER_AND_LAUNCH_BLOCKING): the same, then check the outputs (NaN/Inf introduced by the op) and
+  name the op and the user's line.
+* DeferAndFuse: record the op into the pending graph of :mod:`deferred` and run the graph at a flush.
+
+Views keep TorchTPU's aliasing: a view op returns a tpu tensor over a CPU view of the base's CPU tensor, so an
+in-place write through the view is visible in the base.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from tpu_agent.runtime.emulated import memory, ops, state, telemetry, unsupported
+
+_EMPTY: dict[str, Any] = {}
+_Tensor = torch.Tensor
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+_CPU = torch.device("cpu")
+DEVICE: torch.device | None = None  # torch.device("tpu", 0), set by device.register()
+MIXED_DEVICE_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the emulated ``tpu:0`` device; ``_elem`` is its CPU data (``None`` while deferred)."""
+
+    _elem: torch.Tensor | None
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return _dispatch(func, args, kwargs or _EMPTY)
+
+    # Host reads: name the cause for the event log, materialise pending work, then read the CPU data.
+    def item(self) -> Any:
+        return _host_read(self, "item").item()
+
+    def tolist(self) -> Any:
+        return _host_read(self, "tolist").tolist()
+
+    def __bool__(self) -> bool:
+        return bool(_host_read(self, "bool"))
+
+    def __float__(self) -> float:
+        return float(_host_read(self, "float"))
+
+    def __int__(self) -> int:
+        return int(_host_read(self, "int"))
+
+    def __index__(self) -> int:
+        return _host_read(self, "int").__index__()
+
+    def __format__(self, format_spec: str) -> str:
+        if self.dim() == 0:
+            return _host_read(self, "print").item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        cpu = _host_read(self, "print").detach()
+        return render(self, cpu, tensor_contents)
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if force:
+            return _host_read(self, "numpy").detach().numpy()
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # Pickle as torch does for storage-less PrivateUse1 tensors: on torch.load's weights-only allow-list,
+        # restorable with map_location="cpu" in a process without the emulation.
+        cpu = _host_read(self, "save").detach().clone()
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad))
+
+
+def render(t: torch.Tensor, cpu: torch.Tensor, tensor_contents: Any = None) -> str:
+    """``tensor([...], device='tpu:0', ...)``: torch's own formatter fed with the CPU values."""
+    from torch import _tensor_str
+
+    prefix = f"{type(t).__name__}("
+    if tensor_contents is None:
+        if cpu.numel() == 0:
+            tensor_contents = "[]"
+        else:
+            with torch.no_grad():
+                tensor_contents = _tensor_str._tensor_str(cpu, len("tensor("))
+    text = _tensor_str._str(t, tensor_contents=tensor_contents)
+    is_parameter = text.startswith("Parameter(" + prefix)
+    if is_parameter:  # printed as torch prints a plain Parameter
+        text = text[len("Parameter(") : -1]
+    head, tail = text[: len(prefix) + len(tensor_contents)], text[len(prefix) + len(tensor_contents) :]
+    text = "tensor(" + head[len(prefix) :] + tail.replace("\n" + " " * len(prefix), "\n" + " " * len("tensor("))
+    return "Parameter containing:\n" + text if is_parameter else text
+
+
+def _release(key: int) -> Any:
+    return lambda _ref: memory.release(key)
+
+
+def wrap(elem: torch.Tensor) -> torch.Tensor:
+    """A tpu tensor over the CPU tensor ``elem`` (sharing its data; no copy)."""
+    r = _make_wrapper(
+        TpuTensor,
+        elem.shape,
+        strides=elem.stride(),
+        storage_offset=elem.storage_offset(),
+        dtype=elem.dtype,
+        device=DEVICE,
+        requires_grad=False,
+    )
+    r._elem = elem
+    r._free = weakref.ref(r, _release(memory.track(elem)))
+    return r
+
+
+def wrap_pending(meta: torch.Tensor) -> TpuTensor:
+    """A deferred tpu tensor with ``meta``'s metadata; the executor fills ``_elem`` at the flush."""
+    r = _make_wrapper(
+        TpuTensor,
+        meta.shape,
+        strides=meta.stride(),
+        storage_offset=meta.storage_offset(),
+        dtype=meta.dtype,
+        device=DEVICE,
+        requires_grad=False,
+    )
+    r._elem = None
+    r._meta = meta
+    return r
+
+
+def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
+    """Give a deferred tensor its CPU data (called by the executor)."""
+    r._elem = elem
+    r._free = weakref.ref(r, _release(memory.track(elem)))
+
+
+def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
+    """The CPU tensor behind a tpu tensor (materialising pending deferred work first); CPU tensors pass through."""
+    if type(t) is not TpuTensor:
+        return t
+    elem = t._elem
+    if elem is None:
+        flush_pending(cause)
+        elem = t._elem
+        if elem is None:
+            raise RuntimeError("this tpu tensor has no data: the deferred computation that produced it failed at an earlier flush")
+    return elem
+
+
+def flush_pending(cause: str, site: Any = None) -> None:
+    """Run the pending DeferAndFuse graph now (no-op when nothing is pending)."""
+    from tpu_agent.runtime.emulated import deferred
+
+    deferred.flush(cause, site)
+
+
+def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
+    telemetry.host_sync(cause)
+    return unwrap(t, cause)
+
+
+# ----------------------------------------------------------------------------------------------- strict path
+
+
+def _unwrap_list(items: list | tuple) -> list:
+    return [(x._elem if x._elem is not None else unwrap(x)) if type(x) is TpuTensor else x for x in items]
+
+
+def _mixed_device(func: Any, t: torch.Tensor) -> None:
+    if t.dim() != 0 and func not in ops.MIXED_DEVICE_OK and t.device.type != "meta":
+        raise RuntimeError(MIXED_DEVICE_MESSAGE.format(a=DEVICE, b=t.device))
+
+
+def unwrap_args(func: Any, args: tuple | list) -> list:
+    """CPU arguments for ``func``: tpu tensors (and lists of them) replaced by their CPU data."""
+    out = list(args)
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is TpuTensor:
+            e = a._elem
+            out[i] = e if e is not None else unwrap(a)
+        elif t is list or t is tuple:
+            if a and isinstance(a[0], _Tensor):
+                for x in a:
+                    if type(x) is not TpuTensor and isinstance(x, _Tensor):
+                        _mixed_device(func, x)
+                out[i] = _unwrap_list(a)
+        elif isinstance(a, _Tensor):
+            _mixed_device(func, a)
+    return out
+
+
+def unwrap_kwargs(func: Any, kwargs: dict) -> tuple[dict, bool]:
+    """CPU keyword arguments, and whether the op writes its result to the host (``device=cpu``)."""
+    out = dict(kwargs)
+    to_host = False
+    for k, v in kwargs.items():
+        t = type(v)
+        if t is TpuTensor:
+            out[k] = v._elem if v._elem is not None else unwrap(v)
+        elif k == "device" and v is not None:
+            dev = v if t is torch.device else torch.device(v)
+            if dev.type == "cpu":
+                to_host = True
+            else:
+                out[k] = _CPU
+        elif t is list or t is tuple:
+            if v and isinstance(v[0], _Tensor):
+                out[k] = _unwrap_list(v)
+        elif isinstance(v, _Tensor):
+            _mixed_device(func, v)
+    return out, to_host
+
+
+def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make: Any = None) -> Any:
+    """tpu tensors for the op's results; a result that is an input's own CPU (or meta) tensor maps back to that
+    input, so in-place and ``out=`` ops return the caller's tensor. ``make`` builds the others (default :func:`wrap`)."""
+    t = type(out)
+    if t is _Tensor:
+        for i, c in enumerate(cargs):
+            if c is out and type(args[i]) is TpuTensor:
+                return args[i]
+        if kwargs:
+            for k, c in ckwargs.items():
+                if c is out and type(kwargs[k]) is TpuTensor:
+                    return kwargs[k]
+        return wrap(out) if make is None else make(out)
+    if t is tuple or t is list:
+        return t(rewrap(o, args, cargs, kwargs, ckwargs, make) for o in out)
+    return out
+
+
+def _round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round an f32 tensor to ``bits`` explicit significand bits (round to nearest even), kept in f32."""
+    drop = 23 - bits
+    i = t.view(torch.int32)
+    lsb = (i >> drop) & 1
+    rounded = (i + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)
+    return rounded.view(torch.float32)
+
+
+def mxu_operand(t: Any, precision: state.Precision) -> Any:
+    """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH)."""
+    if not isinstance(t, _Tensor):
+        return t
+    dtype = t.dtype
+    if dtype is torch.float32:
+        if precision is state.Precision.DEFAULT:
+            return t.to(torch.bfloat16).to(torch.float32)
+        return _round_mantissa(t.contiguous(), 16)
+    if dtype is torch.float16 and precision is state.Precision.DEFAULT:
+        return t.to(torch.bfloat16).to(torch.float16)
+    return t
+
+
+def check_operands(func: Any, cargs: list) -> None:
+    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode)."""
+    spec = ops.SAME_DTYPE_OPERANDS.get(func)
+    if spec is None:
+        return
+    name, i, j = spec
+    a, b = cargs[i], cargs[j]
+    if isinstance(a, _Tensor) and isinstance(b, _Tensor) and a.dtype != b.dtype:
+        raise RuntimeError(
+            f"{name}(): expected the two arguments to have the same dtype, got "
+            f"{str(a.dtype).removeprefix('torch.')} vs {str(b.dtype).removeprefix('torch.')}"
+        )
+
+
+def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision) -> Any:
+    """Execute one op on CPU data as the TPU would: MXU operand rounding, then the CPU kernel."""
+    positions = ops.MXU_OPERANDS.get(func)
+    if positions is not None:
+        check_operands(func, cargs)
+        if precision is not state.Precision.HIGHEST:
+            cargs = list(cargs)
+            for p in positions:
+                if p < len(cargs):
+                    cargs[p] = mxu_operand(cargs[p], precision)
+    return func(*cargs, **ckwargs)
+
+
+def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
+    if state.log_enabled:
+        telemetry.op_counts[func] += 1
+    special = _SPECIAL.get(func)
+    if special is not None:
+        special(func, args, kwargs)
+    cargs = unwrap_args(func, args)
+    if kwargs:
+        ckwargs, to_host = unwrap_kwargs(func, kwargs)
+        if to_host:
+            return run_on_cpu(func, cargs, ckwargs, state.effective_precision())
+    else:
+        ckwargs = kwargs
+    out = run_on_cpu(func, cargs, ckwargs, state.effective_precision())
+    if state.debug_checks:
+        from tpu_agent.runtime.emulated import debug
+
+        debug.check(func, cargs, ckwargs, out)
+    return rewrap(out, args, cargs, kwargs, ckwargs)
+
+
+# ---------------------------------------------------------------------- ops that need attention before running
+
+
+def _host_read_op(func: Any, args: tuple, kwargs: dict) -> None:
+    telemetry.host_sync(ops.HOST_READ_OPS[func])
+
+
+def _copy_op(func: Any, args: tuple, kwargs: dict) -> None:
+    dst = args[0]
+    if type(dst) is not TpuTensor and isinstance(dst, _Tensor):
+        telemetry.host_sync("cpu")
+
+
+def _to_copy_op(func: Any, args: tuple, kwargs: dict) -> None:
+    unsupported.check(func, args, kwargs)
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cpu":
+        telemetry.host_sync("cpu")
+
+
+_SPECIAL: dict[Any, Any] = {op: unsupported.check for op in unsupported.CHECKED_OPS}
+_SPECIAL.update({op: _host_read_op for op in ops.HOST_READ_OPS})
+_SPECIAL[torch.ops.aten.copy_.default] = _copy_op
+_SPECIAL[torch.ops.aten._to_copy.default] = _to_copy_op
+
+
+def special_for(func: Any) -> Any:
+    return _SPECIAL.get(func)
+
+
+# The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).
+_dispatch = _strict
+
+
+def set_dispatcher(fn: Any) -> None:
+    global _dispatch
+    _dispatch = fn
+
+
+strict_dispatch = _strict

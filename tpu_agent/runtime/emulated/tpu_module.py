@@ -1,0 +1,479 @@
+"""The ``torch.tpu`` module of TorchTPU 0.2.0 (reference §1.3-§1.5), backed by the emulated device.
+
+It is a :class:`types.ModuleType` subclass so that ``eager_mode`` and ``allow_excess_precision`` can be module
+properties, as in TorchTPU. Rules reproduced on purpose:
+
+* the legacy CUDA-style calls (``is_available``, ``device_count``, ``set_device``...) are *internal*: called
+  from user code they raise TorchTPU's RuntimeError, or warn once with ``TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS=1``;
+  torch and torch_tpu (and this emulation) may call them;
+* experimental APIs warn once with the ``<TorchTpu/ApiStage/ExperimentalApi/>`` prefix;
+* one device per process: ``set_device`` only accepts the bound index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, TypeVar
+
+import torch
+
+from tpu_agent.runtime.emulated import memory, modes, state, telemetry
+from tpu_agent.runtime.emulated.state import EagerMode, Precision
+
+F = TypeVar("F", bound=Callable[..., Any])
+_ALLOWED_CALLER_PREFIXES = ("torch", "torch_tpu", "tpu_agent")
+_STREAMS_MESSAGE = "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
+_warned: set[str] = set()
+
+AMP_SUPPORTED_DTYPES = [
+    torch.bfloat16,
+    torch.bool,
+    torch.complex128,
+    torch.complex64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.int8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.uint8,
+]
+
+
+def _caller_is_framework(depth: int) -> bool:
+    name = sys._getframe(depth).f_globals.get("__name__", "")
+    return name.split(".", 1)[0] in _ALLOWED_CALLER_PREFIXES
+
+
+def internal(prefer: str) -> Callable[[F], F]:
+    """Mark a legacy device API internal to TorchTPU (reference §1.4): user callers get an error or a warning."""
+
+    def decorate(fn: F) -> F:
+        name = fn.__name__
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not _caller_is_framework(2) and not torch.compiler.is_compiling():
+                if os.environ.get("TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS") != "1":
+                    raise RuntimeError(
+                        f"{name} is internal to TorchTPU and can only be called by the PyTorch framework "
+                        f"(torch and torch_tpu). Use {prefer} instead."
+                    )
+                if name not in _warned:
+                    _warned.add(name)
+                    warnings.warn(
+                        f"<TorchTpu/ApiStage/InternalApi/> torch.tpu.{name} is internal to TorchTPU; use {prefer} instead.",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def experimental(fn: F) -> F:
+    """Warn once per API, as TorchTPU does for every experimental ``torch.tpu`` member."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if name not in _warned and not _caller_is_framework(2):
+            _warned.add(name)
+            warnings.warn(
+                f"<TorchTpu/ApiStage/ExperimentalApi/> torch.tpu.{name} is experimental and may change without notice.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _index_of(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        return 0 if device.index is None else device.index
+    raise TypeError(f"Invalid device type {type(device).__name__}; expected int, str or torch.device")
+
+
+def check_device_index(index: int) -> None:
+    """One device per process: any index other than the bound one is refused (reference §1.2)."""
+    if index != 0:
+        raise ValueError(
+            f"Cannot set TPU device to index {index}, current process is bound to device index 0. "
+            "Changing the active TPU device within a process is not supported."
+        )
+
+
+class TpuDeviceProperties(NamedTuple):
+    """``torch.tpu.get_device_properties()``: HBM per device; TorchTPU has no FLOP/s field."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int = 1
+
+
+class TpuStream(torch.Stream):
+    """A placeholder stream (XLA orders work itself); exists so FSDP-style code runs."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, stream_id: int | None = None, **kwargs: Any) -> TpuStream:
+        return super().__new__(cls, stream_id=stream_id or 0, device_index=_index_of(device), device_type=torch._C._get_privateuse1_backend_name())
+
+    def wait_event(self, event: Any) -> None:
+        event.wait()
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> TpuEvent:
+        event = event if event is not None else TpuEvent()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        _synchronize_device()
+
+    def query(self) -> bool:
+        raise NotImplementedError(_STREAMS_MESSAGE)
+
+    def priority_range(self) -> Any:
+        raise NotImplementedError(_STREAMS_MESSAGE)
+
+    @property
+    def is_sparse(self) -> bool:
+        return False
+
+    @property
+    def is_dense(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<torch.tpu.TpuStream>"
+
+
+class TpuEvent:
+    """``torch.tpu.Event``: host-timed; ``record`` snapshots pending work, ``synchronize`` waits for it."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, external: bool = False, device: Any = None) -> None:
+        self.enable_timing = enable_timing
+        self._time_ns: int | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._time_ns = time.perf_counter_ns()
+
+    def synchronize(self) -> None:
+        if self._time_ns is not None:
+            _synchronize_device()
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def elapsed_time(self, end_event: TpuEvent) -> float:
+        if self._time_ns is None or end_event._time_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time_ns - self._time_ns) / 1e6
+
+    def ipc_handle(self) -> Any:
+        raise NotImplementedError(_STREAMS_MESSAGE)
+
+    @classmethod
+    def from_ipc_handle(cls, device: Any, handle: Any) -> Any:
+        raise NotImplementedError(_STREAMS_MESSAGE)
+
+
+def _synchronize_device() -> None:
+    """Wait for pending work: in DeferAndFuse that means run the pending graph."""
+    telemetry.host_sync("synchronize")
+    from tpu_agent.runtime.emulated import deferred
+
+    deferred.flush("synchronize")
+
+
+class _CacheEntryStats(NamedTuple):
+    read_count: int
+    compilation_duration: int
+    last_read: int
+
+
+class _CacheStats(NamedTuple):
+    num_cache_reqs: int
+    num_cache_hits: int
+    per_entry_stats: list[_CacheEntryStats]
+
+
+class TpuModule(types.ModuleType):
+    """``torch.tpu`` for the emulated device."""
+
+    EagerMode = EagerMode
+    Precision = Precision
+    Stream = TpuStream
+    Event = TpuEvent
+    TpuStream = TpuStream
+    TpuEvent = TpuEvent
+
+    # --- properties (module attributes in TorchTPU) ---
+    @property
+    def eager_mode(self) -> EagerMode:
+        return state.eager_mode
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        modes.apply_mode(state.parse_eager_mode(mode))
+
+    @property
+    def allow_excess_precision(self) -> bool:
+        return state.allow_excess_precision
+
+    @allow_excess_precision.setter
+    def allow_excess_precision(self, value: bool) -> None:
+        state.allow_excess_precision = bool(value)
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        return state.cpu_fallback
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, value: bool) -> None:
+        state.cpu_fallback = bool(value)
+
+    # --- internal legacy device API (reference §1.4) ---
+    @staticmethod
+    @internal("torch.accelerator.is_available")
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    @internal("torch.accelerator.device_count")
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    @internal("torch.accelerator.current_device_index")
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    @internal("torch.accelerator.set_device_index")
+    def set_device(device: Any) -> None:
+        check_device_index(_index_of(device))
+
+    @staticmethod
+    @internal("torch.accelerator.synchronize")
+    def synchronize(device: Any = None) -> None:
+        _synchronize_device()
+
+    @staticmethod
+    @internal("torch.accelerator.current_stream")
+    def current_stream(device: Any = None) -> TpuStream:
+        return TpuStream(device)
+
+    @staticmethod
+    @internal("torch.accelerator.set_stream")
+    def set_stream(stream: Any) -> None:
+        return None
+
+    @staticmethod
+    @internal("torch.accelerator.random.initial_seed")
+    def initial_seed() -> int:
+        return torch.initial_seed()
+
+    @staticmethod
+    @internal("torch.accelerator.random.get_rng_state")
+    def get_rng_state(device: Any = "tpu") -> torch.Tensor:
+        check_device_index(_index_of(device))
+        return torch.get_rng_state()
+
+    class device:  # noqa: N801 - TorchTPU's name
+        """``torch.tpu.device(i)``: internal; negative or None indices are a no-op."""
+
+        @internal("torch.accelerator.device_index")
+        def __init__(self, device: Any) -> None:
+            self.index = _index_of(device) if device is not None else -1
+
+        def __enter__(self) -> None:
+            if self.index >= 0:
+                check_device_index(self.index)
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    # --- experimental public API ---
+    @staticmethod
+    @experimental
+    def default_stream(device: Any = None) -> TpuStream:
+        return TpuStream(device, stream_id=0)
+
+    @staticmethod
+    @experimental
+    @contextlib.contextmanager
+    def stream(stream: Any) -> Iterator[None]:
+        yield
+
+    class device_of:  # noqa: N801
+        """No-op unless ``obj`` is on a tpu; the process has one device, so always a no-op."""
+
+        def __init__(self, obj: Any) -> None:
+            self.obj = obj
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    @staticmethod
+    @experimental
+    def get_device_name(device: Any = None) -> str:
+        _index_of(device)
+        assert state.chip is not None
+        return state.chip.device_name
+
+    @staticmethod
+    @experimental
+    def get_device_properties(device: Any = None) -> TpuDeviceProperties:
+        _index_of(device)
+        assert state.chip is not None
+        return TpuDeviceProperties(name=state.chip.device_name, total_memory=state.chip.hbm_bytes_per_device)
+
+    @staticmethod
+    @experimental
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    @experimental
+    def manual_seed(seed: int) -> None:
+        # The emulated device draws from the CPU generator, so seeding it seeds the device.
+        torch.default_generator.manual_seed(int(seed))
+
+    @staticmethod
+    @experimental
+    def manual_seed_all(seed: int) -> None:
+        torch.default_generator.manual_seed(int(seed))
+
+    @staticmethod
+    @experimental
+    def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
+        check_device_index(_index_of(device))
+        torch.set_rng_state(new_state)
+
+    @property
+    def default_generators(self) -> tuple[torch.Generator, ...]:
+        return (torch.default_generator,)
+
+    @staticmethod
+    @experimental
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return list(AMP_SUPPORTED_DTYPES)
+
+    @staticmethod
+    @experimental
+    def set_eager_mode(mode: EagerMode) -> contextlib.AbstractContextManager[None]:
+        return modes.set_eager_mode(mode)
+
+    @staticmethod
+    @experimental
+    def precision(mode: Precision) -> contextlib.AbstractContextManager[None]:
+        return modes.precision(mode)
+
+    @staticmethod
+    def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
+        warnings.warn(
+            "<TorchTpu/ApiStage/DeprecatedApi/> torch.tpu.topology_aware_mesh is deprecated; use torch.tpu.distributed.topology_aware_mesh.",
+            UserWarning,
+            stacklevel=2,
+        )
+        raise NotImplementedError("topology_aware_mesh needs a physical TPU slice; the emulated device has one chip")
+
+    # --- private helpers torch and the docs use ---
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def _lazy_init() -> None:
+        return None
+
+    @staticmethod
+    def _get_compute_capability() -> str:
+        return ""
+
+    @staticmethod
+    def _is_triton_capable() -> bool:
+        return False
+
+    @staticmethod
+    def _is_gpu() -> bool:
+        return False
+
+    @staticmethod
+    def _get_multi_processor_count() -> int:
+        return 1
+
+    @staticmethod
+    def _is_autocast_enabled() -> bool:
+        return torch.is_autocast_enabled("tpu")
+
+    @staticmethod
+    def _get_autocast_dtype() -> torch.dtype:
+        return torch.get_autocast_dtype("tpu")
+
+    @staticmethod
+    def _set_autocast_enabled(enabled: bool) -> None:
+        torch.set_autocast_enabled("tpu", enabled)
+
+    @staticmethod
+    def _set_autocast_dtype(dtype: torch.dtype) -> None:
+        if dtype not in AMP_SUPPORTED_DTYPES:
+            raise ValueError(f"dtype {dtype} is not supported by TPU autocast; supported: {AMP_SUPPORTED_DTYPES}")
+        torch.set_autocast_dtype("tpu", dtype)
+
+    @staticmethod
+    def _hbm_usage_summary() -> str:
+        return f"CompilationCache HBM usage: 0B for 0 executables. Live tensors: {memory.allocated}B."
+
+    @staticmethod
+    def _get_cache_stats() -> _CacheStats:
+        from tpu_agent.runtime.emulated import deferred
+
+        return _CacheStats(deferred.cache.requests, deferred.cache.hits, [])
+
+    @staticmethod
+    def _clear_cache() -> None:
+        from tpu_agent.runtime.emulated import deferred
+
+        deferred.cache.clear()
+
+
+def build_module() -> TpuModule:
+    """A fresh ``torch.tpu`` module object (registered by :func:`device.register`)."""
+    module = TpuModule("torch.tpu", "TorchTPU API on the tpu-agent emulated device")
+    return module

@@ -1,0 +1,66 @@
+"""TorchTPU's refusals for ops and dtypes it does not implement (rules in :data:`ops.UNSUPPORTED_RULES`).
+
+With the CPU fallback off (TorchTPU's default) the op raises TorchTPU's error text; with it on
+(``torch.tpu.enable_cpu_fallback = True``) it warns ``... Falling back to CPU``, runs, and the event log
+records a FallbackOp, the performance cliff the profiler reports.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from tpu_agent.runtime.emulated import ops, state, telemetry
+
+aten = torch.ops.aten
+
+SPARSE_OPS = frozenset(
+    {
+        aten._to_sparse.default,
+        aten._to_sparse.sparse_dim,
+        aten._to_sparse_csr.default,
+        aten._to_sparse_csc.default,
+        aten._to_sparse_bsr.default,
+        aten._to_sparse_bsc.default,
+        aten.to_sparse.default,
+        aten.to_sparse.sparse_dim,
+    }
+)
+QUANTIZE_OPS = frozenset(
+    {aten.quantize_per_tensor.default, aten.quantize_per_channel.default, aten.quantize_per_tensor_dynamic.default}
+)
+DTYPE_OPS = frozenset({aten._to_copy.default})
+SCALED_MM_OPS = frozenset({aten._scaled_mm.default})
+CHECKED_OPS = SPARSE_OPS | QUANTIZE_OPS | DTYPE_OPS | SCALED_MM_OPS | ops.NO_TPU_KERNEL
+
+
+def _op_name(func: Any) -> str:
+    return func._schema.name  # e.g. "aten::linalg_eig"
+
+
+def check(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise (or warn and record a fallback) when ``func`` is something TorchTPU cannot run."""
+    if func in SPARSE_OPS:
+        raise RuntimeError(f"{_op_name(func)}: sparse operators are not supported on TPU yet")
+    if func in QUANTIZE_OPS:
+        dtype = kwargs.get("dtype", args[-1] if args else None)
+        raise NotImplementedError(f"TorchTPU does not yet support dtype {str(dtype).removeprefix('torch.')}")
+    if func in DTYPE_OPS:
+        dtype = kwargs.get("dtype")
+        if dtype is torch.complex32:
+            raise NotImplementedError("TorchTPU does not yet support dtype complex32")
+        if dtype in ops.QUANTIZED_DTYPES:
+            raise NotImplementedError(f"TorchTPU does not yet support dtype {str(dtype).removeprefix('torch.')}")
+        return
+    if func in SCALED_MM_OPS:
+        if kwargs.get("use_fast_accum") or (len(args) > 7 and args[7]):
+            raise RuntimeError("use_fast_accum=true is not supported yet on TPU")
+        return
+    if func in ops.NO_TPU_KERNEL:
+        name = _op_name(func)
+        if not state.cpu_fallback:
+            raise NotImplementedError(ops.not_implemented_message(name))
+        warnings.warn(ops.fallback_message(name), stacklevel=4)
+        telemetry.emit_fallback(name)
