@@ -11,10 +11,9 @@ twice gives the same id.
 from __future__ import annotations
 
 import base64
-import difflib
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
@@ -79,24 +78,17 @@ def _finding_from_dict(data: dict[str, object]) -> Finding:
     )
 
 
-def unified_diff(plan: Plan, workspace: Workspace) -> str:
-    """One unified diff over every file the plan changes, with workspace-relative ``a/``/``b/`` names."""
-    chunks: list[str] = []
-    for result in sorted(plan.changed_files, key=lambda r: workspace.relative(r.path)):
+def in_workspace_terms(plan: Plan, workspace: Workspace) -> Plan:
+    """Name every file and finding by its workspace-relative path (the engine names them from the cwd).
+
+    The server's cwd is not the workspace, and agents pass workspace-relative paths back, so diffs,
+    reports and findings must use those names.
+    """
+    for result in plan.files:
         rel = workspace.relative(result.path)
-        before = result.path.read_bytes().decode("utf-8", errors="replace") if result.path.exists() else ""
-        after = (result.migrated_bytes or b"").decode("utf-8", errors="replace")
-        chunks.extend(
-            difflib.unified_diff(
-                before.splitlines(keepends=True),
-                after.splitlines(keepends=True),
-                fromfile=f"a/{rel}",
-                tofile=f"b/{rel}",
-            )
-        )
-        if chunks and not chunks[-1].endswith("\n"):
-            chunks[-1] += "\n\\ No newline at end of file\n"
-    return "".join(chunks)
+        result.display_path = rel
+        result.findings = [replace(f, path=rel) for f in result.findings]
+    return plan
 
 
 def _plan_to_dict(plan: Plan, workspace: Workspace) -> dict[str, object]:
@@ -134,10 +126,13 @@ def plan_id_for(body: dict[str, object]) -> str:
 
 def save_plan(plan: Plan, workspace: Workspace) -> StoredPlan:
     """Write ``plan`` (and its diff) under ``.tpu-agent/plans/`` and return it with its id."""
+    # Imported here: the report package loads every rule, which the server must not need at start-up.
+    from tpu_agent.migrate.report.diff import unified_diff
+
     body = _plan_to_dict(plan, workspace)
     plan_id = plan_id_for(body)
     directory = workspace.artefact_dir("plans")
-    diff = unified_diff(plan, workspace)
+    diff = unified_diff(plan)
     record = {"format": PLAN_FORMAT, "id": plan_id, "workspace": str(workspace.root), **body}
     path = directory / f"{plan_id}.json"
     atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
@@ -199,4 +194,4 @@ def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
     return StoredPlan(id=plan_id, path=path, plan=plan, diff=diff)
 
 
-__all__ = ["StoredPlan", "load_plan", "plan_id_for", "save_plan", "unified_diff"]
+__all__ = ["StoredPlan", "in_workspace_terms", "load_plan", "plan_id_for", "save_plan"]

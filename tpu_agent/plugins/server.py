@@ -35,7 +35,7 @@ from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.plugins import api_lookup, models
 from tpu_agent.plugins.bundles import load_skill_body
 from tpu_agent.plugins.jobs import Job, JobManager
-from tpu_agent.plugins.plans import load_plan, save_plan
+from tpu_agent.plugins.plans import in_workspace_terms, load_plan, save_plan
 from tpu_agent.plugins.workspace import Workspace, resolve_workspace
 
 logger = logging.getLogger("tpu_agent.mcp")
@@ -201,22 +201,18 @@ def _launch_options(nproc: int, backend: str, chip: str, eager_mode: str | None)
     return argv
 
 
-def _finding_to_scan(finding: Any, rel_path: str) -> models.ScanFinding:
+def _finding_to_scan(finding: Any) -> models.ScanFinding:
     return models.ScanFinding(
         rule=finding.code,
         safety=finding.safety.value,
-        location=models.Location(path=rel_path, line=max(1, finding.line), column=max(1, finding.column)),
+        location=models.Location(path=finding.path, line=max(1, finding.line), column=max(1, finding.column)),
         message=finding.message,
         fixed=finding.fixed,
     )
 
 
-def _plan_findings(plan: Any, ws: Workspace) -> list[models.ScanFinding]:
-    out = [
-        _finding_to_scan(finding, ws.relative(result.path))
-        for result in plan.files
-        for finding in result.findings
-    ]
+def _plan_findings(plan: Any) -> list[models.ScanFinding]:
+    out = [_finding_to_scan(finding) for finding in plan.findings]
     return sorted(out, key=lambda f: (f.location.path, f.location.line, f.location.column, f.rule))
 
 
@@ -238,7 +234,8 @@ async def _build_plan(ctx: Context, ws: Workspace, paths: Sequence[str], options
     from tpu_agent.migrate import api as migrate_api
 
     relay = _progress_relay(ctx)
-    return await _in_thread(lambda: migrate_api.plan(targets, options, progress=relay))
+    plan = await _in_thread(lambda: migrate_api.plan(targets, options, progress=relay))
+    return in_workspace_terms(plan, ws)
 
 
 def _profile_dir_of(state: ServerState, ws: Workspace, job_id: str | None, logdir: str | None) -> Path:
@@ -366,7 +363,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     ) -> models.ScanResult:
         ws = state.workspace(workspace)
         plan = await _build_plan(ctx, ws, paths, _migrate_options(select, None, False, "accelerator"))
-        findings = _plan_findings(plan, ws)
+        findings = _plan_findings(plan)
         counts: dict[str, int] = {}
         for finding in findings:
             counts[finding.rule] = counts.get(finding.rule, 0) + 1
@@ -434,7 +431,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
             diff=stored.diff[:max_diff_chars],
             diff_truncated=len(stored.diff) > max_diff_chars,
             report=report[:max_diff_chars],
-            manual_followups=[f for f in _plan_findings(plan, ws) if not f.fixed],
+            manual_followups=[f for f in _plan_findings(plan) if not f.fixed],
             next_action=(
                 f"Show the diff to the user; after they approve, call tpu_apply_plan with plan_id={stored.id!r}."
                 if changed
@@ -445,8 +442,9 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     @server.tool(
         name="tpu_apply_plan",
         description="Write a plan from tpu_plan_migration to the workspace (atomic writes). Refuses with "
-        "stale-plan when a file changed since planning (plan again); applying the same plan twice is a "
-        "no-op. Only call after the user approved the diff.",
+        "stale-plan when a file changed since planning (plan again) and dirty-worktree when a file has "
+        "uncommitted git changes; applying the same plan twice is a no-op. Only call after the user "
+        "approved the diff.",
         annotations=ToolAnnotations(
             title="Apply a migration plan",
             read_only_hint=False,
@@ -458,13 +456,18 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     @tool_errors
     async def tpu_apply_plan(
         plan_id: Annotated[str, Field(description="The plan_id tpu_plan_migration returned.")],
+        allow_dirty: Annotated[
+            bool,
+            Field(description="Rewrite files that have uncommitted git changes (refused by default: "
+            "the user could not review or undo the rewrite with git)."),
+        ] = False,
         workspace: WorkspaceArg = None,
     ) -> models.ApplyResult:
         ws = state.workspace(workspace)
         stored = load_plan(plan_id, ws)
         from tpu_agent.migrate import api as migrate_api
 
-        result = await _in_thread(lambda: migrate_api.apply(stored.plan))
+        result = await _in_thread(lambda: migrate_api.apply(stored.plan, allow_dirty=allow_dirty))
         written = sorted(ws.relative(p) for p in result.written)
         return models.ApplyResult(
             plan_id=plan_id,
