@@ -89,12 +89,17 @@ class CancelResult(BaseModel):
 
 
 class DiagnosticItem(BaseModel):
-    rule: str
+    rule: str = Field(description="Stable diagnostic id.")
+    name: str
+    category: str = Field(description="capture | host sync | eager-mode | compile | shapes | precision | input pipeline | sharding")
     severity: str
     title: str
     suggested_change: str = Field(description="The code or configuration change that addresses the finding.")
+    agent_change: str | None = Field(description="What to edit, when the change is local.")
+    agent_diff: str | None = Field(description="A unified diff implementing the change, when one is known.")
     locations: list[str] = Field(description="Source locations as 'path:line', most costly first.")
-    detail: dict[str, Any] = Field(description="The profile API's full finding (evidence, metrics, links).")
+    estimated_saving_pct: float = Field(description="Estimated share of step time the change saves.")
+    detail: dict[str, Any] = Field(description="The profile API's full finding (evidence, confidence, rank).")
 
 
 class DiagnoseResult(BaseModel):

@@ -31,12 +31,15 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from tpu_agent import __version__
+from tpu_agent.chips import CLI_CHIPS, DEFAULT_CHIP
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.plugins import api_lookup, models
 from tpu_agent.plugins.bundles import load_skill_body
 from tpu_agent.plugins.jobs import Job, JobManager
 from tpu_agent.plugins.plans import in_workspace_terms, load_plan, save_plan
 from tpu_agent.plugins.workspace import Workspace, resolve_workspace
+from tpu_agent.runtime.envvars import EAGER_MODES
+from tpu_agent.runtime.select import BACKENDS
 
 logger = logging.getLogger("tpu_agent.mcp")
 
@@ -65,6 +68,16 @@ WorkspaceArg = Annotated[
 PathsArg = Annotated[
     list[str],
     Field(min_length=1, max_length=200, description="Files or directories, relative to the workspace."),
+]
+# The runtime's own choice lists, so the schemas offer exactly what `tpu-agent run` accepts.
+BackendArg = Annotated[
+    Literal[BACKENDS],  # type: ignore[valid-type]
+    Field(description="auto: real torch_tpu when it sees a TPU, else the CPU emulation of the tpu device."),
+]
+ChipArg = Annotated[Literal[CLI_CHIPS], Field(description="TPU generation the emulation presents.")]  # type: ignore[valid-type]
+EagerModeArg = Annotated[
+    Literal[tuple(EAGER_MODES)] | None,  # type: ignore[valid-type]
+    Field(description="TorchTPU eager mode (default: the environment's, else strict)."),
 ]
 RuleCodes = Annotated[
     list[str] | None,
@@ -262,25 +275,19 @@ def _profile_dir_of(state: ServerState, ws: Workspace, job_id: str | None, logdi
 
 
 def _item_from_finding(data: dict[str, Any]) -> models.DiagnosticItem:
-    """Map one profile finding (``Finding.to_dict()``) onto the tool's stable item shape."""
-    suggestion = data.get("suggestion")
-    if isinstance(suggestion, dict):
-        suggested = str(suggestion.get("human") or suggestion.get("text") or json.dumps(suggestion))
-    else:
-        suggested = str(suggestion or data.get("suggested_change") or "")
-    locations = []
-    for loc in data.get("locations") or []:
-        if isinstance(loc, dict):
-            path = loc.get("file") or loc.get("path")
-            locations.append(f"{path}:{loc.get('line')}" if loc.get("line") else str(path))
-        else:
-            locations.append(str(loc))
+    """Map one profile finding (``tpu_agent.profile.model.Finding.to_dict()``) onto the tool's item."""
+    change = data.get("agent_change") or {}
     return models.DiagnosticItem(
-        rule=str(data.get("rule_id") or data.get("code") or data.get("rule") or ""),
-        severity=str(data.get("severity") or ""),
-        title=str(data.get("title") or data.get("message") or ""),
-        suggested_change=suggested,
-        locations=locations,
+        rule=data["rule_id"],
+        name=data["name"],
+        category=data["category"],
+        severity=data["severity"],
+        title=data["title"],
+        suggested_change=data["suggestion"],
+        agent_change=change.get("description"),
+        agent_diff=change.get("diff"),
+        locations=[f"{loc['file']}:{loc['line']}" for loc in data["locations"]],
+        estimated_saving_pct=data["estimated_saving_pct"],
         detail=data,
     )
 
@@ -497,11 +504,9 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         entrypoint: Annotated[str, Field(description="Workspace-relative .py script, e.g. 'train.py'.")],
         args: Annotated[list[str], Field(max_length=200, description="Script arguments, passed verbatim.")] = [],  # noqa: B006
         nproc: Annotated[int, Field(ge=1, le=64, description="Processes (ranks) on this host.")] = 1,
-        backend: Annotated[Literal["auto", "real", "emulated"], Field(description="auto picks real torch_tpu when importable.")] = "auto",
-        chip: Annotated[str, Field(description="TPU generation to emulate or expect, e.g. v5e, v6e.")] = "v6e",
-        eager_mode: Annotated[
-            Literal["strict", "debug", "defer_and_fuse"] | None, Field(description="TorchTPU eager mode.")
-        ] = None,
+        backend: BackendArg = "auto",
+        chip: ChipArg = DEFAULT_CHIP,
+        eager_mode: EagerModeArg = None,
         timeout_s: Annotated[int, Field(ge=1, le=86_400, description="The job is killed after this.")] = 1800,
         wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description="How long this call waits.")] = 20,
         workspace: WorkspaceArg = None,
@@ -509,7 +514,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         ws = state.workspace(workspace)
         script = _entrypoint(ws, entrypoint)
         argv = [sys.executable, "-m", "tpu_agent", "run", *_launch_options(nproc, backend, chip, eager_mode)]
-        argv += ["--", ws.relative(script), *args]
+        argv += [ws.relative(script), *args]
         job = state.jobs.start("run", argv, ws, timeout_s=timeout_s)
         await _wait_for_job(ctx, job, wait_s)
         return _job_result(job)
@@ -533,9 +538,9 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         entrypoint: Annotated[str, Field(description="Workspace-relative .py script, e.g. 'train.py'.")],
         args: Annotated[list[str], Field(max_length=200, description="Script arguments, passed verbatim.")] = [],  # noqa: B006
         nproc: Annotated[int, Field(ge=1, le=64)] = 1,
-        backend: Annotated[Literal["auto", "real", "emulated"], Field()] = "auto",
-        chip: Annotated[str, Field(description="TPU generation, e.g. v5e, v6e.")] = "v6e",
-        eager_mode: Annotated[Literal["strict", "debug", "defer_and_fuse"] | None, Field()] = None,
+        backend: BackendArg = "auto",
+        chip: ChipArg = DEFAULT_CHIP,
+        eager_mode: EagerModeArg = None,
         timeout_s: Annotated[int, Field(ge=1, le=86_400)] = 1800,
         wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S)] = 20,
         workspace: WorkspaceArg = None,
@@ -547,7 +552,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         job_id = new_job_id("profile")
         logdir = ws.artefact_dir("profiles", job_id)
         argv = [sys.executable, "-m", "tpu_agent", "profile", *_launch_options(nproc, backend, chip, eager_mode)]
-        argv += ["--logdir", ws.relative(logdir), "--", ws.relative(script), *args]
+        argv += ["--logdir", ws.relative(logdir), ws.relative(script), *args]
         job = state.jobs.start("profile", argv, ws, timeout_s=timeout_s, artefact_dir=logdir, job_id=job_id)
         await _wait_for_job(ctx, job, wait_s)
         return _job_result(job)
@@ -599,7 +604,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     async def tpu_diagnose(
         job_id: Annotated[str | None, Field(description="A finished profile job.")] = None,
         logdir: Annotated[str | None, Field(description="Workspace-relative profile directory.")] = None,
-        chip: Annotated[str, Field(description="TPU generation for estimates, e.g. v6e.")] = "v6e",
+        chip: ChipArg = DEFAULT_CHIP,
         max_items: Annotated[int, Field(ge=1, le=100)] = 20,
         workspace: WorkspaceArg = None,
     ) -> models.DiagnoseResult:
