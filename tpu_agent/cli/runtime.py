@@ -1,9 +1,125 @@
-"""CLI commands of ``tpu_agent.runtime``: argument parsing and rendering only."""
+"""CLI commands of ``tpu_agent.runtime``: ``run`` and ``doctor`` (argument parsing and rendering only)."""
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
+
+from tpu_agent.chips import CLI_CHIPS, DEFAULT_CHIP
+from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, fail, handles_errors, print_json
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.runtime.envvars import EAGER_MODES
+from tpu_agent.runtime.select import BACKENDS
+
+Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # type: ignore[misc]
+ChipChoice = Enum("ChipChoice", {name: name for name in CLI_CHIPS}, type=str)  # type: ignore[misc]
+EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]
+
+RUN_HELP = """Run a script (or -m MODULE) on the TorchTPU 'tpu' device: real torch_tpu on a TPU host, the CPU
+emulation elsewhere. Everything after SCRIPT belongs to the script, as with python.
+
+Examples:
+
+  tpu-agent run train.py --epochs 1
+
+  tpu-agent run --nproc 2 --eager-mode defer-and-fuse train.py
+
+  tpu-agent run -m mypkg.train --lr 3e-4
+
+  tpu-agent run --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400 --nproc 4 train.py
+"""
+
+DOCTOR_HELP = """Show torch / torch_tpu / libtpu / jax versions, the backend a run would use and why, the chip and
+the eager mode the environment selects.
+
+Examples:
+
+  tpu-agent doctor
+
+  tpu-agent doctor --format json
+"""
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise TpuAgentError("bad-env", f"--env {pair!r} is not of the form NAME=VALUE", "e.g. --env TORCH_TPU_ENABLE_DEBUG_CHECKS=1")
+        env[name] = value
+    return env
+
+
+def run(
+    command: list[str] = typer.Argument(..., metavar="SCRIPT [ARGS]...", help="Script path (or module name with -m) and its arguments."),
+    module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
+    nproc: int = typer.Option(1, "--nproc", "--nproc-per-node", min=1, help="Ranks on this host (torchrun --nproc-per-node)."),
+    backend: Backend = typer.Option("auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."),  # type: ignore[valid-type]
+    chip: ChipChoice = typer.Option(DEFAULT_CHIP, "--chip", help="TPU generation the emulation presents."),  # type: ignore[valid-type]
+    eager_mode: EagerModeChoice | None = typer.Option(  # type: ignore[valid-type]
+        None, "--eager-mode", help="strict | debug | defer-and-fuse; sets TORCH_TPU_LAUNCH_BLOCKING / TORCH_TPU_DEFER_AND_FUSE."
+    ),
+    nnodes: str = typer.Option("1", "--nnodes", help="Number of hosts, or MIN:MAX (torchrun)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This host's rank (torchrun)."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (torchrun)."),
+    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="Rendezvous backend, e.g. c10d or static (torchrun)."),
+    master_port: int | None = typer.Option(None, "--master-port", help="Port for the static rendezvous (torchrun)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="Extra NAME=VALUE for every rank (repeatable)."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Stop every rank after this many seconds (exit 124)."),
+) -> None:
+    from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
+
+    try:
+        target = LaunchTarget(command[0], list(command[1:]), is_module=module)
+        options = RunOptions(
+            nproc=nproc,
+            backend=backend.value,
+            chip=chip.value,
+            eager_mode=eager_mode.value if eager_mode is not None else None,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            master_port=master_port,
+            env=_parse_env(env),
+            timeout_s=timeout,
+            rdzv_backend=rdzv_backend,
+        )
+        code = launch(target, options)
+    except TpuAgentError as error:
+        fail(error)
+    raise typer.Exit(code)
+
+
+@handles_errors
+def doctor(
+    output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
+) -> None:
+    from tpu_agent.runtime.api import doctor as run_doctor
+
+    if output_format not in (OutputFormat.text, OutputFormat.json):
+        raise TpuAgentError("bad-format", f"doctor prints text or json, not {output_format.value}", "use --format text or --format json")
+    report = run_doctor()
+    if output_format == OutputFormat.json:
+        print_json(report.to_dict())
+        return
+    console.print("[bold]tpu-agent doctor[/]")
+    console.print(f"  python      {report.python}")
+    for name, version in report.versions.items():
+        console.print(f"  {name:<11} {version}", highlight=False)
+    console.print(f"  backend     [bold]{report.backend.name}[/]: {report.backend.reason}", highlight=False)
+    console.print(f"  TPU devices {', '.join(report.tpu_devices) or 'none'}", highlight=False)
+    console.print(f"  chip        {report.chip} ({report.chip_source})", highlight=False)
+    console.print(f"  eager mode  {report.eager_mode} / {report.eager_mode_doc_name} ({report.eager_mode_source})", highlight=False)
+    for name, value in report.env.items():
+        console.print(f"  env         {name}={value}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the root app."""
+    """Add ``run`` and ``doctor`` to the root app."""
+    app.command(
+        "run",
+        help=RUN_HELP,
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    )(run)
+    app.command("doctor", help=DOCTOR_HELP)(doctor)

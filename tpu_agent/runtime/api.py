@@ -1,0 +1,116 @@
+"""Public API of the runtime: launch a script on the ``tpu`` device, pick the backend, check the host.
+
+``launch`` is what ``tpu-agent run``, ``tpu-agent profile`` and the MCP server call; ``activate`` is what
+every launched process runs before user code (``tpu_agent.runtime.bootstrap`` calls it), and what a
+notebook can call by hand to get the emulated ``tpu`` device in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from tpu_agent.chips import DEFAULT_CHIP
+from tpu_agent.runtime.doctor import DoctorReport, doctor
+from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, eager_mode_from_env, recorded_env
+from tpu_agent.runtime.events import RunInfo, emit
+from tpu_agent.runtime.select import BackendChoice, scan_tpu_devices, select_backend
+
+
+@dataclass(frozen=True)
+class LaunchTarget:
+    """What to run: a script path (``python SCRIPT``) or a module (``python -m MODULE``), with its argv."""
+
+    target: str
+    args: list[str] = field(default_factory=list)
+    is_module: bool = False
+
+    def python_argv(self) -> list[str]:
+        """The arguments after ``python`` that run this target (``["-m", mod, *args]`` or ``[path, *args]``)."""
+        return (["-m", self.target] if self.is_module else [self.target]) + list(self.args)
+
+
+@dataclass
+class RunOptions:
+    """How to run: ranks, backend, chip, eager mode, rendezvous, extra environment and a time bound.
+
+    ``nnodes``, ``node_rank``, ``rdzv_endpoint``, ``rdzv_backend`` and ``master_port`` mean what they mean
+    to torchrun. ``eager_mode`` is ``"strict"``, ``"debug"``, ``"defer-and-fuse"`` or ``None`` (leave the
+    TorchTPU variables as the environment has them). ``timeout_s`` bounds the whole run: when it passes,
+    every rank is stopped and :func:`launch` returns 124.
+    """
+
+    nproc: int = 1
+    backend: str = "auto"
+    chip: str = DEFAULT_CHIP
+    eager_mode: str | None = None
+    nnodes: str = "1"
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    master_port: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+    rdzv_backend: str | None = None
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether the run goes through torchrun's elastic agent (more than one rank, here or elsewhere)."""
+        return self.nproc > 1 or self.nnodes != "1" or self.rdzv_endpoint is not None
+
+
+def launch(target: LaunchTarget, options: RunOptions) -> int:
+    """Run ``target`` under the runtime and return its exit code (as a shell would report it)."""
+    from tpu_agent.runtime.launcher import launch as _launch
+
+    return _launch(target, options)
+
+
+_active: BackendChoice | None = None
+
+
+def activate() -> BackendChoice:
+    """Make the chosen backend live in this process; idempotent. Called by every rank before user code.
+
+    The launcher has already resolved the backend into ``TPU_AGENT_BACKEND``; without it (a notebook
+    calling this by hand) the ``auto`` rule decides here. With real torch_tpu nothing is patched: its
+    autoload registers the device when torch is imported, so user code runs exactly as on a TPU VM.
+    """
+    global _active
+    if _active is not None:
+        return _active
+    requested = os.environ.get(BACKEND_ENV)
+    choice = BackendChoice(requested, f"{BACKEND_ENV}={requested}") if requested else select_backend("auto")
+    mode, _ = eager_mode_from_env(os.environ)
+    if choice.name == "emulated":
+        from tpu_agent.runtime import emulated
+        from tpu_agent.runtime.emulated import distributed
+
+        # The emulation writes its own RunInfo record (with the eager mode it actually applied).
+        emulated.activate(chip=os.environ.get(CHIP_ENV, DEFAULT_CHIP), eager_mode=mode.enum_name)
+        distributed.register()
+    else:
+        devices = scan_tpu_devices()
+        emit(
+            RunInfo,
+            backend=choice.name,
+            chip=devices[0].chip.key if devices else os.environ.get(CHIP_ENV, DEFAULT_CHIP),
+            eager_mode=mode.enum_name,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            argv=list(sys.argv),
+            env=recorded_env(os.environ),
+        )
+    _active = choice
+    return choice
+
+
+__all__ = [
+    "BackendChoice",
+    "DoctorReport",
+    "LaunchTarget",
+    "RunOptions",
+    "activate",
+    "doctor",
+    "launch",
+    "select_backend",
+]

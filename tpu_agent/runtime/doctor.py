@@ -1,0 +1,73 @@
+"""``tpu-agent doctor``: what this host would run a script on, and why, without running anything.
+
+Versions come from installed distribution metadata and the device from the same PCI scan the backend
+selection uses, so nothing here imports torch or torch_tpu (which on a TPU host would claim the device).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.runtime.envvars import CHIP_ENV, eager_mode_from_env, recorded_env
+from tpu_agent.runtime.select import BackendChoice, package_version, scan_tpu_devices, select_backend
+
+NOT_INSTALLED = "not installed"
+REPORTED_PACKAGES = ("torch", "torch_tpu", "libtpu", "jax", "jaxlib")
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Versions, the backend ``auto`` would pick (and why), the chip, the eager mode and the TPU env."""
+
+    python: str
+    versions: dict[str, str]
+    backend: BackendChoice
+    tpu_devices: list[str]
+    chip: str
+    chip_source: str
+    eager_mode: str
+    eager_mode_doc_name: str
+    eager_mode_source: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "python": self.python,
+            "versions": dict(self.versions),
+            "backend": self.backend.to_dict(),
+            "tpu_devices": list(self.tpu_devices),
+            "chip": self.chip,
+            "chip_source": self.chip_source,
+            "eager_mode": {"name": self.eager_mode, "doc_name": self.eager_mode_doc_name, "source": self.eager_mode_source},
+            "env": dict(self.env),
+        }
+
+
+def doctor() -> DoctorReport:
+    """Inspect this host and environment (``TPU_AGENT_CHIP``, ``TORCH_TPU_*``) without side effects."""
+    versions = {name: package_version(name) or NOT_INSTALLED for name in REPORTED_PACKAGES}
+    choice = select_backend("auto")
+    devices = scan_tpu_devices()
+    if choice.name == "torch_tpu" and devices:
+        chip, chip_source = devices[0].chip.key, f"detected {devices[0].chip.device_name} at PCI {devices[0].pci_address}"
+    elif CHIP_ENV in os.environ:
+        chip, chip_source = get_chip(os.environ[CHIP_ENV]).key, f"{CHIP_ENV}={os.environ[CHIP_ENV]}"
+    else:
+        chip, chip_source = DEFAULT_CHIP, "default for the emulation (change with --chip)"
+    mode, mode_source = eager_mode_from_env(os.environ)
+    return DoctorReport(
+        python=platform.python_version(),
+        versions=versions,
+        backend=choice,
+        tpu_devices=[f"{d.chip.device_name} ({d.pci_address}, {d.vfio_path})" for d in devices],
+        chip=chip,
+        chip_source=chip_source,
+        eager_mode=mode.enum_name,
+        eager_mode_doc_name=mode.doc_name,
+        eager_mode_source=mode_source,
+        env=recorded_env(os.environ),
+    )
