@@ -72,6 +72,17 @@ def test_artefacts_live_under_dot_tpu_agent(tmp_path: Path) -> None:
     ws = resolve_workspace(str(tmp_path), None, {})
     assert ws.artefact_dir("plans") == tmp_path.resolve() / ".tpu-agent" / "plans"
     assert ws.relative(tmp_path / ".tpu-agent" / "plans") == ".tpu-agent/plans"
+    assert (tmp_path / ".tpu-agent" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+def test_artefacts_stay_out_of_git_status(tmp_path: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    ws = resolve_workspace(str(tmp_path), None, {})
+    (ws.artefact_dir("jobs", "run-1") / "output.log").write_text("log\n")
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert status.stdout == ""
 
 
 @settings(max_examples=150, deadline=None)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.fsutil import atomic_write_text
 
 #: Environment variables that name the project directory, first match wins. ``TPU_AGENT_WORKSPACE`` is
 #: ours (for hosts that cannot pass arguments); ``CLAUDE_PROJECT_DIR`` is set by Claude Code.
@@ -39,9 +40,16 @@ class Workspace:
         return self.root / ARTEFACT_DIR
 
     def artefact_dir(self, *parts: str) -> Path:
-        """``<workspace>/.tpu-agent/<parts>``, created on demand."""
+        """``<workspace>/.tpu-agent/<parts>``, created on demand.
+
+        The directory ignores itself (``.tpu-agent/.gitignore``), so plans, logs and profiles never show
+        up as changes in the user's repository.
+        """
         path = self.artefacts.joinpath(*parts)
         path.mkdir(parents=True, exist_ok=True)
+        ignore = self.artefacts / ".gitignore"
+        if not ignore.exists():
+            atomic_write_text(ignore, "# tpu-agent's plans, job logs and profiles\n*\n")
         return path
 
     def resolve(self, user_path: str | os.PathLike[str], *, must_exist: bool = True, for_write: bool = False) -> Path:
