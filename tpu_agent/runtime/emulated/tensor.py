@@ -15,7 +15,6 @@ in-place write through the view is visible in the base.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -40,6 +39,16 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         return _dispatch(func, args, kwargs or _EMPTY)
+
+    # A traceable wrapper subclass, so Dynamo and AOTAutograd trace through it onto the CPU data.
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        if self._elem is None:
+            unwrap(self, "compile")
+        return ["_elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> torch.Tensor:
+        return wrap(inner["_elem"])
 
     # Host reads: name the cause for the event log, materialise pending work, then read the CPU data.
     def item(self) -> Any:
@@ -103,8 +112,19 @@ def render(t: torch.Tensor, cpu: torch.Tensor, tensor_contents: Any = None) -> s
     return "Parameter containing:\n" + text if is_parameter else text
 
 
-def _release(key: int) -> Any:
-    return lambda _ref: memory.release(key)
+class _Allocation:
+    """Held in a tpu tensor's ``__dict__``: frees the accounted bytes when the tensor dies. (A token rather
+    than a weakref, because ``Module.to`` swaps parameter objects and a weakref'd tensor cannot be swapped.)"""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __del__(self) -> None:
+        release = memory.release
+        if release is not None:
+            release(self.key)
 
 
 def wrap(elem: torch.Tensor) -> torch.Tensor:
@@ -119,7 +139,8 @@ def wrap(elem: torch.Tensor) -> torch.Tensor:
         requires_grad=False,
     )
     r._elem = elem
-    r._free = weakref.ref(r, _release(memory.track(elem)))
+    if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
+        r._free = _Allocation(memory.track(elem))
     return r
 
 
@@ -142,7 +163,7 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
 def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
     """Give a deferred tensor its CPU data (called by the executor)."""
     r._elem = elem
-    r._free = weakref.ref(r, _release(memory.track(elem)))
+    r._free = _Allocation(memory.track(elem))
 
 
 def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
@@ -227,7 +248,7 @@ def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make
     """tpu tensors for the op's results; a result that is an input's own CPU (or meta) tensor maps back to that
     input, so in-place and ``out=`` ops return the caller's tensor. ``make`` builds the others (default :func:`wrap`)."""
     t = type(out)
-    if t is _Tensor:
+    if t is _Tensor or (t is not TpuTensor and isinstance(out, _Tensor)):
         for i, c in enumerate(cargs):
             if c is out and type(args[i]) is TpuTensor:
                 return args[i]
