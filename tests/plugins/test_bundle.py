@@ -20,7 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugin"
 VENV_BIN = str(Path(sys.executable).parent)
 NPM_CACHE = Path(os.environ.get("TPU_AGENT_TEST_NPM_DIR", Path.home() / ".cache" / "tpu-agent-tests" / "npm"))
-HOST_CLIS = {"claude": "@anthropic-ai/claude-code@2.1.328", "gemini": "@google/gemini-cli@0.61.0"}
+HOST_CLIS = {
+    "claude": "@anthropic-ai/claude-code@2.1.328",
+    "gemini": "@google/gemini-cli@0.61.0",
+    "codex": "@openai/codex@0.169.0",
+    "copilot": "@github/copilot@1.0.102",
+}
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 
 
@@ -173,3 +178,57 @@ def test_gemini_cli_validates_links_and_connects(tmp_path: Path) -> None:
     out = listed.stdout + listed.stderr
     line = next(l for l in out.splitlines() if "tpu-agent (from tpu-agent)" in l)
     assert f"--workspace {project}" in line and "Connected" in line, out
+
+
+def test_copilot_cli_installs_the_agent_plugin(tmp_path: Path) -> None:
+    copilot = _host_cli("copilot")
+    env = _host_env(tmp_path)
+    install = subprocess.run([copilot, "plugin", "install", str(PLUGIN)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert install.returncode == 0 and "Installed 2 skills" in install.stdout, install.stdout + install.stderr
+    listed = subprocess.run([copilot, "mcp", "list"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert "tpu-agent (local)" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_codex_installs_the_agent_plugin_and_reads_the_installer_toml(tmp_path: Path) -> None:
+    codex = _host_cli("codex")
+    env = _host_env(tmp_path)
+    market = tmp_path / "market"
+    shutil.copytree(PLUGIN, market / "tpu-agent")
+    (market / ".agents" / "plugins").mkdir(parents=True)
+    (market / ".agents" / "plugins" / "marketplace.json").write_text(json.dumps({
+        "name": "tpu-agent-test",
+        "plugins": [{"name": "tpu-agent", "source": {"source": "local", "path": "./tpu-agent"},
+                     "policy": {"installation": "AVAILABLE", "authentication": "ON_INSTALL"}, "category": "Developer Tools"}],
+    }))
+    for args in (["plugin", "marketplace", "add", str(market)], ["plugin", "add", "tpu-agent@tpu-agent-test"]):
+        step = subprocess.run([codex, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert step.returncode == 0, step.stdout + step.stderr
+    listed = subprocess.run([codex, "mcp", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    servers = {s["name"]: s for s in json.loads(listed.stdout)}
+    assert "tpu-agent" in servers, listed.stdout
+    # The installer's TOML, with a comment and another server already there, is what Codex reads.
+    config = Path(env["HOME"]) / ".codex" / "config.toml"
+    config.write_text(config.read_text() + '\n# mine\n[mcp_servers.other]\ncommand = "other"\n' if config.exists() else '# mine\n[mcp_servers.other]\ncommand = "other"\n')
+    subprocess.run([sys.executable, "-m", "tpu_agent", "plugin", "install", "--harness", "codex", "--scope", "user"],
+                   check=True, capture_output=True, env=env, cwd=tmp_path, timeout=60)
+    listed = subprocess.run([codex, "mcp", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    names = [s["name"] for s in json.loads(listed.stdout)]
+    assert "other" in names and "tpu-agent" in names, listed.stdout
+    assert "# mine" in config.read_text()
+
+
+def test_gemini_cli_connects_to_the_installer_entry(tmp_path: Path) -> None:
+    gemini = _host_cli("gemini")
+    env = _host_env(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run([sys.executable, "-m", "tpu_agent", "plugin", "install", "--harness", "gemini"],
+                   check=True, capture_output=True, env=env, cwd=project, timeout=60)
+    # Gemini CLI starts project servers only in folders the user trusted.
+    trust = Path(env["HOME"]) / ".gemini" / "trustedFolders.json"
+    trust.parent.mkdir(parents=True, exist_ok=True)
+    trust.write_text(json.dumps({str(project): "TRUST_FOLDER"}))
+    listed = subprocess.run([gemini, "mcp", "list"], capture_output=True, text=True, env=env, cwd=project, timeout=120)
+    out = listed.stdout + listed.stderr
+    line = next(l for l in out.splitlines() if "tpu-agent" in l)
+    assert "Connected" in line, out
