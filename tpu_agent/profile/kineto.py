@@ -1,0 +1,169 @@
+"""Reading torch.profiler (Kineto) Chrome-trace JSON into :class:`~tpu_agent.profile.model.Op` records.
+
+Times: Kineto writes ``ts``/``dur`` in microseconds relative to ``baseTimeNanoseconds``; we convert to
+wall-clock nanoseconds so ops line up with the runtime event log (``time.time_ns``). FLOPs and bytes are
+computed here from the recorded input shapes (torch 2.13 does not put ``flops`` in the JSON), on leaf
+kernels only (``Op.costed``) so that ``aten::linear`` and its ``aten::addmm`` child are not counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpu_agent.profile.model import MemoryPoint, Op
+
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4,
+    "double": 8,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
+}
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+CONV_OPS = frozenset({"aten::convolution"})
+
+
+@dataclass
+class KinetoTrace:
+    """What one rank's Chrome trace holds, converted to the model's types."""
+
+    ops: list[Op]
+    memory: list[MemoryPoint]
+    profiler_steps: list[tuple[int, int, int]]  # (step number, start_ns, end_ns)
+
+
+def _numel(dims: list[int]) -> int:
+    return math.prod(dims) if dims else 1
+
+
+def matmul_dims(op: Op) -> tuple[int, int, int, int] | None:
+    """``(batch, M, K, N)`` of a matmul op from its input shapes, or ``None`` if it is not one."""
+    shapes = op.input_shapes
+    if op.name == "aten::mm" and len(shapes) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return 1, m, k, n
+    if op.name == "aten::addmm" and len(shapes) >= 3 and len(shapes[1]) == 2 and len(shapes[2]) == 2:
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return 1, m, k, n
+    if op.name == "aten::bmm" and len(shapes) >= 2 and len(shapes[0]) == 3 and len(shapes[1]) == 3:
+        (b, m, k), (_, _, n) = shapes[0], shapes[1]
+        return b, m, k, n
+    if op.name == "aten::baddbmm" and len(shapes) >= 3 and len(shapes[1]) == 3 and len(shapes[2]) == 3:
+        (b, m, k), (_, _, n) = shapes[1], shapes[2]
+        return b, m, k, n
+    return None
+
+
+def _int_list(text: str) -> list[int]:
+    text = text.strip().strip("[]")
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def _conv_flops_and_out(op: Op) -> tuple[float, int]:
+    """FLOPs and output elements of ``aten::convolution`` from input/weight shapes and its stride/padding."""
+    shapes, concrete = op.input_shapes, op.concrete_inputs
+    if len(shapes) < 2 or len(shapes[0]) < 3 or len(concrete) < 9:
+        return 0.0, 0
+    inp, weight = shapes[0], shapes[1]
+    stride, padding, dilation = _int_list(concrete[3]), _int_list(concrete[4]), _int_list(concrete[5])
+    spatial = len(inp) - 2
+    out_spatial = []
+    for i in range(spatial):
+        s = stride[i] if i < len(stride) else 1
+        p = padding[i] if i < len(padding) else 0
+        d = dilation[i] if i < len(dilation) else 1
+        out_spatial.append((inp[2 + i] + 2 * p - d * (weight[2 + i] - 1) - 1) // s + 1)
+    out_elems = inp[0] * weight[0] * _numel(out_spatial)
+    return 2.0 * out_elems * _numel(weight[1:]), out_elems
+
+
+def cost(op: Op) -> tuple[float, float]:
+    """FLOPs and HBM bytes of a leaf op: inputs read plus output written (the largest input for others)."""
+    itemsize = [DTYPE_BYTES.get(t, 4) for t in op.input_dtypes]
+    in_bytes = sum(_numel(d) * itemsize[i] for i, d in enumerate(op.input_shapes) if d and i < len(itemsize))
+    dims = matmul_dims(op)
+    if dims is not None:
+        b, m, k, n = dims
+        return 2.0 * b * m * k * n, in_bytes + b * m * n * (itemsize[-1] if itemsize else 4)
+    if op.name in CONV_OPS:
+        flops, out_elems = _conv_flops_and_out(op)
+        return flops, in_bytes + out_elems * (itemsize[0] if itemsize else 4)
+    largest = max((_numel(d) * itemsize[i] for i, d in enumerate(op.input_shapes) if d and i < len(itemsize)), default=0)
+    return 0.0, float(in_bytes + largest)
+
+
+def _mark_nesting(ops: list[Op]) -> None:
+    """Set ``top_level`` and ``costed`` per thread from interval nesting (ops are sorted by start).
+
+    Costed ops are the kernels a device would run: matmuls/convolutions (their helper children such as
+    ``aten::copy_`` belong to them) and leaf ops outside any matmul.
+    """
+    by_thread: dict[int, list[Op]] = {}
+    for op in ops:
+        by_thread.setdefault(op.thread, []).append(op)
+    for thread_ops in by_thread.values():
+        stack: list[Op] = []
+        has_child: set[int] = set()
+        inside: dict[int, bool] = {}
+        for op in thread_ops:
+            while stack and stack[-1].start_ns + stack[-1].duration_ns <= op.start_ns:
+                stack.pop()
+            op.top_level = not stack
+            if stack:
+                has_child.add(id(stack[-1]))
+            inside[id(op)] = any(parent.name in MATMUL_OPS or parent.name in CONV_OPS for parent in stack)
+            stack.append(op)
+        for op in thread_ops:
+            is_matmul = op.name in MATMUL_OPS or op.name in CONV_OPS
+            op.costed = not inside[id(op)] and (is_matmul or id(op) not in has_child)
+
+
+def read_trace(path: Path) -> KinetoTrace:
+    """Parse one Chrome trace written by ``torch.profiler`` (``export_chrome_trace``)."""
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    base = int(data.get("baseTimeNanoseconds", 0))
+    ops: list[Op] = []
+    memory: list[MemoryPoint] = []
+    steps: list[tuple[int, int, int]] = []
+    for event in data.get("traceEvents", []):
+        cat, ph = event.get("cat"), event.get("ph")
+        start = base + int(float(event.get("ts", 0)) * 1000)
+        if cat == "cpu_op" and ph == "X":
+            args = event.get("args", {})
+            ops.append(
+                Op(
+                    name=event["name"],
+                    start_ns=start,
+                    duration_ns=int(float(event.get("dur", 0)) * 1000),
+                    thread=int(event.get("tid", 0)),
+                    input_shapes=[list(d) if isinstance(d, list) else [] for d in args.get("Input Dims", [])],
+                    input_dtypes=list(args.get("Input type", [])),
+                    concrete_inputs=[str(c) for c in args.get("Concrete Inputs", [])],
+                )
+            )
+        elif cat == "user_annotation" and ph == "X" and str(event.get("name", "")).startswith("ProfilerStep#"):
+            number = int(event["name"].split("#", 1)[1])
+            steps.append((number, start, start + int(float(event.get("dur", 0)) * 1000)))
+        elif cat == "cpu_instant_event" and event.get("name") == "[memory]":
+            memory.append(MemoryPoint(time_ns=start, allocated_bytes=int(event.get("args", {}).get("Total Allocated", 0))))
+    ops.sort(key=lambda o: (o.thread, o.start_ns, -o.duration_ns))
+    _mark_nesting(ops)
+    for op in ops:
+        if op.costed:
+            op.flops, op.bytes = cost(op)
+    ops.sort(key=lambda o: o.start_ns)
+    memory.sort(key=lambda m: m.time_ns)
+    return KinetoTrace(ops=ops, memory=memory, profiler_steps=sorted(steps))

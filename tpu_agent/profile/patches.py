@@ -1,0 +1,134 @@
+"""Concrete code changes for agents: small, local edits rendered as unified diffs.
+
+Each helper reads the user's file, makes one edit at a known line, and returns the diff, or ``None`` when
+the line no longer looks as expected (the file changed since the capture) so that no finding ever ships a
+diff that would not apply.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+
+
+def _read(path: str) -> list[str] | None:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def display_path(path: str) -> str:
+    """The path as a person types it: relative to the working directory when inside it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def _diff(path: str, before: list[str], after: list[str]) -> str | None:
+    if before == after:
+        return None
+    name = display_path(path)
+    return "".join(difflib.unified_diff(before, after, fromfile=f"a/{name}", tofile=f"b/{name}", n=2))
+
+
+def _indent(text: str) -> str:
+    return text[: len(text) - len(text.lstrip())]
+
+
+def replace_on_line(path: str, line: int, pattern: str, replacement: str) -> str | None:
+    """Regex-replace ``pattern`` on ``line`` (1-based)."""
+    lines = _read(path)
+    if lines is None or not 1 <= line <= len(lines):
+        return None
+    new_text, count = re.subn(pattern, replacement, lines[line - 1], count=1)
+    if not count:
+        return None
+    return _diff(path, lines, lines[: line - 1] + [new_text] + lines[line:])
+
+
+def insert_after_torch_import(path: str, statement: str) -> str | None:
+    """Add ``statement`` right after the first ``import torch`` line (where global TPU settings belong)."""
+    lines = _read(path)
+    if lines is None or any(statement in text for text in lines):
+        return None
+    for index, text in enumerate(lines):
+        if re.match(r"^import torch\s*$", text):
+            return _diff(path, lines, lines[: index + 1] + [statement + "\n"] + lines[index + 1 :])
+    return None
+
+
+def wrap_line_in_with(path: str, line: int, with_statement: str) -> str | None:
+    """Put ``line`` (a single-line statement) under ``with <with_statement>:``."""
+    lines = _read(path)
+    if lines is None or not 1 <= line <= len(lines):
+        return None
+    text = lines[line - 1]
+    if not text.strip() or text.rstrip().endswith((":", "(", "[", "{", ",", "\\")):
+        return None
+    indent = _indent(text)
+    new = [f"{indent}with {with_statement}:\n", f"{indent}    {text.lstrip()}"]
+    return _diff(path, lines, lines[: line - 1] + new + lines[line:])
+
+
+def add_decorator(path: str, def_line: int, decorator: str) -> str | None:
+    """Add ``@decorator`` above the ``def`` at ``def_line``."""
+    lines = _read(path)
+    if lines is None or not 1 <= def_line <= len(lines) or not re.match(r"\s*(async\s+)?def\s", lines[def_line - 1]):
+        return None
+    text = lines[def_line - 1]
+    return _diff(path, lines, lines[: def_line - 1] + [f"{_indent(text)}@{decorator}\n"] + lines[def_line - 1 :])
+
+
+def add_call_kwargs(path: str, line: int, callee: str, kwargs: dict[str, str]) -> str | None:
+    """Add keyword arguments to the ``callee(...)`` call starting on ``line`` (it may span lines).
+
+    Arguments already present are replaced, so ``num_workers=0`` becomes ``num_workers=4``.
+    """
+    lines = _read(path)
+    if lines is None or not 1 <= line <= len(lines):
+        return None
+    start = lines[line - 1].find(f"{callee}(")
+    if start < 0:
+        return None
+    depth, row, col = 0, line - 1, start + len(callee)
+    while row < len(lines):
+        text = lines[row]
+        while col < len(text):
+            char = text[col]
+            if char in "([{":
+                depth += 1
+            elif char in ")]}":
+                depth -= 1
+                if depth == 0:
+                    return _finish_call_edit(path, lines, line - 1, row, col, kwargs)
+            col += 1
+        row, col = row + 1, 0
+    return None
+
+
+def _finish_call_edit(path: str, lines: list[str], first: int, row: int, col: int, kwargs: dict[str, str]) -> str | None:
+    new_lines = list(lines)
+    pending = dict(kwargs)
+    for index in range(first, row + 1):
+        for name in list(pending):
+            pattern = rf"\b{name}\s*=\s*[^,)\n]+"
+            if re.search(pattern, new_lines[index]):
+                new_lines[index] = re.sub(pattern, f"{name}={pending.pop(name)}", new_lines[index], count=1)
+    if pending:
+        text = new_lines[row]
+        before = text[:col].rstrip()
+        separator = "" if before.endswith(("(", ",")) else ", "
+        addition = ", ".join(f"{k}={v}" for k, v in pending.items())
+        new_lines[row] = f"{before}{separator}{addition}{text[col:]}"
+    return _diff(path, lines, new_lines)
+
+
+def line_text(path: str, line: int) -> str:
+    """The source text of ``line`` (empty when unreadable), for messages and pattern checks."""
+    lines = _read(path)
+    return lines[line - 1].strip() if lines and 1 <= line <= len(lines) else ""

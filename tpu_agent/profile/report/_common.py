@@ -1,0 +1,45 @@
+"""Formatting helpers shared by the renderers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def location_text(finding: dict[str, Any]) -> str:
+    locations = finding.get("locations") or []
+    if not locations:
+        return "-"
+    first = locations[0]
+    return f"{first['file']}:{first['line']} ({first['function']})"
+
+
+def estimate_lines(estimate: dict[str, Any]) -> list[str]:
+    """The TPU estimate as sentences, always followed by its assumptions."""
+    if not estimate.get("available"):
+        return ["No TPU estimate: " + "; ".join(estimate.get("assumptions", []))]
+    lines = [
+        f"Estimated on {estimate['chip']}: {estimate['flops_per_step'] / 1e9:.3f} GFLOP and "
+        f"{human_bytes(estimate['bytes_per_step'])} per step ({estimate['arithmetic_intensity']:.1f} FLOP/byte, "
+        f"ridge {estimate['ridge_point']:.0f}: {estimate['bound']}-bound).",
+        f"Step time estimate: eager {estimate['eager_step_s'] * 1e3:.3f} ms (MFU {estimate['eager_mfu']:.1%}), "
+        f"fused/compiled {estimate['fused_step_s'] * 1e3:.3f} ms (MFU {estimate['fused_mfu']:.1%}).",
+    ]
+    return lines
+
+
+def headline(data: dict[str, Any]) -> str:
+    summary, capture, steps = data["summary"], data["capture"], data["step_time"]
+    step_text = f"median step {steps['median_ms']:.2f} ms over {steps['count']} steps" if steps.get("count") else "no steps measured"
+    return (
+        f"{capture['script'] or capture['logdir']} on {capture['chip']} ({capture['source']}, "
+        f"eager mode {capture['eager_mode'] or 'unknown'}): {step_text}; {summary['errors']} error(s), "
+        f"{summary['warnings']} warning(s), {summary['infos']} info, {summary['insufficient_data']} rule(s) lacked data"
+    )

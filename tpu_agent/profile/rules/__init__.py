@@ -1,0 +1,82 @@
+"""The diagnostic rules, one module each, and the engine that runs them over a :class:`ProfileModel`.
+
+Every rule runs on every capture and leaves a :class:`RuleOutcome`: ``ok``, ``finding`` or
+``insufficient_data`` (with the data it lacked). A rule without the data it needs never gives a verdict.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.profile.model import Finding, ProfileModel, RuleOutcome, Status
+from tpu_agent.profile.rules._base import DiagnosticRule, Insufficient, available
+
+_MODULES = (
+    "cap_no_steps",
+    "cap_few_steps",
+    "cap_warmup",
+    "cap_debug_mode",
+    "hs_scalar_read",
+    "hs_device_copy",
+    "em_strict_eager",
+    "em_fused_fragmented",
+    "em_compile_region",
+    "em_graph_instability",
+    "co_recompiles",
+    "co_graph_breaks",
+    "sh_dynamic_shapes",
+    "sh_mxu_alignment",
+    "sh_batch_size",
+    "pr_fp32_matmul",
+    "pr_upcasts",
+    "ip_input_bound",
+    "sd_memory_fit",
+    "sd_collective_bound",
+    "sd_data_parallel",
+)
+
+ALL_RULES: dict[str, DiagnosticRule] = {
+    rule.id: rule for rule in (import_module(f"{__name__}.{name}").RULE for name in _MODULES)
+}
+
+_DATA_HINTS = {
+    "steps": "no step boundaries were recorded",
+    "op_trace": "no torch.profiler op trace with shapes",
+    "hooks": "not captured by `tpu-agent profile` (no call sites, DataLoader, weights or env)",
+    "eager_mode": "the TorchTPU eager mode is unknown (run on the tpu-agent runtime or pass --eager-mode)",
+    "memory": "no parameter/optimizer memory measurement",
+}
+
+
+def get_rule(rule_id: str) -> DiagnosticRule:
+    """Look a rule up by id (e.g. ``HS-1``), with an error that lists the valid ones."""
+    try:
+        return ALL_RULES[rule_id.upper()]
+    except KeyError:
+        raise TpuAgentError("unknown-rule", f"unknown diagnostic rule {rule_id!r}", f"use one of: {', '.join(ALL_RULES)}") from None
+
+
+def run_rules(model: ProfileModel) -> tuple[list[Finding], list[RuleOutcome]]:
+    """Run every rule; capture problems first, then by severity, then by estimated saving."""
+    have = available(model)
+    findings: list[Finding] = []
+    outcomes: list[RuleOutcome] = []
+    for rule in ALL_RULES.values():
+        missing = [need for need in rule.requires if need not in have]
+        if missing:
+            reason = "; ".join(_DATA_HINTS[m] for m in missing)
+            outcomes.append(RuleOutcome(rule.id, Status.insufficient_data, reason))
+            continue
+        try:
+            found = rule.check(model)
+        except Insufficient as why:
+            outcomes.append(RuleOutcome(rule.id, Status.insufficient_data, str(why)))
+            continue
+        findings.extend(found)
+        outcomes.append(RuleOutcome(rule.id, Status.finding if found else Status.ok, "", len(found)))
+    findings.sort(key=lambda f: (f.category != "capture", f.severity.rank, -f.estimated_saving_pct, f.rule_id))
+    return findings, outcomes
+
+
+__all__ = ["ALL_RULES", "DiagnosticRule", "get_rule", "run_rules"]

@@ -1,0 +1,51 @@
+"""CAP-6: a debug setting (launch blocking, debug checks, HLO dumps) left on makes timings meaningless."""
+
+from __future__ import annotations
+
+from tpu_agent.profile.model import Evidence, Finding, ProfileModel, Severity
+from tpu_agent.profile.rules._base import HOOKS, DiagnosticRule
+
+DEBUG_MODE = "DEFER_NEVER_AND_LAUNCH_BLOCKING"
+_FLAGS = {
+    "TORCH_TPU_LAUNCH_BLOCKING": "1",
+    "TPU_LAUNCH_BLOCKING": "1",
+    "TORCH_TPU_ENABLE_DEBUG_CHECKS": "1",
+    "TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS": "1",
+}
+
+
+def _check(model: ProfileModel) -> list[Finding]:
+    env = model.config.env
+    causes = [f"{name}={value}" for name, value in _FLAGS.items() if env.get(name) == value]
+    if model.config.eager_mode == DEBUG_MODE and not causes:
+        causes.append(f"eager mode {DEBUG_MODE} (Debug Eager)")
+    if "xla_dump_to" in env.get("XLA_FLAGS", ""):
+        causes.append("XLA_FLAGS dumps HLO (--xla_dump_to)")
+    if "xla_optimization_level=O0" in env.get("TORCH_TPU_INTERNAL_XLA_OPTIONS", ""):
+        causes.append("XLA optimisation level O0")
+    if not causes:
+        return []
+    return [
+        RULE.finding(
+            "Debug settings are on: " + ", ".join(causes),
+            Evidence("debug settings", len(causes), 0, "settings"),
+            [],
+            "Unset these for performance measurement; Debug Eager waits for every op and runs expensive checks, so "
+            "the step times in this profile are not what the job will see.",
+            confidence=0.95,
+        )
+    ]
+
+
+RULE = DiagnosticRule(
+    id="CAP-6",
+    name="debug mode left on",
+    category="capture",
+    severity=Severity.error,
+    rationale="Launch-blocking and debug checks serialise host and device; a profile under them measures the debugger.",
+    before="TORCH_TPU_LAUNCH_BLOCKING=1 tpu-agent profile train.py",
+    after="tpu-agent profile train.py",
+    reference="profiling_anchors.md §3.1 CAP-6; torchtpu_api.md §2.1",
+    requires=(HOOKS,),
+    check=_check,
+)

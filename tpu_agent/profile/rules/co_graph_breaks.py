@@ -1,0 +1,60 @@
+"""CO-2: graph breaks under torch.compile, each with Dynamo's reason and the user line."""
+
+from __future__ import annotations
+
+from tpu_agent.profile import patches
+from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
+from tpu_agent.profile.rules._base import HOOKS, DiagnosticRule, by_site
+from tpu_agent.runtime import events as ev
+
+CAPTURE_SCALARS = "torch._dynamo.config.capture_scalar_outputs = True"
+
+
+def _fix(site: ev.Site, reason: str) -> AgentChange:
+    code = patches.line_text(site.file, site.line)
+    if ".item()" in code or "item()" in reason:
+        return AgentChange(
+            "Let Dynamo trace the scalar read instead of breaking the graph (or keep the value as a tensor).",
+            patches.insert_after_torch_import(site.file, CAPTURE_SCALARS),
+        )
+    if code.startswith("print(") or "print" in reason:
+        return AgentChange(f"Move `{code}` out of the compiled function (log from the caller every N steps).")
+    return AgentChange(f"Rewrite `{code}` so Dynamo can trace it, or move it out of the compiled function.")
+
+
+def _check(model: ProfileModel) -> list[Finding]:
+    rank = model.primary
+    breaks = [e for e in rank.events if isinstance(e, ev.GraphBreak)]
+    findings = []
+    for site, events in by_site(breaks).items():
+        reason = events[0].reason
+        code = patches.line_text(site.file, site.line)
+        findings.append(
+            RULE.finding(
+                f"Graph break at {patches.display_path(site.file)}:{site.line} ({code or site.function}): {reason}",
+                Evidence("graph breaks", len(events), 0, "breaks"),
+                [Location.from_site(site)],
+                "The compiled function is split into several XLA programs with host round trips between them. "
+                "Dynamo's reason: " + reason,
+                agent_change=_fix(site, reason),
+                saving_pct=10.0,
+                confidence=0.8,
+                time_ns=events[0].time_ns,
+                rank=rank.rank,
+            )
+        )
+    return findings
+
+
+RULE = DiagnosticRule(
+    id="CO-2",
+    name="graph breaks under torch.compile",
+    category="compile",
+    severity=Severity.warning,
+    rationale="Each break ends one XLA graph and starts another, with a host round trip and no fusion across it.",
+    before='@torch.compile(backend="tpu")\ndef step(x):\n    print("loss", loss)',
+    after='@torch.compile(backend="tpu")\ndef step(x):\n    ...  # log outside, every N steps',
+    reference="profiling_anchors.md §3.4 CO-2, §1.5",
+    requires=(HOOKS,),
+    check=_check,
+)

@@ -1,0 +1,90 @@
+"""SD-1: parameters + gradients + optimizer state + activations per device against the chip's HBM."""
+
+from __future__ import annotations
+
+from tpu_agent.chips import GIB
+from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, MemoryBreakdown, ProfileModel, Severity
+from tpu_agent.profile.rules._base import MEMORY, DiagnosticRule
+
+ERROR_SHARE = 0.90  # peak above 90 % of HBM: out of memory or thrashing
+WARN_STATE_SHARE = 0.50  # replicated state alone above half of HBM
+TARGET_SHARE = 0.70  # plan for 70 % of HBM after sharding
+SHARDED_TYPES = ("FullyShardedDataParallel", "FSDP")
+
+
+def plan_shards(memory: MemoryBreakdown, hbm: int) -> tuple[int, bool]:
+    """Smallest power-of-two FSDP degree that fits the state in the target, and whether to checkpoint activations."""
+    state = memory.param_bytes + memory.grad_bytes + memory.optimizer_bytes
+    checkpoint = memory.activation_bytes > 0.3 * hbm
+    activations = memory.activation_bytes * (0.25 if checkpoint else 1.0)
+    degree = 1
+    while degree < 4096 and state / degree + activations > TARGET_SHARE * hbm:
+        degree *= 2
+    return degree, checkpoint
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _check(model: ProfileModel) -> list[Finding]:
+    rank = model.primary
+    memory = rank.memory
+    assert memory is not None  # guaranteed by requires=(MEMORY,)
+    if any(t.startswith(SHARDED_TYPES) for t in rank.module_types):
+        return []
+    chip = model.config.chip
+    hbm = chip.hbm_bytes_per_device
+    state = memory.param_bytes + memory.grad_bytes + memory.optimizer_bytes
+    total = state + memory.activation_bytes
+    if total <= ERROR_SHARE * hbm and state <= WARN_STATE_SHARE * hbm:
+        return []
+    degree, checkpoint = plan_shards(memory, hbm)
+    world = model.config.world_size
+    mesh = f'init_device_mesh("tpu", ({degree},))' if degree <= 8 or degree >= world else (
+        f'init_device_mesh("tpu", ({max(world // degree, 1)}, {degree}), mesh_dim_names=("replicate", "shard"))'
+    )
+    plan = (
+        f"from torch.distributed.fsdp import fully_shard\n"
+        f"from torch.distributed.device_mesh import init_device_mesh\n"
+        f"mesh = {mesh}\n"
+        f"for block in model.children():  # each transformer block / large layer\n"
+        f"    fully_shard(block, mesh=mesh)\n"
+        f"fully_shard(model, mesh=mesh)\n"
+    )
+    if checkpoint:
+        plan += "# and wrap each block's forward in torch.utils.checkpoint.checkpoint(...)\n"
+    breakdown = (
+        f"params {_gib(memory.param_bytes)}, grads {_gib(memory.grad_bytes)}, optimizer {_gib(memory.optimizer_bytes)}, "
+        f"activations {_gib(memory.activation_bytes)}"
+    )
+    return [
+        RULE.finding(
+            f"Replicated model state needs {_gib(total)} per device; {chip.device_name} has {_gib(hbm)} HBM",
+            Evidence("state + activations / HBM per device", round(total / hbm, 3), ERROR_SHARE, "fraction"),
+            [Location.from_site(rank.forward_site)] if rank.forward_site else [],
+            f"{breakdown}. Shard parameters, gradients and optimizer state with FSDP2 fully_shard over {degree} devices "
+            f"(`tpu-agent run --nproc {degree}` on one host, more hosts beyond a slice)"
+            + (", and checkpoint activations" if checkpoint else "")
+            + ". Replicated data parallel (DDP) cannot fit this model.",
+            severity=Severity.error if total > ERROR_SHARE * hbm else Severity.warning,
+            agent_change=AgentChange("Shard the model with FSDP2 on a TPU device mesh:\n" + plan),
+            saving_pct=0.0,
+            confidence=0.85,
+            rank=rank.rank,
+        )
+    ]
+
+
+RULE = DiagnosticRule(
+    id="SD-1",
+    name="model state beyond HBM",
+    category="sharding",
+    severity=Severity.error,
+    rationale="Each replica holds all parameters, gradients and optimizer state; beyond HBM the job cannot run.",
+    before="model = DDP(model)",
+    after='mesh = init_device_mesh("tpu", (8,))\nfully_shard(model, mesh=mesh)',
+    reference="profiling_anchors.md §3.8 SD-1; torchtpu_api.md §4",
+    requires=(MEMORY,),
+    check=_check,
+)

@@ -1,0 +1,105 @@
+"""SH-1: tensor shapes that change between steps (each new shape is a new TPU compile)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tpu_agent.profile import patches
+from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Op, ProfileModel, Severity
+from tpu_agent.profile.rules._base import HOOKS, MATMUL_OPS, OP_TRACE, STEPS, DiagnosticRule, window_steps
+
+Signature = tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
+
+
+def _signature(ops: list[Op]) -> Signature:
+    return tuple(sorted((op.name, tuple(tuple(d) for d in op.input_shapes)) for op in ops))
+
+
+def _varying_dims(first_ops: dict[int, Op]) -> list[str]:
+    """Human description of which input dims of the step's first matmul differ across steps."""
+    ops = list(first_ops.values())
+    if not ops:
+        return []
+    described = []
+    for i, shape in enumerate(ops[0].input_shapes):
+        for d in range(len(shape)):
+            values = [op.input_shapes[i][d] for op in ops if i < len(op.input_shapes) and d < len(op.input_shapes[i])]
+            if len(set(values)) > 1:
+                shown = ", ".join(str(v) for v in sorted(set(values))[:8])
+                described.append(f"{ops[0].name} input {i} dim {d} took values {shown}")
+    return described
+
+
+def _check(model: ProfileModel) -> list[Finding]:
+    rank = model.primary
+    steps = window_steps(rank)
+    if len(steps) < 2:
+        return []
+    per_step: dict[int, list[Op]] = {i: [] for i in steps}
+    for op in rank.ops:
+        if op.costed and op.step in per_step and op.name in MATMUL_OPS:
+            per_step[op.step].append(op)
+    if not any(per_step.values()):
+        for op in rank.ops:
+            if op.top_level and op.step in per_step:
+                per_step[op.step].append(op)
+    signatures = {i: _signature(ops) for i, ops in per_step.items()}
+    common, _ = Counter(signatures.values()).most_common(1)[0]
+    changed = [i for i in steps if signatures[i] != common]
+    distinct = len(set(signatures.values()))
+    if distinct < 2:
+        return []
+    first_ops = {i: ops[0] for i, ops in per_step.items() if ops}
+    what = _varying_dims(first_ops)
+    locations: list[Location] = []
+    change = AgentChange(
+        "Pad the varying dimension to a few fixed buckets (e.g. multiples of 128 up to the maximum) before the model, "
+        "or fix the sequence length in the data pipeline."
+    )
+    if rank.forward_site:
+        locations.append(Location.from_site(rank.forward_site))
+    for loader in rank.dataloaders:
+        if loader.site is None:
+            continue
+        locations.append(Location.from_site(loader.site))
+        remainder = loader.batch_size and loader.dataset_len and loader.dataset_len % loader.batch_size
+        if remainder and not loader.drop_last:
+            diff = patches.add_call_kwargs(loader.site.file, loader.site.line, "DataLoader", {"drop_last": "True"})
+            if diff:
+                change = AgentChange(
+                    f"The last batch has {remainder} samples instead of {loader.batch_size}: drop it with drop_last=True"
+                    + ("; also pad the varying dimension to fixed buckets." if len(changed) > 1 else "."),
+                    diff,
+                )
+    share = len(changed) / len(steps)
+    return [
+        RULE.finding(
+            f"Input shapes changed in {len(changed)} of {len(steps)} steps ({distinct} distinct shape sets)"
+            + (f": {what[0]}" if what else ""),
+            Evidence("distinct shape sets", distinct, 1, "shape sets", tuple(changed)),
+            locations,
+            "TorchTPU compiles one program per input shape: every new shape is a recompile. Pad to a few buckets "
+            "(TorchTPU docs: e.g. 128/512/1024), keep batch size fixed with drop_last=True."
+            + (" Changing: " + "; ".join(what[:3]) if what else ""),
+            severity=Severity.error if share >= 0.3 else Severity.warning,
+            agent_change=change,
+            saving_pct=min(share * 90, 90.0),
+            confidence=0.75,
+            time_ns=next((op.start_ns for i in changed for op in per_step[i][:1]), None),
+            rank=rank.rank,
+        )
+    ]
+
+
+RULE = DiagnosticRule(
+    id="SH-1",
+    name="shapes change between steps",
+    category="shapes",
+    severity=Severity.warning,
+    rationale="Static shapes are mandatory for TorchTPU graphs; a new shape means a cache miss and a full compile.",
+    before="batch = pad_sequence(samples)  # length = longest sample",
+    after="batch = pad_to_bucket(samples, buckets=(128, 256, 512))",
+    reference="profiling_anchors.md §3.5 SH-1; torchtpu_api.md §3.4",
+    requires=(STEPS, OP_TRACE, HOOKS),
+    check=_check,
+)
