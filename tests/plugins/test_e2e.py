@@ -61,7 +61,7 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
         assert sum(line.startswith("step 3 loss") for line in run["log_tail"]) >= 1
 
         profile = await _finish(
-            client, await _call(client, "tpu_profile", {"entrypoint": "train.py", "args": ["--steps", "8"], "wait_s": 45})
+            client, await _call(client, "tpu_profile", {"entrypoint": "train.py", "args": ["--steps", "12"], "steps": 8, "warmup": 2, "wait_s": 45})
         )
         assert profile["state"] == "succeeded", profile["log_tail"]
         assert profile["profile_dir"].startswith(".tpu-agent/profiles/") and any((example / profile["profile_dir"]).iterdir())

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -56,6 +56,9 @@ class Job:
     exit_code: int | None = None
     stop_reason: JobState | None = None  # set when the server stopped it (cancel, deadline)
     log_truncated: bool = False
+    #: Reads a finished job's outcome when its exit code alone does not tell (``tpu-agent profile`` exits 1
+    #: for error-level findings on a script that ran fine); None falls back to the exit code.
+    judge: Callable[[Job], JobState | None] | None = None
     _pump: threading.Thread | None = None
 
     @property
@@ -64,6 +67,9 @@ class Job:
             return JobState.RUNNING
         if self.stop_reason is not None:
             return self.stop_reason
+        verdict = self.judge(self) if self.judge is not None else None
+        if verdict is not None:
+            return verdict
         return JobState.SUCCEEDED if self.exit_code == 0 else JobState.FAILED
 
     @property
@@ -127,6 +133,7 @@ class JobManager:
         artefact_dir: Path | None = None,
         max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
         job_id: str | None = None,
+        judge: Callable[[Job], JobState | None] | None = None,
     ) -> Job:
         """Start ``argv`` in the workspace, its output going to ``.tpu-agent/jobs/<id>/output.log``."""
         job_id = job_id or new_job_id(kind)
@@ -153,6 +160,7 @@ class JobManager:
             max_log_bytes=max_log_bytes,
             artefact_dir=artefact_dir,
             process=process,
+            judge=judge,
         )
         job._pump = threading.Thread(target=self._pump_output, args=(job,), name=f"job-{job_id}", daemon=True)
         with self._lock:

@@ -35,7 +35,7 @@ from tpu_agent.chips import CLI_CHIPS, DEFAULT_CHIP
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.plugins import api_lookup, models
 from tpu_agent.plugins.bundles import load_skill_body
-from tpu_agent.plugins.jobs import Job, JobManager
+from tpu_agent.plugins.jobs import Job, JobManager, JobState
 from tpu_agent.plugins.plans import in_workspace_terms, load_plan, save_plan
 from tpu_agent.plugins.workspace import Workspace, resolve_workspace
 from tpu_agent.runtime.envvars import EAGER_MODES
@@ -206,12 +206,27 @@ def _entrypoint(ws: Workspace, entrypoint: str) -> Path:
     return path
 
 
-def _launch_options(nproc: int, backend: str, chip: str, eager_mode: str | None) -> list[str]:
+def _launch_options(nproc: int, chip: str, eager_mode: str | None) -> list[str]:
     """The ``tpu-agent run``/``profile`` options both job tools share."""
-    argv = ["--nproc", str(nproc), "--backend", backend, "--chip", chip]
+    argv = ["--nproc", str(nproc), "--chip", chip]
     if eager_mode:
         argv += ["--eager-mode", eager_mode]
     return argv
+
+
+def _judge_profile(job: Job) -> JobState | None:
+    """``tpu-agent profile`` exits 1 both for error-level findings and for a failing script: the report's
+    ``capture.exit_code`` (the script's own) tells them apart."""
+    if job.exit_code != ExitCode.FINDINGS or job.artefact_dir is None:
+        return None
+    from tpu_agent.profile.load import REPORT_DIR
+
+    report = job.artefact_dir / REPORT_DIR / "report.json"
+    try:
+        script_exit = json.loads(report.read_text(encoding="utf-8"))["capture"]["exit_code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return JobState.SUCCEEDED if script_exit == 0 else JobState.FAILED
 
 
 def _finding_to_scan(finding: Any) -> models.ScanFinding:
@@ -513,7 +528,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     ) -> models.JobResult:
         ws = state.workspace(workspace)
         script = _entrypoint(ws, entrypoint)
-        argv = [sys.executable, "-m", "tpu_agent", "run", *_launch_options(nproc, backend, chip, eager_mode)]
+        argv = [sys.executable, "-m", "tpu_agent", "run", "--backend", backend, *_launch_options(nproc, chip, eager_mode)]
         argv += [ws.relative(script), *args]
         job = state.jobs.start("run", argv, ws, timeout_s=timeout_s)
         await _wait_for_job(ctx, job, wait_s)
@@ -538,7 +553,8 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         entrypoint: Annotated[str, Field(description="Workspace-relative .py script, e.g. 'train.py'.")],
         args: Annotated[list[str], Field(max_length=200, description="Script arguments, passed verbatim.")] = [],  # noqa: B006
         nproc: Annotated[int, Field(ge=1, le=64)] = 1,
-        backend: BackendArg = "auto",
+        steps: Annotated[int, Field(ge=1, le=10_000, description="Steps to measure, after the warm-up.")] = 10,
+        warmup: Annotated[int, Field(ge=0, le=1_000, description="Steps run before measuring (compiles).")] = 2,
         chip: ChipArg = DEFAULT_CHIP,
         eager_mode: EagerModeArg = None,
         timeout_s: Annotated[int, Field(ge=1, le=86_400)] = 1800,
@@ -551,9 +567,12 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
 
         job_id = new_job_id("profile")
         logdir = ws.artefact_dir("profiles", job_id)
-        argv = [sys.executable, "-m", "tpu_agent", "profile", *_launch_options(nproc, backend, chip, eager_mode)]
-        argv += ["--logdir", ws.relative(logdir), ws.relative(script), *args]
-        job = state.jobs.start("profile", argv, ws, timeout_s=timeout_s, artefact_dir=logdir, job_id=job_id)
+        argv = [sys.executable, "-m", "tpu_agent", "profile", *_launch_options(nproc, chip, eager_mode)]
+        argv += ["--steps", str(steps), "--warmup", str(warmup), "--logdir", ws.relative(logdir)]
+        argv += [ws.relative(script), *args]
+        job = state.jobs.start(
+            "profile", argv, ws, timeout_s=timeout_s, artefact_dir=logdir, job_id=job_id, judge=_judge_profile
+        )
         await _wait_for_job(ctx, job, wait_s)
         return _job_result(job)
 
@@ -604,7 +623,10 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     async def tpu_diagnose(
         job_id: Annotated[str | None, Field(description="A finished profile job.")] = None,
         logdir: Annotated[str | None, Field(description="Workspace-relative profile directory.")] = None,
-        chip: ChipArg = DEFAULT_CHIP,
+        chip: Annotated[
+            Literal[CLI_CHIPS] | None,  # type: ignore[valid-type]
+            Field(description="Estimate for this TPU instead of the one the capture was made for."),
+        ] = None,
         max_items: Annotated[int, Field(ge=1, le=100)] = 20,
         workspace: WorkspaceArg = None,
     ) -> models.DiagnoseResult:
@@ -616,7 +638,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         items = [_item_from_finding(f.to_dict()) for f in diagnosis.findings]
         return models.DiagnoseResult(
             logdir=ws.relative(directory),
-            chip=chip,
+            chip=diagnosis.model.config.chip.key,
             findings=items[:max_items],
             truncated=len(items) > max_items,
             report=profile_api.render(diagnosis, "markdown")[:60_000],
