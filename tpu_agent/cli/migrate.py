@@ -7,6 +7,7 @@ Argument parsing and rendering only: the plan, the writes and every safety check
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -194,11 +195,14 @@ def _explain(rule: Rule) -> None:
     console.print(Text.assemble((rule.code, "bold cyan"), " ", (rule.name, "bold"), f"  ({rule.family}, {rule.safety.value})"))
     console.print()
     console.print(rule.summary, highlight=False)
-    sections = (("Why", rule.rationale), ("Before", rule.before), ("After", rule.after))
-    for title, body in sections:
+    console.print()
+    console.print("[bold]Why[/]")
+    console.print(Padding(Text(rule.rationale), (0, 0, 0, 4)), highlight=False)
+    for title, code in (("Before", rule.before), ("After", rule.after)):
         console.print()
         console.print(f"[bold]{title}[/]")
-        console.print(Padding(Text(body), (0, 0, 0, 4)), highlight=False)
+        # Code keeps its lines: wrapping it would change what the example says.
+        console.print(Text(textwrap.indent(code.rstrip("\n"), "    ")), soft_wrap=True, highlight=False)
     console.print()
     console.print(f"[bold]Reference[/]: {rule.reference}", highlight=False)
     console.print(f"[bold]Since torch[/]: {rule.since_torch or 'any supported version'}", highlight=False)

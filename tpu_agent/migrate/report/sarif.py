@@ -41,8 +41,8 @@ def _descriptor(rule: RuleStats) -> dict[str, Any]:
         info = rule.rule
         help_text = f"{info.rationale}\n\nBefore:\n{info.before}\n\nAfter:\n{info.after}\n\nReference: {info.reference}"
         help_markdown = (
-            f"{info.rationale}\n\n**Before**\n\n```python\n{info.before}\n```\n\n"
-            f"**After**\n\n```python\n{info.after}\n```\n\nReference: {info.reference}"
+            f"{info.rationale}\n\n**Before**\n\n```\n{info.before}\n```\n\n"
+            f"**After**\n\n```\n{info.after}\n```\n\nReference: {info.reference}"
         )
         descriptor["shortDescription"] = {"text": info.summary}
         descriptor["fullDescription"] = {"text": info.rationale}
