@@ -1,0 +1,304 @@
+"""What a rule handler sees of the file being migrated: names, targets, reporting and code builders.
+
+One :class:`PyContext` lives for one libcst pass over one Python file (or one notebook's code cells). It
+resolves qualified names from the file's imports (``import torch.cuda as tc`` makes ``tc.synchronize`` read
+as ``torch.cuda.synchronize``), records findings against original nodes (positions are computed once, after
+the pass, only when there are findings) and hands out the replacement expressions for the chosen target, so
+every rule writes the same device resolver and the same ``torch`` alias.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import libcst as cst
+
+from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
+from tpu_agent.migrate.rules._cst import dotted, string_like
+
+T = TypeVar("T")
+
+RESOLVER_RE = re.compile(
+    r"^(?P<name>[A-Za-z_]\w*) = (?P<torch>[A-Za-z_]\w*)\.accelerator\.current_accelerator\(check_available=True\)"
+    r" or (?P=torch)\.device\([\"']cpu[\"']\)[ \t]*\r?$",
+    re.MULTILINE,
+)
+RESOLVER_COMMENT = "# tpu-agent: the accelerator in use (TPU, CUDA, ...) or the CPU when there is none"
+_TORCH_ALIAS_RE = re.compile(r"^import[ \t]+torch[ \t]+as[ \t]+(\w+)[ \t]*(?:#.*)?\r?$", re.MULTILINE)
+_TORCH_PLAIN_RE = re.compile(r"^import[ \t]+torch(?:[ \t]*(?:#.*)?\r?$|\.\w)", re.MULTILINE)
+_NAME_TAKEN_RE = re.compile(r"\bDEVICE\b")
+_TENSORISH_BASE_RE = re.compile(r"(Module|Tensor|Parameter|Sequential|ModuleList|ModuleDict)$")
+
+
+@dataclass
+class PendingFinding:
+    code: str
+    node: cst.CSTNode
+    message: str
+    safety: Safety
+    fixed: bool
+
+
+@dataclass
+class UserCudaClasses:
+    """Classes of this file that define their own ``cuda()`` and are not tensors or modules.
+
+    ``obj.cuda()`` on such an object is the user's method, not ``Tensor.cuda``; it must stay.
+    """
+
+    classes: frozenset[str] = frozenset()
+    instances: frozenset[str] = frozenset()
+
+    @classmethod
+    def scan(cls, source: str) -> UserCudaClasses:
+        """A quick stdlib ``ast`` scan, run only for files that contain ``def cuda``."""
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return cls()
+        classes = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "cuda" for item in node.body
+            ):
+                bases = [ast.unparse(base) for base in node.bases]
+                if not any(_TENSORISH_BASE_RE.search(base) for base in bases):
+                    classes.add(node.name)
+        instances = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                func = node.value.func
+                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                if name in classes:
+                    instances.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        return cls(frozenset(classes), frozenset(instances))
+
+
+@dataclass
+class PyContext:
+    options: MigrateOptions
+    rules: Mapping[str, Rule]
+    device_name: str = "DEVICE"
+    resolver_exists: bool = False
+    torch_name: str = "torch"
+    user_cuda: UserCudaClasses = field(default_factory=UserCudaClasses)
+
+    aliases: dict[str, str] = field(default_factory=dict)
+    findings: list[PendingFinding] = field(default_factory=list)
+    needs_torch: bool = False
+    needs_device: bool = False
+    device_first_top: int | None = None
+    top_index: int = -1
+    stmt_stack: list[cst.CSTNode] = field(default_factory=list)
+    class_stack: list[str] = field(default_factory=list)
+    todos: dict[int, list[str]] = field(default_factory=dict)
+    # ids of original nodes, filled on the way down and read on the way up
+    call_funcs: set[int] = field(default_factory=set)
+    not_references: set[int] = field(default_factory=set)
+    claimed: set[int] = field(default_factory=set)
+    bare_positions: set[int] = field(default_factory=set)
+    _qualnames: dict[int, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def for_source(cls, source: str, options: MigrateOptions, rules: Mapping[str, Rule]) -> PyContext:
+        """Decide the resolver name and the ``torch`` alias from the text, before the pass needs them."""
+        ctx = cls(options=options, rules=rules)
+        resolver = RESOLVER_RE.search(source)
+        if resolver:
+            ctx.device_name, ctx.resolver_exists = resolver.group("name"), True
+        elif _NAME_TAKEN_RE.search(source):
+            ctx.device_name = "TPU_AGENT_DEVICE"
+        alias = _TORCH_ALIAS_RE.search(source)
+        if alias and not _TORCH_PLAIN_RE.search(source):
+            ctx.torch_name = alias.group(1)
+        if "def cuda" in source:
+            ctx.user_cuda = UserCudaClasses.scan(source)
+        return ctx
+
+    # ---- names -------------------------------------------------------------------------------------
+    @property
+    def target(self) -> Target:
+        return self.options.target
+
+    def bind_import(self, node: cst.Import | cst.ImportFrom) -> None:
+        """Record the names an import binds (imports inside functions too: a conservative over-approximation)."""
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = _dotted_name(alias.name)
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.aliases[alias.asname.name.value] = full
+                else:
+                    head = full.split(".")[0]
+                    self.aliases[head] = head
+            return
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = _dotted_name(node.module)
+        for alias in node.names:
+            name = _dotted_name(alias.name)
+            bound = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
+            self.aliases[bound] = f"{module}.{name}"
+
+    def qualname(self, node: cst.CSTNode) -> str | None:
+        """The qualified name of a reference (``Name``/``Attribute`` chain) or of a call's function."""
+        if isinstance(node, cst.Call):
+            node = node.func
+        key = id(node)
+        if key in self._qualnames:
+            return self._qualnames[key]
+        parts: list[str] = []
+        current = node
+        while isinstance(current, cst.Attribute):
+            parts.append(current.attr.value)
+            current = current.value
+        result = None
+        if isinstance(current, cst.Name):
+            base = self.aliases.get(current.value)
+            if base is not None:
+                result = ".".join([base, *reversed(parts)])
+        self._qualnames[key] = result
+        return result
+
+    def is_call_func(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.call_funcs
+
+    def claim(self, node: cst.CSTNode) -> None:
+        """Mark a node some handler will deal with as a whole, so that no other handler reports it."""
+        self.claimed.add(id(node))
+
+    def is_claimed(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.claimed
+
+    def is_bare(self, node: cst.CSTNode) -> bool:
+        """True where a comparison can replace ``node`` without parentheses (an ``if`` test, an argument...)."""
+        return id(node) in self.bare_positions
+
+    def is_user_cuda_receiver(self, receiver: cst.BaseExpression) -> bool:
+        """True when ``receiver.cuda()`` calls a ``cuda`` method the user defined on a non-tensor class."""
+        uc = self.user_cuda
+        if not uc.classes:
+            return False
+        if isinstance(receiver, cst.Name):
+            if receiver.value == "self":
+                return bool(self.class_stack) and self.class_stack[-1] in uc.classes
+            return receiver.value in uc.instances or receiver.value in uc.classes
+        if isinstance(receiver, cst.Call):
+            func = receiver.func
+            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+            return name in uc.classes
+        return False
+
+    # ---- reporting ---------------------------------------------------------------------------------
+    def report(self, code: str, node: cst.CSTNode, message: str | None = None, *, fixable: bool = True) -> bool:
+        """Record a finding for ``node`` (an ORIGINAL node); True when the caller should apply its fix.
+
+        A disabled rule reports nothing and fixes nothing. MANUAL rules never fix; UNSAFE rules fix only with
+        ``unsafe_fixes``; ``fixable=False`` marks an occurrence this rule cannot rewrite (the message says why).
+        """
+        fixed = decide(self.options, self.rules, code, fixable)
+        if fixed is None:
+            return False
+        rule = self.rules[code]
+        text = message or rule.summary
+        self.findings.append(PendingFinding(code, node, text, rule.safety, fixed))
+        if not fixed and self.options.annotate and self.stmt_stack:
+            self.todos.setdefault(id(self.stmt_stack[-1]), []).append(todo_comment(code, text))
+        return fixed
+
+    def fix(
+        self,
+        code: str,
+        node: cst.CSTNode,
+        build: Callable[[], T],
+        message: Callable[[T], str],
+    ) -> T | None:
+        """Build a replacement, report it, and return it when it applies (None leaves the code as it is).
+
+        Building may register needs (``import torch``, the device resolver); they are rolled back when the
+        finding is not fixed, so a report-only finding never adds code to the file.
+        """
+        snapshot = (self.needs_device, self.needs_torch, self.device_first_top)
+        new = build()
+        if self.report(code, node, message(new)):
+            return new
+        self.needs_device, self.needs_torch, self.device_first_top = snapshot
+        return None
+
+    # ---- builders ----------------------------------------------------------------------------------
+    def torch_attr(self, path: str) -> cst.Name | cst.Attribute:
+        """``torch.<path>`` spelled with the file's own ``torch`` alias."""
+        self.needs_torch = True
+        return dotted(f"{self.torch_name}.{path}")
+
+    def _use_device(self) -> cst.Name:
+        self.needs_device = True
+        self.needs_torch = True
+        if self.stmt_stack and (self.device_first_top is None or self.top_index < self.device_first_top):
+            self.device_first_top = self.top_index
+        return cst.Name(self.device_name)
+
+    def device(self, template: cst.CSTNode | None = None) -> cst.BaseExpression:
+        """A ``torch.device`` for the target: the module's resolver, or ``torch.device("tpu")``."""
+        if self.target is Target.TPU:
+            return cst.Call(func=self.torch_attr("device"), args=[cst.Arg(string_like(template, "tpu"))])
+        return self._use_device()
+
+    def device_value(self, template: cst.CSTNode | None = None) -> cst.BaseExpression:
+        """What to pass where a device is accepted: the resolver, or the string ``"tpu"``."""
+        if self.target is Target.TPU:
+            return string_like(template, "tpu")
+        return self._use_device()
+
+    def device_type(self, template: cst.CSTNode | None = None) -> cst.BaseExpression:
+        """The device type as a string: ``DEVICE.type``, or ``"tpu"``."""
+        if self.target is Target.TPU:
+            return string_like(template, "tpu")
+        return cst.Attribute(value=self._use_device(), attr=cst.Name("type"))
+
+    def default_backend(self, template: cst.CSTNode | None = None) -> cst.BaseExpression:
+        """The process-group backend for the target's device: ``"tpu_dist"``, or the one torch maps DEVICE to."""
+        if self.target is Target.TPU:
+            return string_like(template, "tpu_dist")
+        return cst.Call(
+            func=self.torch_attr("distributed.get_default_backend_for_device"), args=[cst.Arg(self._use_device())]
+        )
+
+    def todo_comments(self, statement: cst.CSTNode) -> list[str]:
+        return self.todos.get(id(statement), [])
+
+
+def decide(options: MigrateOptions, rules: Mapping[str, Rule], code: str, fixable: bool) -> bool | None:
+    """Whether a finding of rule ``code`` is fixed: None when the rule is disabled (no finding at all)."""
+    if not options.rule_enabled(code):
+        return None
+    safety = rules[code].safety
+    return fixable and (safety is Safety.SAFE or (safety is Safety.UNSAFE and options.unsafe_fixes))
+
+
+def todo_comment(code: str, message: str) -> str:
+    """The ``--annotate`` comment text for an unfixed finding (one line)."""
+    return f"# TODO(tpu-agent {code}): {' '.join(message.split())}"
+
+
+def _dotted_name(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted_name(node.value)}.{node.attr.value}"
+    raise TypeError(type(node).__name__)
+
+
+@dataclass
+class TextContext:
+    """What a text fix sees: the options and the kind of file (shell, env, YAML, Dockerfile)."""
+
+    options: MigrateOptions
+    kind: FileKind
+
+    @property
+    def target(self) -> Target:
+        return self.options.target

@@ -1,0 +1,20 @@
+"""The cheap gate in front of the parser: a file with no CUDA-ish token is not parsed at all.
+
+One compiled bytes regex, case-insensitive, run over the raw file; it is a superset of every rule's trigger
+(``cuda`` also covers ``CUDA_VISIBLE_DEVICES``, ``.cuda()`` and ``torch.cuda``), so a miss proves there is
+nothing to do.
+"""
+
+from __future__ import annotations
+
+import re
+
+CUDA_TOKENS = re.compile(
+    rb"cuda|nccl|cudnn|cublas|tf32|triton|flash_attn|xformers|apex|bitsandbytes|cupy|deepspeed|nvtx|nvidia|nvcr|"
+    rb"pynvml|gputil|gradscaler|load_inline|cpp_extension|load_library|torch\.compile|inductor",
+    re.IGNORECASE,
+)
+
+
+def may_need_migration(data: bytes) -> bool:
+    return CUDA_TOKENS.search(data) is not None

@@ -1,0 +1,418 @@
+"""The one libcst pass per Python file: parse, dispatch every node to the rules, finish the module.
+
+Speed matters (thousands of lines per second per core), so the pass avoids libcst's metadata providers:
+qualified names come from the file's own imports (:class:`~tpu_agent.migrate.engine.context.PyContext`),
+and positions are computed after the pass, only for the nodes that have findings, by one light code
+generation that records nothing else. Each node is dispatched by its type to the handlers registered for
+it; dotted references (``torch.cuda.synchronize``, ``tc.synchronize`` after ``import torch.cuda as tc``) go
+to the reference handler with the longest matching qualified-name prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+from libcst._nodes.internal import CodegenState
+
+from tpu_agent.migrate.engine.context import RESOLVER_COMMENT, PendingFinding, PyContext
+from tpu_agent.migrate.model import MigrateOptions, Rule, Target
+from tpu_agent.migrate.rules._base import Family, LeaveFn, RefFn, VisitFn
+
+_COMPOUND = (
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.If,
+    cst.For,
+    cst.While,
+    cst.With,
+    cst.Try,
+    cst.TryStar,
+    cst.Match,
+)
+_STATEMENTS = frozenset({cst.SimpleStatementLine, *_COMPOUND})
+_CUDA_MODULE_PREFIXES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
+
+
+class ParseFailure(Exception):
+    """The file is not Python this tool can parse; ``line``/``column`` are 1-based."""
+
+    def __init__(self, message: str, line: int, column: int) -> None:
+        super().__init__(message)
+        self.line = line
+        self.column = column
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Handlers of every enabled family, indexed by node type (built once per process)."""
+
+    visit: Mapping[type, tuple[VisitFn, ...]]
+    leave: Mapping[type, tuple[LeaveFn, ...]]
+    references: tuple[tuple[str, str, RefFn], ...]  # (prefix, prefix + ".", handler), longest first
+
+    @classmethod
+    def from_families(cls, families: list[Family]) -> Dispatch:
+        visit: dict[type, list[VisitFn]] = {}
+        leave: dict[type, list[LeaveFn]] = {}
+        refs: list[tuple[str, str, RefFn]] = []
+        for family in families:
+            for vh in family.visit_handlers:
+                visit.setdefault(vh.node_type, []).append(vh.fn)
+            for lh in family.leave_handlers:
+                leave.setdefault(lh.node_type, []).append(lh.fn)
+            refs.extend((rh.prefix, rh.prefix + ".", rh.fn) for rh in family.reference_handlers)
+        refs.sort(key=lambda item: len(item[0]), reverse=True)
+        return cls(
+            {k: tuple(v) for k, v in visit.items()}, {k: tuple(v) for k, v in leave.items()}, tuple(refs)
+        )
+
+    def reference_handler(self, qualname: str) -> RefFn | None:
+        for prefix, prefix_dot, fn in self.references:
+            if qualname == prefix or qualname.startswith(prefix_dot):
+                return fn
+        return None
+
+
+class _Pass(cst.CSTTransformer):
+    def __init__(self, ctx: PyContext, dispatch: Dispatch) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.dispatch = dispatch
+        self.removed: set[int] = set()  # ids of (updated) statement lines left empty by a rule
+
+    # Structure the rules rely on, recorded on the way down.
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        kind = type(node)
+        if kind is cst.Attribute:
+            ctx.not_references.add(id(node.value))
+            ctx.not_references.add(id(node.attr))
+        elif kind is cst.Call:
+            ctx.call_funcs.add(id(node.func))
+            for arg in node.args:
+                ctx.bare_positions.add(id(arg.value))
+                if arg.keyword is not None:
+                    ctx.not_references.add(id(arg.keyword))
+        elif kind in _STATEMENTS:
+            if not ctx.stmt_stack:
+                ctx.top_index += 1
+            ctx.stmt_stack.append(node)
+            if kind is cst.If or kind is cst.While:
+                ctx.bare_positions.add(id(node.test))
+            elif kind is cst.FunctionDef:
+                ctx.not_references.add(id(node.name))
+            elif kind is cst.ClassDef:
+                ctx.not_references.add(id(node.name))
+                ctx.class_stack.append(node.name.value)
+        elif kind is cst.Import or kind is cst.ImportFrom:
+            ctx.bind_import(node)
+            for fn in self.dispatch.visit.get(kind, ()):
+                fn(ctx, node)
+            return False
+        elif kind is cst.Assign:
+            for target in node.targets:
+                ctx.not_references.add(id(target.target))
+            ctx.bare_positions.add(id(node.value))
+        elif kind is cst.AugAssign or kind is cst.AnnAssign:
+            ctx.not_references.add(id(node.target))
+        elif kind is cst.Param:
+            ctx.not_references.add(id(node.name))
+        elif kind is cst.AsName:
+            ctx.not_references.add(id(node.name))
+        elif kind is cst.Global or kind is cst.Nonlocal:
+            return False
+        elif kind is cst.BooleanOperation:
+            ctx.bare_positions.add(id(node.left))
+            ctx.bare_positions.add(id(node.right))
+        elif kind is cst.UnaryOperation and isinstance(node.operator, cst.Not):
+            ctx.bare_positions.add(id(node.expression))
+        elif kind is cst.Return or kind is cst.Assert:
+            inner = node.value if kind is cst.Return else node.test
+            if inner is not None:
+                ctx.bare_positions.add(id(inner))
+        for fn in self.dispatch.visit.get(kind, ()):
+            fn(ctx, node)
+        return True
+
+    def on_leave(self, original: Any, updated: Any) -> Any:
+        ctx = self.ctx
+        kind = type(original)
+        result = updated
+        for fn in self.dispatch.leave.get(kind, ()):
+            result = fn(ctx, original, result)
+            if type(result) is not kind:
+                break
+        if (kind is cst.Name or kind is cst.Attribute) and result is updated and id(original) not in ctx.not_references and id(original) not in ctx.claimed:
+            qualname = ctx.qualname(original)
+            if qualname is not None:
+                handler = self.dispatch.reference_handler(qualname)
+                if handler is not None:
+                    result = handler(ctx, original, result, qualname)
+        if kind in _STATEMENTS:
+            ctx.stmt_stack.pop()
+            if kind is cst.ClassDef:
+                ctx.class_stack.pop()
+            if kind is cst.SimpleStatementLine and isinstance(result, cst.SimpleStatementLine) and not result.body:
+                result = result.with_changes(body=[cst.Pass()])
+                self.removed.add(id(result))
+            todos = ctx.todo_comments(original)
+            if todos and not isinstance(result, cst.RemovalSentinel):
+                result = _with_todos(result, todos)
+        elif kind is cst.SimpleStatementSuite and not result.body:
+            result = result.with_changes(body=[cst.Pass()])
+        elif kind is cst.IndentedBlock:
+            result = self._strip_removed(result, "footer")
+        elif kind is cst.Module:
+            result = self._strip_removed(_finish_module(ctx, original, result), "footer")
+        return result
+
+    def _strip_removed(self, block: Any, footer_field: str) -> Any:
+        """Drop statements a rule emptied, keeping the comments and blank lines that were above them."""
+        if not self.removed or not any(id(stmt) in self.removed for stmt in block.body):
+            return block
+        body: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] = []
+        for stmt in block.body:
+            if id(stmt) in self.removed:
+                carried.extend(stmt.leading_lines)
+                comment = stmt.trailing_whitespace.comment
+                if comment is not None:
+                    carried.append(cst.EmptyLine(comment=comment))
+                continue
+            if carried:
+                stmt = stmt.with_changes(leading_lines=[*carried, *stmt.leading_lines])
+                carried = []
+            body.append(stmt)
+        if not body:
+            # keep one statement so the block stays valid: a bare ``pass`` with the comments above it
+            return block.with_changes(body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)])
+        changes: dict[str, Any] = {"body": body}
+        if carried:
+            changes[footer_field] = [*carried, *getattr(block, footer_field)]
+        return block.with_changes(**changes)
+
+
+def _with_todos(statement: Any, todos: list[str]) -> Any:
+    present = {line.comment.value for line in statement.leading_lines if line.comment is not None}
+    new = [cst.EmptyLine(comment=cst.Comment(text)) for text in dict.fromkeys(todos) if text not in present]
+    if not new:
+        return statement
+    return statement.with_changes(leading_lines=[*statement.leading_lines, *new])
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body
+    )
+
+
+def _imports_only(stmt: cst.CSTNode) -> bool:
+    """A ``try:``/``if`` block that only imports (``try: import x / except ImportError: x = None``)."""
+    if isinstance(stmt, cst.Try):
+        return isinstance(stmt.body, cst.IndentedBlock) and all(_is_import_line(s) for s in stmt.body.body)
+    if isinstance(stmt, cst.If):
+        return isinstance(stmt.body, cst.IndentedBlock) and all(_is_import_line(s) for s in stmt.body.body)
+    return False
+
+
+def _binds_torch(stmt: cst.CSTNode, torch_name: str) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    for small in stmt.body:
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                name = alias.evaluated_name
+                bound = alias.evaluated_alias
+                if (bound is None and name.split(".")[0] == torch_name == "torch") or (
+                    bound == torch_name and name == "torch"
+                ):
+                    return True
+    return False
+
+
+def _insertion_index(ctx: PyContext, body: list[cst.BaseStatement]) -> int:
+    """After the file's leading imports, and before the first top-level statement that uses the resolver."""
+    start = 0
+    if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Expr):
+        if isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+            start = 1
+    index = start
+    for i in range(start, len(body)):
+        stmt = body[i]
+        if _is_import_line(stmt) or _imports_only(stmt):
+            index = i + 1
+        elif not isinstance(stmt, cst.SimpleStatementLine):
+            break
+    if ctx.device_first_top is not None:
+        index = min(index, max(ctx.device_first_top, start))
+    # never before ``from __future__`` imports
+    for i in range(start, len(body)):
+        stmt = body[i]
+        if _is_import_line(stmt) and any(
+            isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+            for s in stmt.body
+        ):
+            index = max(index, i + 1)
+    return index
+
+
+def _finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> cst.Module:
+    """Add ``import torch`` and the device resolver when the rewrites need them and the file lacks them."""
+    need_resolver = ctx.needs_device and ctx.target is Target.ACCELERATOR and not ctx.resolver_exists
+    if not (need_resolver or ctx.needs_torch):
+        return module
+    body = list(module.body)
+    index = _insertion_index(ctx, list(original.body))
+    new: list[cst.BaseStatement] = []
+    if not any(_binds_torch(stmt, ctx.torch_name) for stmt in original.body[:index]):
+        if ctx.torch_name == "torch":
+            new.append(cst.parse_statement("import torch\n"))
+        else:
+            new.append(cst.parse_statement(f"import torch as {ctx.torch_name}\n"))
+    if need_resolver:
+        t = ctx.torch_name
+        resolver = cst.parse_statement(
+            f'{ctx.device_name} = {t}.accelerator.current_accelerator(check_available=True) or {t}.device("cpu")\n'
+        )
+        new.append(
+            resolver.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(RESOLVER_COMMENT))])
+        )
+    if not new:
+        return module
+    return module.with_changes(body=[*body[:index], *new, *body[index:]])
+
+
+def _remove_unused_cuda_imports(ctx: PyContext, module: cst.Module, code: str) -> str:
+    """Drop ``from torch.cuda import amp``-style aliases the rewrites left without a single use."""
+    unused: set[str] = set()
+    for name, qualname in ctx.aliases.items():
+        if qualname.startswith(_CUDA_MODULE_PREFIXES) and name != "torch":
+            if len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) == 1:
+                unused.add(name)
+    if not unused:
+        return code
+    body = []
+    changed = False
+    for stmt in module.body:
+        if _is_import_line(stmt):
+            smalls = []
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    keep = [alias for alias in small.names if _bound_name(alias) not in unused]
+                    if len(keep) != len(small.names):
+                        changed = True
+                        if not keep:
+                            continue
+                        keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                        small = small.with_changes(names=keep)
+                        if isinstance(small, cst.ImportFrom) and small.lpar is not None and len(keep) == 1:
+                            small = small.with_changes(lpar=None, rpar=None)
+                smalls.append(small)
+            if not smalls:
+                continue
+            stmt = stmt.with_changes(body=smalls)
+        body.append(stmt)
+    return module.with_changes(body=body).code if changed else code
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    bound = alias.evaluated_alias
+    return bound if bound is not None else alias.evaluated_name.split(".")[0]
+
+
+class _PositionState(CodegenState):
+    """Code generation that emits nothing and records start/end of a few wanted nodes only."""
+
+    def __init__(self, module: cst.Module, wanted: set[int]) -> None:
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        self.wanted = wanted
+        self.line = 1
+        self.column = 0
+        self.found: dict[int, tuple[int, int, int, int]] = {}
+        self._starts: list[tuple[int, int]] = []
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.column += len(token)
+
+    def add_token(self, value: str) -> None:
+        if "\n" in value or "\r" in value:
+            segments = re.split(r"\r\n?|\n", value)
+            self.line += len(segments) - 1
+            self.column = len(segments[-1])
+        else:
+            self.column += len(value)
+
+    def pop_trailing_newline(self) -> None:
+        pass
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if id(node) in self.wanted:
+            self._starts.append((self.line, self.column))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        key = id(node)
+        if key in self.wanted:
+            start = self._starts.pop()
+            if key not in self.found:  # a syntactic position (without leading whitespace) wins
+                self.found[key] = (*start, self.line, self.column)
+
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: Any = None, end_node: Any = None) -> Any:
+        if id(node) in self.wanted:
+            return _Recorder(self, id(node))
+        return _NULL
+
+
+_NULL = nullcontext()
+
+
+class _Recorder:
+    __slots__ = ("state", "key", "start")
+
+    def __init__(self, state: _PositionState, key: int) -> None:
+        self.state = state
+        self.key = key
+
+    def __enter__(self) -> None:
+        self.start = (self.state.line, self.state.column)
+
+    def __exit__(self, *exc: object) -> None:
+        self.state.found[self.key] = (*self.start, self.state.line, self.state.column)
+
+
+def positions(module: cst.Module, nodes: list[cst.CSTNode]) -> dict[int, tuple[int, int, int, int]]:
+    """1-based line, 0-based column start and end of each node, keyed by ``id(node)``."""
+    state = _PositionState(module, {id(node) for node in nodes})
+    module._codegen(state)
+    return state.found
+
+
+@dataclass
+class PyOutcome:
+    """The result of migrating one Python source text."""
+
+    code: str | None  # None when nothing changes
+    findings: list[tuple[PendingFinding, tuple[int, int, int, int]]] = field(default_factory=list)
+
+
+def migrate_source(source: str, options: MigrateOptions, rules: Mapping[str, Rule], dispatch: Dispatch) -> PyOutcome:
+    """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse."""
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise ParseFailure(exc.message, exc.raw_line, exc.raw_column + 1) from exc
+    ctx = PyContext.for_source(source, options, rules)
+    new_module = module.visit(_Pass(ctx, dispatch))
+    found = positions(module, [f.node for f in ctx.findings]) if ctx.findings else {}
+    ordered = sorted(
+        ((f, found.get(id(f.node), (1, 0, 1, 0))) for f in ctx.findings), key=lambda item: (item[1][:2], item[0].code)
+    )
+    code = new_module.code
+    if code != source:
+        code = _remove_unused_cuda_imports(ctx, new_module, code)
+    return PyOutcome(code if code != source else None, ordered)

@@ -1,0 +1,104 @@
+"""Migrating one file: read, gate, decode, run the right adapter, and describe the result.
+
+This is the unit of work of the process pool, so it takes plain data (a :class:`Candidate`, options, the
+file's bytes) and returns a :class:`FileResult`; every failure that is the file's fault becomes a
+``skipped_reason`` naming the file and line, never an exception.
+"""
+
+from __future__ import annotations
+
+import io
+import tokenize
+from functools import lru_cache
+
+from tpu_agent.migrate.engine.discovery import Candidate
+from tpu_agent.migrate.engine.notebook import NotebookError, migrate_notebook
+from tpu_agent.migrate.engine.prefilter import may_need_migration
+from tpu_agent.migrate.engine.pypass import Dispatch, ParseFailure, PyOutcome, migrate_source
+from tpu_agent.migrate.engine.textfiles import migrate_text
+from tpu_agent.migrate.model import FileKind, FileResult, Finding, MigrateOptions, sha256_bytes
+from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
+from tpu_agent.migrate.rules.third_party import cuda_source_message
+
+
+@lru_cache(maxsize=1)
+def dispatch() -> Dispatch:
+    return Dispatch.from_families(list(FAMILIES))
+
+
+@lru_cache(maxsize=1)
+def text_fixes() -> tuple:
+    return tuple(fix for family in FAMILIES for fix in family.text_fixes)
+
+
+def count_lines(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _line_of(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def _findings(outcome: PyOutcome, display_path: str, where=None) -> list[Finding]:  # noqa: ANN001
+    out = []
+    for pending, (line, col, end_line, end_col) in outcome.findings:
+        message = pending.message
+        if where is not None:
+            cell, line_in_cell = where(line)
+            _, end_in_cell = where(end_line)
+            message = f"cell {cell}: {message}"
+            line, end_line = line_in_cell, end_in_cell
+        out.append(Finding(pending.code, display_path, line, col + 1, message, pending.safety, pending.fixed, end_line, end_col + 1))
+    return out
+
+
+def _run_python(source: str, options: MigrateOptions) -> PyOutcome:
+    return migrate_source(source, options, ALL_RULES, dispatch())
+
+
+def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> FileResult:
+    result = FileResult(
+        path=candidate.path,
+        display_path=candidate.display_path,
+        kind=candidate.kind,
+        original_sha256=sha256_bytes(data),
+        lines=count_lines(data),
+    )
+    where = candidate.display_path
+    if candidate.skipped_reason:
+        result.skipped_reason = candidate.skipped_reason
+        return result
+    if candidate.kind is FileKind.CUDA_SOURCE:
+        if options.rule_enabled("TPU801"):
+            message = cuda_source_message(data)
+            result.findings.append(Finding("TPU801", where, 1, 1, message, ALL_RULES["TPU801"].safety, False))
+        return result
+    if not may_need_migration(data):
+        result.prefiltered = True
+        return result
+    try:
+        if candidate.kind is FileKind.PYTHON:
+            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+            source = data.decode(encoding)
+            outcome = _run_python(source, options)
+            result.findings = _findings(outcome, where)
+            if outcome.code is not None:
+                result.migrated_bytes = outcome.code.encode(encoding)
+        elif candidate.kind is FileKind.NOTEBOOK:
+            new, outcome, cell_of = migrate_notebook(data, lambda text: _run_python(text, options))
+            result.findings = _findings(outcome, where, cell_of)
+            result.migrated_bytes = new
+        else:
+            result.migrated_bytes, result.findings = migrate_text(
+                data, candidate.kind, where, options, ALL_RULES, text_fixes()
+            )
+    except ParseFailure as exc:
+        result.skipped_reason = f"{where}:{exc.line}:{exc.column}: does not parse as Python 3 ({exc})"
+        result.findings = []
+    except UnicodeDecodeError as exc:
+        result.skipped_reason = f"{where}:{_line_of(data, exc.start)}: undecodable bytes ({exc.reason}, {exc.encoding})"
+    except (SyntaxError, LookupError) as exc:  # a bad or unknown PEP 263 encoding cookie
+        result.skipped_reason = f"{where}:{getattr(exc, 'lineno', None) or 1}: {exc}"
+    except NotebookError as exc:
+        result.skipped_reason = f"{where}: {exc}"
+    return result

@@ -1,0 +1,161 @@
+"""Small libcst builders and argument helpers shared by the rule families.
+
+Rewrites replace as little as possible: an argument's value rather than the argument, an argument rather than
+the call. Everything else (comments inside calls, line breaks, trailing commas) stays as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import libcst as cst
+
+_ASCII_STR_PREFIXES = frozenset({"", "r", "u", "R", "U"})
+
+
+def dotted(path: str) -> cst.Name | cst.Attribute:
+    """``"torch.accelerator.synchronize"`` as an attribute chain (cheaper than parsing an expression)."""
+    parts = path.split(".")
+    node: cst.Name | cst.Attribute = cst.Name(parts[0])
+    for part in parts[1:]:
+        node = cst.Attribute(value=node, attr=cst.Name(part))
+    return node
+
+
+def string_value(node: cst.CSTNode) -> str | None:
+    """The text of a plain (non-bytes, non-f) string literal, else None."""
+    if isinstance(node, cst.SimpleString) and node.prefix in _ASCII_STR_PREFIXES:
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def string_like(template: cst.CSTNode | None, value: str) -> cst.SimpleString:
+    """A string literal holding ``value``, quoted the way ``template`` was (double quotes by default)."""
+    quote = '"'
+    if isinstance(template, cst.SimpleString) and template.quote in ("'", '"'):
+        quote = template.quote
+    elif isinstance(template, cst.FormattedString) and template.end in ("'", '"'):
+        quote = template.end
+    return cst.SimpleString(f"{quote}{value}{quote}")
+
+
+def keep_parens(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
+    """Carry the parentheses around ``original`` over to its replacement."""
+    if getattr(original, "lpar", None) and hasattr(new, "lpar"):
+        return new.with_changes(lpar=original.lpar, rpar=original.rpar)
+    return new
+
+
+def positional(call: cst.Call, index: int) -> cst.Arg | None:
+    """The ``index``-th positional argument of ``call`` (not counting keywords or ``*args``)."""
+    seen = 0
+    for arg in call.args:
+        if arg.keyword is not None or arg.star:
+            continue
+        if seen == index:
+            return arg
+        seen += 1
+    return None
+
+
+def keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def argument(call: cst.Call, index: int, name: str) -> cst.Arg | None:
+    """An argument given by position ``index`` or by keyword ``name``."""
+    return keyword(call, name) or positional(call, index)
+
+
+def arg_position(call: cst.Call, arg: cst.Arg) -> int:
+    for i, candidate in enumerate(call.args):
+        if candidate is arg:
+            return i
+    raise ValueError("argument is not in the call")
+
+
+def replace_arg_value(call: cst.Call, index: int, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with the value of its ``index``-th argument (an index into ``call.args``) replaced."""
+    args = list(call.args)
+    args[index] = args[index].with_changes(value=value)
+    return call.with_changes(args=args)
+
+
+def drop_args(call: cst.Call, drop: Callable[[int, cst.Arg], bool]) -> cst.Call:
+    """``call`` without the arguments ``drop`` selects, keeping the layout of what remains.
+
+    When the last argument goes, the new last argument inherits its trailing comma and whitespace, so
+    ``f(a, b=1)`` becomes ``f(a)`` and a one-argument-per-line call keeps its closing line.
+    """
+    args = list(call.args)
+    kept = [arg for i, arg in enumerate(args) if not drop(i, arg)]
+    if len(kept) == len(args):
+        return call
+    if kept and drop(len(args) - 1, args[-1]):
+        last = args[-1]
+        kept[-1] = kept[-1].with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
+    return call.with_changes(args=kept)
+
+
+def drop_keywords(call: cst.Call, names: Sequence[str]) -> cst.Call:
+    return drop_args(call, lambda _i, arg: arg.keyword is not None and arg.keyword.value in names)
+
+
+def call(func: cst.BaseExpression, args: Sequence[cst.Arg] = ()) -> cst.Call:
+    """A call with ``args`` separated by ``", "`` (new code; existing calls keep their own layout)."""
+    return cst.Call(func=func, args=_call_args(args))
+
+
+def kwarg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def prepend_args(call: cst.Call, new_args: Sequence[cst.Arg]) -> cst.Call:
+    """``call`` with ``new_args`` put in front of its existing arguments (whose layout stays as it was)."""
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    fresh = [arg.with_changes(comma=comma) for arg in new_args]
+    if not call.args:
+        fresh[-1] = fresh[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return call.with_changes(args=[*fresh, *call.args])
+
+
+def append_args(call: cst.Call, new_args: Sequence[cst.Arg]) -> cst.Call:
+    """``call`` with ``new_args`` after its existing arguments; a trailing comma already there is kept."""
+    if not call.args:
+        return call.with_changes(args=list(_call_args(new_args)))
+    args = list(call.args)
+    last = args[-1]
+    trailing = last.comma
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    fresh = list(_call_args(new_args))
+    fresh[-1] = fresh[-1].with_changes(comma=trailing)
+    return call.with_changes(args=[*args, *fresh])
+
+
+def _call_args(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    out = [arg.with_changes(comma=comma) for arg in args]
+    if out:
+        out[-1] = out[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return out
+
+
+_EMPTY_MODULE = cst.Module(body=[])
+
+
+def source(node: cst.CSTNode) -> str:
+    """The code of ``node`` on one line, for messages."""
+    return " ".join(_EMPTY_MODULE.code_for_node(node).split())
+
+
+def arg_source(arg: cst.Arg) -> str:
+    """``name=value`` or ``value`` of one argument, without its comma."""
+    return source(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))

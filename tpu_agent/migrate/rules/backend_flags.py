@@ -1,0 +1,170 @@
+"""TPU6xx: cuDNN and CUDA backend flags: ``cudnn.benchmark``, ``cudnn.deterministic``, TF32 and SDPA knobs.
+
+These settings only steer NVIDIA libraries. Performance-only knobs are removed; the two with a meaning beyond
+CUDA map to their global equivalents: TF32 matmuls to ``torch.set_float32_matmul_precision`` (which TorchTPU
+maps to its MXU pass count) and cuDNN determinism to ``torch.use_deterministic_algorithms``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.model import Safety, Target
+from tpu_agent.migrate.rules._base import Family
+from tpu_agent.migrate.rules._cst import call, source, string_like
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext
+
+FAMILY = Family("backend-flags")
+
+FAMILY.rule(
+    "TPU601",
+    "cudnn-flags",
+    Safety.SAFE,
+    "cuDNN tuning flags: torch.backends.cudnn.benchmark / enabled / allow_tf32, deterministic = False.",
+    "They select cuDNN algorithms and have no TPU meaning; removing them changes CUDA speed, never results "
+    "(deterministic = False is the default).",
+    "torch.backends.cudnn.benchmark = True",
+    "",
+    "torchtpu_api.md §5.2; migration_anchors.md B01, B04, P06",
+)
+FAMILY.rule(
+    "TPU602",
+    "cudnn-deterministic",
+    Safety.UNSAFE,
+    "torch.backends.cudnn.deterministic = True.",
+    "The device-agnostic switch is torch.use_deterministic_algorithms(True); it is stricter (it raises on "
+    "operations without a deterministic implementation), hence unsafe.",
+    "torch.backends.cudnn.deterministic = True",
+    "torch.use_deterministic_algorithms(True)",
+    "migration_anchors.md B02",
+    since_torch="1.8",
+)
+FAMILY.rule(
+    "TPU603",
+    "tf32-matmul",
+    Safety.SAFE,
+    "torch.backends.cuda.matmul.allow_tf32 = ...",
+    "TF32 is an NVIDIA format. torch.set_float32_matmul_precision is the global form: 'high' is TF32 on CUDA; "
+    "on TPU 'medium' is the 1-pass bf16 MXU default (TPU target), 'highest' the full-precision 6-pass mode.",
+    "torch.backends.cuda.matmul.allow_tf32 = True",
+    'torch.set_float32_matmul_precision("high")',
+    "torchtpu_api.md §5.2, §6.2; migration_anchors.md P05",
+    since_torch="1.12",
+)
+FAMILY.rule(
+    "TPU604",
+    "cuda-backend-knobs",
+    Safety.SAFE,
+    "CUDA-only kernel knobs: enable_flash_sdp / enable_mem_efficient_sdp / enable_math_sdp / enable_cudnn_sdp, "
+    "preferred_linalg_library, reduced-precision reduction flags.",
+    "They choose among NVIDIA kernels; TorchTPU lowers attention and linear algebra through XLA, so they are removed.",
+    "torch.backends.cuda.enable_flash_sdp(True)",
+    "",
+    "migration_anchors.md B06, B07, P07",
+)
+FAMILY.rule(
+    "TPU605",
+    "cuda-backend-other",
+    Safety.MANUAL,
+    "Other torch.backends.cuda / torch.backends.cudnn uses: sdp_kernel contexts, cudnn.is_available(), version().",
+    "These read or scope NVIDIA library state; on TPU drop them or guard them with DEVICE.type == 'cuda'.",
+    "with torch.backends.cuda.sdp_kernel(enable_flash=True):",
+    "with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # or drop it on TPU",
+    "migration_anchors.md B05, B08",
+)
+
+_REMOVE_FLAGS = {
+    "torch.backends.cudnn.benchmark": "TPU601",
+    "torch.backends.cudnn.enabled": "TPU601",
+    "torch.backends.cudnn.allow_tf32": "TPU601",
+    "torch.backends.cudnn.benchmark_limit": "TPU601",
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": "TPU604",
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": "TPU604",
+}
+_REMOVE_CALLS = frozenset(
+    f"torch.backends.cuda.{name}"
+    for name in (
+        "enable_flash_sdp",
+        "enable_mem_efficient_sdp",
+        "enable_math_sdp",
+        "enable_cudnn_sdp",
+        "preferred_linalg_library",
+        "preferred_blas_library",
+    )
+)
+_PREFIXES = ("torch.backends.cudnn", "torch.backends.cuda")
+
+
+def _literal_bool(node: cst.BaseExpression) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    return None
+
+
+@FAMILY.leave(cst.Assign)
+def flag_assignment(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.BaseSmallStatement | cst.RemovalSentinel:
+    if len(original.targets) != 1:
+        return updated
+    qualname = ctx.qualname(original.targets[0].target)
+    if qualname is None or not qualname.startswith(_PREFIXES):
+        return updated
+    value = _literal_bool(original.value)
+    shown = source(original)
+    if qualname in _REMOVE_FLAGS or (qualname == "torch.backends.cudnn.deterministic" and value is False):
+        code = _REMOVE_FLAGS.get(qualname, "TPU601")
+        if ctx.report(code, original, f"removed `{shown}`: no meaning outside cuDNN/cuBLAS"):
+            return cst.RemovalSentinel.REMOVE
+        return updated
+    if qualname == "torch.backends.cudnn.deterministic":
+        new = ctx.fix(
+            "TPU602",
+            original,
+            lambda: cst.Expr(call(ctx.torch_attr("use_deterministic_algorithms"), [cst.Arg(updated.value)])),
+            lambda n: f"`{shown}` -> `{source(n)}`",
+        )
+        return new if new is not None else updated
+    if qualname == "torch.backends.cuda.matmul.allow_tf32":
+        new = ctx.fix("TPU603", original, lambda: _matmul_precision(ctx, updated.value, value), lambda n: f"`{shown}` -> `{source(n)}`")
+        return new if new is not None else updated
+    ctx.report("TPU605", original, f"`{shown}`: CUDA library setting; remove it or guard it for CUDA runs")
+    return updated
+
+
+def _matmul_precision(ctx: PyContext, value: cst.BaseExpression, literal: bool | None) -> cst.Expr:
+    fast = "medium" if ctx.target is Target.TPU else "high"
+    if literal is None:
+        arg: cst.BaseExpression = cst.IfExp(test=value, body=string_like(None, fast), orelse=string_like(None, "highest"))
+    else:
+        arg = string_like(None, fast if literal else "highest")
+    return cst.Expr(call(ctx.torch_attr("set_float32_matmul_precision"), [cst.Arg(arg)]))
+
+
+@FAMILY.visit(cst.Expr)
+def _claim_knob_call(ctx: PyContext, node: cst.Expr) -> None:
+    if isinstance(node.value, cst.Call) and ctx.qualname(node.value) in _REMOVE_CALLS:
+        ctx.claim(node.value.func)
+
+
+@FAMILY.leave(cst.Expr)
+def knob_call(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr | cst.RemovalSentinel:
+    if isinstance(original.value, cst.Call) and ctx.qualname(original.value) in _REMOVE_CALLS:
+        if ctx.report("TPU604", original, f"removed `{source(original)}`: NVIDIA kernel selection"):
+            return cst.RemovalSentinel.REMOVE
+    return updated
+
+
+@FAMILY.reference(*_PREFIXES)
+def backend_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+    if qualname in _REMOVE_CALLS:
+        ctx.report("TPU604", original, f"{qualname}: NVIDIA kernel selection; remove it", fixable=False)
+    elif qualname.endswith(("cudnn.is_available", "cudnn.version", "cuda.is_built")):
+        ctx.report("TPU208", original, f"{qualname}: a CUDA capability check; guard with DEVICE.type == 'cuda' or remove it")
+    elif qualname == "torch.backends.cuda.sdp_kernel":
+        ctx.report("TPU605", original, "sdp_kernel: use torch.nn.attention.sdpa_kernel, or drop it on TPU")
+    else:
+        ctx.report("TPU605", original, f"{qualname}: CUDA library setting; remove it or guard it for CUDA runs")
+    return updated

@@ -1,0 +1,261 @@
+"""TPU2xx: ``torch.cuda.*`` calls and classes, mapped to ``torch.accelerator`` / ``torch.Stream`` / ``torch.Event``.
+
+Matching is by qualified name (``import torch.cuda as tc; tc.synchronize()`` and
+``from torch.cuda import synchronize`` are both found); a name is rewritten only when torch has a
+device-agnostic twin at the version given in ``since_torch``. Everything else under ``torch.cuda`` is
+reported, with what to do on TPU, so that no CUDA-only call survives silently.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.model import Safety
+from tpu_agent.migrate.rules._base import Family
+from tpu_agent.migrate.rules._cst import keep_parens, keyword, source
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext
+
+FAMILY = Family("cuda-api")
+
+FAMILY.rule(
+    "TPU201",
+    "cuda-device-api",
+    Safety.SAFE,
+    "torch.cuda device queries: is_available, device_count, current_device, set_device, device(i).",
+    "TorchTPU implements the torch.accelerator API (its own torch.tpu twins raise when called from user code); "
+    "torch.accelerator works on CUDA and CPU-only builds too.",
+    "torch.cuda.set_device(local_rank)\nn = torch.cuda.device_count()",
+    "torch.accelerator.set_device_index(local_rank)\nn = torch.accelerator.device_count()",
+    "torchtpu_api.md §1.4; migration_anchors.md §3, D07-D12",
+    since_torch="2.8",
+)
+FAMILY.rule(
+    "TPU202",
+    "cuda-sync-stream-event",
+    Safety.SAFE,
+    "torch.cuda synchronisation, streams and events: synchronize, current_stream, set_stream, Stream, Event.",
+    "torch.accelerator.synchronize/current_stream/set_stream and the generic torch.Stream/torch.Event are what "
+    "TorchTPU implements (streams are placeholders; event times are measured on the host).",
+    "torch.cuda.synchronize()\nstart = torch.cuda.Event(enable_timing=True)",
+    "torch.accelerator.synchronize()\nstart = torch.Event(enable_timing=True)",
+    "torchtpu_api.md §1.4, §1.5; migration_anchors.md S01-S06",
+    since_torch="2.6",
+)
+FAMILY.rule(
+    "TPU203",
+    "cuda-memory-api",
+    Safety.SAFE,
+    "torch.cuda memory statistics and cache calls: memory_allocated, max_memory_allocated, empty_cache, mem_get_info...",
+    "The same functions live in torch.accelerator (legacy *_cached names map to *_reserved); they work for any "
+    "accelerator whose allocator reports statistics.",
+    "peak = torch.cuda.max_memory_allocated()\ntorch.cuda.empty_cache()",
+    "peak = torch.accelerator.max_memory_allocated()\ntorch.accelerator.empty_cache()",
+    "torchtpu_api.md §1.6; migration_anchors.md M01-M04",
+    since_torch="2.10",
+)
+FAMILY.rule(
+    "TPU204",
+    "cuda-manual-seed",
+    Safety.SAFE,
+    "torch.cuda.manual_seed / manual_seed_all / seed / seed_all.",
+    "torch.manual_seed seeds the CPU and every accelerator, TPU included.",
+    "torch.cuda.manual_seed_all(0)",
+    "torch.manual_seed(0)",
+    "torchtpu_api.md §5.2; migration_anchors.md L08",
+)
+FAMILY.rule(
+    "TPU205",
+    "cuda-oom-error",
+    Safety.SAFE,
+    "torch.cuda.OutOfMemoryError.",
+    "torch.OutOfMemoryError is the device-agnostic exception (torch.cuda.OutOfMemoryError is its CUDA alias).",
+    "except torch.cuda.OutOfMemoryError:",
+    "except torch.OutOfMemoryError:",
+    "migration_anchors.md M09",
+    since_torch="2.5",
+)
+FAMILY.rule(
+    "TPU206",
+    "cuda-nvtx-range",
+    Safety.SAFE,
+    "torch.cuda.nvtx.range(...) context.",
+    "NVTX ranges exist only in NVIDIA tools; torch.profiler.record_function ranges appear in XProf traces on TPU "
+    "and in every torch profiler trace.",
+    'with torch.cuda.nvtx.range("forward"):',
+    'with torch.profiler.record_function("forward"):',
+    "torchtpu_api.md §5.2; migration_anchors.md S09",
+)
+FAMILY.rule(
+    "TPU207",
+    "cuda-nvtx-push-pop",
+    Safety.MANUAL,
+    "torch.cuda.nvtx.range_push / range_pop / mark.",
+    "The push/pop pairs need block structure to become a torch.profiler.record_function context; that is a "
+    "person's call.",
+    'torch.cuda.nvtx.range_push("step")\n...\ntorch.cuda.nvtx.range_pop()',
+    'with torch.profiler.record_function("step"):\n    ...',
+    "migration_anchors.md S10",
+)
+FAMILY.rule(
+    "TPU208",
+    "cuda-capability-check",
+    Safety.MANUAL,
+    "GPU capability and identity checks: get_device_capability, get_device_properties, get_device_name, "
+    "is_bf16_supported, get_arch_list, torch.version.cuda.",
+    "There is no device-agnostic capability query (TorchTPU's compute capability is an empty string); gates on "
+    "(major, minor) usually protect bf16/flash/TF32 paths, and bf16 is always native on TPU.",
+    "if torch.cuda.get_device_capability()[0] >= 8:\n    dtype = torch.bfloat16",
+    "# on TPU bf16 is always available: make the gate an explicit option\ndtype = torch.bfloat16",
+    "torchtpu_api.md §5.2; migration_anchors.md D22-D26",
+)
+FAMILY.rule(
+    "TPU209",
+    "cuda-memory-introspection",
+    Safety.MANUAL,
+    "CUDA allocator introspection and limits: memory_summary, memory_snapshot, _record_memory_history, "
+    "set_per_process_memory_fraction, list_gpu_processes.",
+    "No device-agnostic equivalent exists in torch 2.13; on TPU use the XProf memory profile "
+    "(tpu-agent profile) and torch.tpu._hbm_usage_summary().",
+    "torch.cuda.memory._record_memory_history()\ntorch.cuda.set_per_process_memory_fraction(0.5)",
+    "# TODO(tpu-agent TPU209): use tpu-agent profile's memory view",
+    "migration_anchors.md M05, M06",
+)
+FAMILY.rule(
+    "TPU210",
+    "cuda-ipc",
+    Safety.MANUAL,
+    "CUDA inter-process sharing: torch.cuda.ipc_collect, Event(interprocess=True).",
+    "TorchTPU has no IPC handles (ipc_handle raises NotImplementedError); share tensors through the host or "
+    "torch.distributed instead.",
+    "torch.cuda.ipc_collect()",
+    "# TODO(tpu-agent TPU210): share through the host or torch.distributed",
+    "torchtpu_api.md §1.5, §5.2; migration_anchors.md M07",
+)
+FAMILY.rule(
+    "TPU211",
+    "cuda-api-no-equivalent",
+    Safety.MANUAL,
+    "Any other torch.cuda reference (default_stream, stream(s), RNG state, legacy tensor types, nccl, comm...).",
+    "These have no device-agnostic twin in torch 2.13; each message says what to use instead.",
+    "state = torch.cuda.get_rng_state()",
+    "state = torch.get_device_module(DEVICE).get_rng_state()",
+    "migration_anchors.md §3, D29",
+)
+
+_MEMORY = {
+    "empty_cache": "empty_cache",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "memory_stats": "memory_stats",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
+    "memory_cached": "memory_reserved",
+    "max_memory_cached": "max_memory_reserved",
+    "reset_max_memory_allocated": "reset_peak_memory_stats",
+    "reset_max_memory_cached": "reset_peak_memory_stats",
+    "mem_get_info": "get_memory_info",
+}
+
+# qualified name -> (rule, replacement under torch.)
+RENAMES: dict[str, tuple[str, str]] = {
+    "torch.cuda.is_available": ("TPU201", "accelerator.is_available"),
+    "torch.cuda.device_count": ("TPU201", "accelerator.device_count"),
+    "torch.cuda.current_device": ("TPU201", "accelerator.current_device_index"),
+    "torch.cuda.set_device": ("TPU201", "accelerator.set_device_index"),
+    "torch.cuda.device": ("TPU201", "accelerator.device_index"),
+    "torch.cuda.synchronize": ("TPU202", "accelerator.synchronize"),
+    "torch.cuda.current_stream": ("TPU202", "accelerator.current_stream"),
+    "torch.cuda.set_stream": ("TPU202", "accelerator.set_stream"),
+    "torch.cuda.Stream": ("TPU202", "Stream"),
+    "torch.cuda.Event": ("TPU202", "Event"),
+    "torch.cuda.manual_seed": ("TPU204", "manual_seed"),
+    "torch.cuda.manual_seed_all": ("TPU204", "manual_seed"),
+    "torch.cuda.seed": ("TPU204", "seed"),
+    "torch.cuda.seed_all": ("TPU204", "seed"),
+    "torch.cuda.OutOfMemoryError": ("TPU205", "OutOfMemoryError"),
+    "torch.cuda.nvtx.range": ("TPU206", "profiler.record_function"),
+    **{f"torch.cuda.{old}": ("TPU203", f"accelerator.{new}") for old, new in _MEMORY.items()},
+    **{f"torch.cuda.memory.{old}": ("TPU203", f"accelerator.{new}") for old, new in _MEMORY.items()},
+}
+
+_PROFILE = "use tpu-agent profile (XProf memory view) or torch.tpu._hbm_usage_summary() on TPU"
+# qualified name -> (rule, what to do)
+MANUAL: dict[str, tuple[str, str]] = {
+    "torch.cuda.nvtx.range_push": ("TPU207", "wrap the range in `with torch.profiler.record_function(name):`"),
+    "torch.cuda.nvtx.range_pop": ("TPU207", "close the torch.profiler.record_function block that replaces the push"),
+    "torch.cuda.nvtx.mark": ("TPU207", "use a short torch.profiler.record_function range"),
+    "torch.cuda.get_device_capability": ("TPU208", "no capability tuple on TPU; gate on an explicit option (bf16 is native on TPU)"),
+    "torch.cuda.get_device_properties": ("TPU208", "torch.accelerator.get_memory_info()[1] gives total memory; other fields have no TPU meaning"),
+    "torch.cuda.get_device_name": ("TPU208", "torch.get_device_module(DEVICE).get_device_name() where the backend has it (TorchTPU: 'TPU v6e')"),
+    "torch.cuda.is_bf16_supported": ("TPU208", "bf16 is always native on TPU; make the check an explicit option"),
+    "torch.cuda.get_arch_list": ("TPU208", "CUDA architectures have no TPU meaning; remove the check"),
+    "torch.version.cuda": ("TPU208", "guard CUDA-version logic with `if torch.version.cuda:` or remove it"),
+    "torch.cuda.memory_summary": ("TPU209", _PROFILE),
+    "torch.cuda.memory_snapshot": ("TPU209", _PROFILE),
+    "torch.cuda.memory._record_memory_history": ("TPU209", _PROFILE),
+    "torch.cuda.memory._dump_snapshot": ("TPU209", _PROFILE),
+    "torch.cuda.memory._snapshot": ("TPU209", _PROFILE),
+    "torch.cuda._record_memory_history": ("TPU209", _PROFILE),
+    "torch.cuda.set_per_process_memory_fraction": ("TPU209", "no memory fraction on TPU; size the batch to HBM instead"),
+    "torch.cuda.list_gpu_processes": ("TPU209", _PROFILE),
+    "torch.cuda.ipc_collect": ("TPU210", "no CUDA IPC on TPU; remove it and share tensors through the host or torch.distributed"),
+    "torch.cuda.default_stream": ("TPU211", "TPU streams are placeholders; drop the stream handling or use torch.accelerator.current_stream()"),
+    "torch.cuda.stream": ("TPU211", "use `with s:` on a torch.Stream, or drop the stream: XLA orders TPU work itself"),
+    "torch.cuda.get_rng_state": ("TPU211", "use torch.get_device_module(DEVICE).get_rng_state() (torch.accelerator.random is newer than 2.13)"),
+    "torch.cuda.set_rng_state": ("TPU211", "use torch.get_device_module(DEVICE).set_rng_state(state)"),
+    "torch.cuda.get_rng_state_all": ("TPU211", "use torch.get_device_module(DEVICE).get_rng_state_all()"),
+    "torch.cuda.set_rng_state_all": ("TPU211", "use torch.get_device_module(DEVICE).set_rng_state_all(states)"),
+    "torch.cuda.initial_seed": ("TPU211", "use torch.initial_seed()"),
+    "torch.cuda.nccl": ("TPU211", "use torch.distributed collectives (tpu_dist backend on TPU)"),
+    "torch.cuda.comm": ("TPU211", "use torch.distributed collectives (tpu_dist backend on TPU)"),
+}
+_LEGACY_TENSORS = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor")
+for _name in _LEGACY_TENSORS:
+    MANUAL[f"torch.cuda.{_name}"] = ("TPU211", "use torch.empty(..., dtype=..., device=DEVICE) or torch.tensor(..., device=DEVICE)")
+
+
+def _lookup(table: dict[str, tuple[str, str]], qualname: str) -> tuple[str, str] | None:
+    """The entry for ``qualname`` or for its longest dotted prefix (``torch.cuda.nccl.all_reduce``)."""
+    name = qualname
+    while name:
+        if name in table:
+            return table[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+@FAMILY.reference("torch.cuda", "torch.version.cuda")
+def cuda_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+    rename = RENAMES.get(qualname)
+    if rename is not None:
+        code, path = rename
+        new = ctx.fix(code, original, lambda: ctx.torch_attr(path), lambda n: f"{qualname} -> {source(n)}")
+        return keep_parens(original, new) if new is not None else updated
+    manual = _lookup(MANUAL, qualname)
+    if manual is not None:
+        code, advice = manual
+        ctx.report(code, original, f"{qualname}: {advice}")
+        return updated
+    ctx.report(
+        "TPU211",
+        original,
+        f"{qualname} has no device-agnostic equivalent in torch 2.13: remove it, or use "
+        "torch.get_device_module(DEVICE) where the backend provides the same function",
+    )
+    return updated
+
+
+@FAMILY.visit(cst.Call)
+def _interprocess_event(ctx: PyContext, node: cst.Call) -> None:
+    # torch.cuda.Event(interprocess=True) is IPC (TPU210), not a timing event to rename.
+    if ctx.qualname(node.func) == "torch.cuda.Event":
+        flag = keyword(node, "interprocess")
+        if flag is not None and not (isinstance(flag.value, cst.Name) and flag.value.value == "False"):
+            ctx.claim(node.func)
+            ctx.report("TPU210", node, "torch.cuda.Event(interprocess=True): TorchTPU events have no IPC handles")

@@ -1,0 +1,364 @@
+"""TPU1xx: device strings, ``torch.device``, ``.cuda()``, ``.is_cuda`` and pinned-memory devices.
+
+Strings are rewritten only in device positions (``torch.device(...)``, ``device=``, ``.to(...)``,
+``map_location=``, variables, parameters and ``--device`` defaults whose name says "device"), never by
+substring: a log line that mentions CUDA stays as it is. For the accelerator target, API positions get the
+module's resolver (``DEVICE``) and variables get its type string (``DEVICE.type``), which every API that
+took ``"cuda"`` also takes; for the TPU target both become ``"tpu"``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.model import Safety
+from tpu_agent.migrate.rules._base import CLAIMED_CALLS, TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.rules._cst import (
+    arg_source,
+    drop_args,
+    keep_parens,
+    keyword,
+    positional,
+    prepend_args,
+    source,
+    string_value,
+)
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext, TextContext
+
+FAMILY = Family("devices")
+
+FAMILY.rule(
+    "TPU101",
+    "cuda-device-string",
+    Safety.SAFE,
+    'A CUDA device ("cuda", "cuda:N", torch.device("cuda")) in a device position.',
+    "TorchTPU's device is 'tpu'. The accelerator target writes one module-level resolver (the accelerator in use, "
+    "or the CPU) so that the same file keeps running on CUDA and CPU-only machines. TorchTPU runs one device per "
+    "process, so an index is dropped: the process's device is selected by the launcher (and on CUDA by "
+    "torch.accelerator.set_device_index).",
+    'x = torch.zeros(3, device="cuda:0")\nmodel.to(torch.device("cuda"))',
+    'DEVICE = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")\n'
+    "x = torch.zeros(3, device=DEVICE)\nmodel.to(DEVICE)",
+    "torchtpu_api.md §5.2; migration_anchors.md D01, D02, D05, D20, L05, L12",
+    since_torch="2.7",
+)
+FAMILY.rule(
+    "TPU102",
+    "cuda-device-formatted",
+    Safety.SAFE,
+    'A CUDA device built from an index: f"cuda:{rank}", "cuda:%d" % rank, "cuda:" + str(rank).',
+    "TorchTPU maps one device to each process (the device index is always 0 and the launcher selects the chip), "
+    "so a per-rank device string becomes the plain device; on CUDA the rank's device comes from "
+    "torch.accelerator.set_device_index(local_rank).",
+    'device = f"cuda:{local_rank}"',
+    "device = DEVICE.type",
+    "torchtpu_api.md §1.2, §5.2; migration_anchors.md D04",
+    since_torch="2.7",
+)
+FAMILY.rule(
+    "TPU103",
+    "tensor-cuda-method",
+    Safety.SAFE,
+    "Tensor/Module .cuda() moves data to CUDA.",
+    "TorchTPU has no .cuda(); .to(device) works for tensors and modules on every backend. A class of this file "
+    "that defines its own cuda() method (and is not a tensor or module) is left alone.",
+    "model = Net().cuda()\nx = x.cuda(non_blocking=True)",
+    "model = Net().to(DEVICE)\nx = x.to(DEVICE, non_blocking=True)",
+    "torchtpu_api.md §5.2; migration_anchors.md D14, D15",
+)
+FAMILY.rule(
+    "TPU104",
+    "cuda-device-check",
+    Safety.UNSAFE,
+    'A check that a tensor is on CUDA: t.is_cuda, t.device.type == "cuda".',
+    "On TPU such checks are always False, silently skipping code meant for the accelerator. The fix compares with "
+    "the device in use, which assumes the check meant 'on the accelerator' rather than 'on an NVIDIA GPU'.",
+    "if x.is_cuda:\n    ...",
+    "if x.device.type == DEVICE.type:\n    ...",
+    "torchtpu_api.md §5.2; migration_anchors.md D16, D17",
+)
+FAMILY.rule(
+    "TPU105",
+    "pin-memory-device",
+    Safety.SAFE,
+    'A pinned-memory device argument: DataLoader(pin_memory_device="cuda"), t.pin_memory("cuda").',
+    "Pinned memory is allocated for the current accelerator without a device argument (deprecated since torch 2.8); "
+    "naming 'cuda' fails where there is no CUDA.",
+    'DataLoader(ds, pin_memory=True, pin_memory_device="cuda")',
+    "DataLoader(ds, pin_memory=True)",
+    "migration_anchors.md L02, L03",
+    since_torch="2.5",
+)
+FAMILY.rule(
+    "TPU106",
+    "config-device-value",
+    Safety.SAFE,
+    "A CUDA device in a launch script or config: device: cuda, --device cuda, DEVICE=cuda.",
+    "Config values are read by code this tool cannot see, so they change only for the TPU target (to 'tpu'); "
+    "for the accelerator target they are reported.",
+    "device: cuda:0",
+    "device: tpu",
+    "migration_anchors.md D06",
+)
+
+_CUDA_DEVICE_RE = re.compile(r"cuda(?::\d+)?")
+_DEVICE_VAR_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
+_AVAILABILITY_CHECKS = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
+
+
+def cuda_device_code(ctx: PyContext, node: cst.CSTNode) -> str | None:
+    """The rule a CUDA device expression falls under (TPU101 literal, TPU102 with an index), else None."""
+    value = string_value(node)
+    if value is not None:
+        return "TPU101" if _CUDA_DEVICE_RE.fullmatch(value) else None
+    if isinstance(node, cst.FormattedString):
+        parts = node.parts
+        if all(isinstance(p, cst.FormattedStringText) for p in parts):
+            return "TPU101" if _CUDA_DEVICE_RE.fullmatch("".join(p.value for p in parts)) else None  # type: ignore[union-attr]
+        if (
+            len(parts) == 2
+            and isinstance(parts[0], cst.FormattedStringText)
+            and parts[0].value == "cuda:"
+            and isinstance(parts[1], cst.FormattedStringExpression)
+        ):
+            return "TPU102"
+        return None
+    if isinstance(node, cst.BinaryOperation):
+        left = string_value(node.left)
+        if isinstance(node.operator, cst.Modulo) and left in ("cuda:%d", "cuda:%s", "cuda:%i"):
+            return "TPU102"
+        if isinstance(node.operator, cst.Add) and left == "cuda:":
+            return "TPU102"
+        return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+        return "TPU102" if string_value(node.func.value) in ("cuda:{}", "cuda:{0}") else None
+    if isinstance(node, cst.IfExp) and string_value(node.orelse) == "cpu" and _is_availability_check(ctx, node.test):
+        return cuda_device_code(ctx, node.body)
+    return None
+
+
+def _is_availability_check(ctx: PyContext, test: cst.CSTNode) -> bool:
+    return isinstance(test, cst.Call) and not test.args and ctx.qualname(test) in _AVAILABILITY_CHECKS
+
+
+def _template(node: cst.CSTNode) -> cst.CSTNode:
+    return node.body if isinstance(node, cst.IfExp) else node
+
+
+def rewrite_device(
+    ctx: PyContext, original: cst.BaseExpression, form: str, code: str | None = None
+) -> cst.BaseExpression | None:
+    """The replacement for a CUDA device expression in a device position, or None (not one, or not fixed).
+
+    ``form`` is ``"device"`` (a torch.device), ``"value"`` (anything a device argument accepts) or ``"type"``
+    (a device type string, also used for variables whose later use is unknown). ``code`` reports the finding
+    under another family's rule (``init_device_mesh("cuda")`` is TPU404).
+    """
+    found = cuda_device_code(ctx, original)
+    if found is None:
+        return None
+    code = code or found
+    template = _template(original)
+    build = {"device": ctx.device, "value": ctx.device_value, "type": ctx.device_type}[form]
+    note = ""
+    if found == "TPU102" or (string_value(template) or "").startswith("cuda:"):
+        note = " (index dropped: one device per process)"
+    new = ctx.fix(code, original, lambda: build(template), lambda n: f"CUDA device {source(original)} -> {source(n)}{note}")
+    return keep_parens(original, new) if new is not None else None
+
+
+@FAMILY.visit(cst.IfExp)
+def _claim_availability_test(ctx: PyContext, node: cst.IfExp) -> None:
+    # `"cuda" if torch.cuda.is_available() else "cpu"` is one device expression, reported once as TPU101.
+    if string_value(node.orelse) == "cpu" and cuda_device_code(ctx, node.body) and _is_availability_check(ctx, node.test):
+        ctx.claim(node.test.func)  # type: ignore[attr-defined]
+
+
+@FAMILY.leave(cst.Call)
+def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    qualname = ctx.qualname(original)
+    if qualname == "torch.device":
+        arg = positional(original, 0) or keyword(original, "type")
+        if arg is not None:
+            new = rewrite_device(ctx, arg.value, "device")
+            if new is not None:
+                return keep_parens(original, new)
+        return updated
+    if qualname in CLAIMED_CALLS:
+        return updated
+    func = original.func
+    if isinstance(func, cst.Attribute) and qualname is None:
+        method = func.attr.value
+        if method == "cuda":
+            return _cuda_method(ctx, original, updated)
+        if method in ("pin_memory", "is_pinned"):
+            arg = positional(original, 0) or keyword(original, "device")
+            if arg is not None and cuda_device_code(ctx, arg.value) and ctx.report(
+                "TPU105", original, f".{method}({source(arg.value)}) -> .{method}()"
+            ):
+                return drop_args(updated, lambda i, a: original.args[i] is arg)
+            return updated
+        if method == "add_argument":
+            return _argparse_default(ctx, original, updated)
+    args = list(updated.args)
+    changed = False
+    for i, arg in enumerate(original.args):
+        name = arg.keyword.value if arg.keyword is not None else None
+        if name is None and i == 0 and isinstance(func, cst.Attribute) and func.attr.value == "to":
+            form = "value"
+        elif name in ("device", "map_location"):
+            form = "value"
+        elif name == "device_type":
+            form = "type"
+        elif name == "pin_memory_device":
+            if cuda_device_code(ctx, arg.value) and ctx.report("TPU105", arg, f"{arg_source(arg)} removed"):
+                return drop_args(updated, lambda j, a: j == i)
+            continue
+        else:
+            continue
+        new = rewrite_device(ctx, arg.value, form)
+        if new is not None:
+            args[i] = args[i].with_changes(value=new)
+            changed = True
+    return updated.with_changes(args=args) if changed else updated
+
+
+def _cuda_method(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    receiver = original.func.value  # type: ignore[attr-defined]
+    if ctx.is_user_cuda_receiver(receiver):
+        return updated
+    # .cuda(device=None, non_blocking=False, memory_format=...): the device index goes, the rest stays.
+    index = positional(original, 0) or keyword(original, "device")
+    shown = source(index.value) if index else ""
+    device = ctx.fix("TPU103", original, ctx.device_value, lambda d: f".cuda({shown}) -> .to({source(d)})")
+    if device is None:
+        return updated
+    call = drop_args(updated, lambda i, a: original.args[i] is index) if index is not None else updated
+    call = call.with_changes(func=call.func.with_changes(attr=cst.Name("to")))  # type: ignore[attr-defined]
+    return prepend_args(call, [cst.Arg(device)])
+
+
+def _argparse_default(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Call:
+    flags = [string_value(arg.value) or "" for arg in original.args if arg.keyword is None]
+    if not any("device" in flag for flag in flags):
+        return updated
+    for i, arg in enumerate(original.args):
+        if arg.keyword is not None and arg.keyword.value == "default":
+            new = rewrite_device(ctx, arg.value, "type")
+            if new is not None:
+                args = list(updated.args)
+                args[i] = args[i].with_changes(value=new)
+                return updated.with_changes(args=args)
+    return updated
+
+
+def _is_device_variable(target: cst.BaseExpression) -> bool:
+    if isinstance(target, cst.Name):
+        return bool(_DEVICE_VAR_RE.search(target.value))
+    if isinstance(target, cst.Attribute):
+        return bool(_DEVICE_VAR_RE.search(target.attr.value))
+    return False
+
+
+@FAMILY.leave(cst.Assign)
+def device_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+    if all(_is_device_variable(t.target) for t in original.targets):
+        new = rewrite_device(ctx, original.value, "type")
+        if new is not None:
+            return updated.with_changes(value=new)
+    return updated
+
+
+@FAMILY.leave(cst.AnnAssign)
+def annotated_device_variable(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+    if original.value is not None and _is_device_variable(original.target):
+        new = rewrite_device(ctx, original.value, "type")
+        if new is not None:
+            return updated.with_changes(value=new)
+    return updated
+
+
+@FAMILY.leave(cst.Param)
+def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.Param) -> cst.Param:
+    if original.default is not None and _DEVICE_VAR_RE.search(original.name.value):
+        new = rewrite_device(ctx, original.default, "type")
+        if new is not None:
+            return updated.with_changes(default=new)
+    return updated
+
+
+@FAMILY.leave(cst.Attribute)
+def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+    if original.attr.value != "is_cuda" or ctx.is_call_func(original) or ctx.qualname(original) is not None:
+        return updated
+    def build() -> cst.BaseExpression:
+        device = cst.Attribute(value=updated.value, attr=cst.Name("device"))
+        return cst.Comparison(
+            left=cst.Attribute(value=device, attr=cst.Name("type")),
+            comparisons=[cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type())],
+        )
+
+    new = ctx.fix("TPU104", original, build, lambda n: f"{source(original)} -> {source(n)}")
+    if new is None:
+        return updated
+    if not ctx.is_bare(original):
+        new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return keep_parens(original, new)
+
+
+@FAMILY.leave(cst.Comparison)
+def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.Comparison:
+    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type
+    if not (isinstance(original.left, cst.Attribute) and original.left.attr.value == "type"):
+        return updated
+    targets = list(updated.comparisons)
+    changed = False
+    for i, comparison in enumerate(original.comparisons):
+        if isinstance(comparison.operator, (cst.Equal, cst.NotEqual)) and string_value(comparison.comparator) == "cuda":
+            template = comparison.comparator
+            new = ctx.fix(
+                "TPU104",
+                template,
+                lambda: ctx.device_type(template),
+                lambda n: f'"cuda" -> {source(n)} in {source(original)}',
+            )
+            if new is not None:
+                targets[i] = targets[i].with_changes(comparator=new)
+                changed = True
+    return updated.with_changes(comparisons=targets) if changed else updated
+
+
+# ---- launch scripts and configs -----------------------------------------------------------------------
+def _config_device_replace(ctx: TextContext, match: re.Match[str]) -> str | None:
+    if ctx.target.value != "tpu":
+        return None
+    return "tpu"
+
+
+def _config_device_message(ctx: TextContext, match: re.Match[str]) -> str:
+    if ctx.target.value != "tpu":
+        return (
+            f"device value '{match.group(0)}': set it to the device your launcher resolves "
+            "(or rerun with --target tpu to write 'tpu')"
+        )
+    return f"device value '{match.group(0)}' -> 'tpu'"
+
+
+FAMILY.text(
+    TextFix(
+        code="TPU106",
+        kinds=TEXT_KINDS,
+        # YAML `device: cuda`, env `DEVICE=cuda`, shell `--device cuda` / `--device=cuda:0`; the value only
+        pattern=re.compile(
+            r"(?:(?<=\bdevice: )|(?<=\bdevice:)|(?<=\bDEVICE=)|(?<=\bdevice=)|(?<=--device )|(?<=--device=)"
+            r"|(?<=\bdevice: [\"'])|(?<=\bDEVICE=[\"'])|(?<=--device=[\"']))cuda(?::\d+)?\b"
+        ),
+        replace=_config_device_replace,
+        message=_config_device_message,
+    )
+)

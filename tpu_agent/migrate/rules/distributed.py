@@ -1,0 +1,303 @@
+"""TPU4xx: process groups and parallel wrappers: ``nccl``, DDP ``device_ids``, device meshes, barriers.
+
+TorchTPU's collective backend is ``tpu_dist`` (``"cpu:gloo,tpu:tpu_dist"`` when CPU-side object collectives
+are needed); torch maps each device type to its default backend, so device-agnostic code asks
+``torch.distributed.get_default_backend_for_device(DEVICE)``. DDP on TPU takes no ``device_ids``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.model import Safety
+from tpu_agent.migrate.rules._base import CLAIMED_CALLS, TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.rules._cst import (
+    arg_source,
+    arg_position,
+    drop_args,
+    keyword,
+    positional,
+    replace_arg_value,
+    source,
+    string_value,
+)
+from tpu_agent.migrate.rules.devices import rewrite_device
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext, TextContext
+
+FAMILY = Family("distributed")
+
+FAMILY.rule(
+    "TPU401",
+    "nccl-backend",
+    Safety.SAFE,
+    'The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
+    "Backend.NCCL, a --backend default or a backend variable.",
+    "NCCL is CUDA-only; TorchTPU's backend is tpu_dist. torch.distributed.get_default_backend_for_device(DEVICE) "
+    "picks nccl, tpu_dist or gloo for the device in use; omitting the backend gives cpu:gloo plus the "
+    "accelerator's default, the device-agnostic form of the mixed string.",
+    'dist.init_process_group("nccl")',
+    "dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE))",
+    "torchtpu_api.md §4.1; migration_anchors.md X01, X04, X06",
+    since_torch="2.6",
+)
+FAMILY.rule(
+    "TPU402",
+    "nccl-backend-check",
+    Safety.UNSAFE,
+    'Code that tests for NCCL: dist.get_backend() == "nccl", Backend.NCCL outside init, dist.is_nccl_available().',
+    "On TPU the backend is never nccl, so such branches silently change. The fix compares with the backend of "
+    "the device in use, which assumes the branch meant 'the accelerator backend' rather than NCCL itself.",
+    'if dist.get_backend() == "nccl":',
+    "if dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE):",
+    "migration_anchors.md X03, X05",
+    since_torch="2.6",
+)
+FAMILY.rule(
+    "TPU403",
+    "ddp-device-ids",
+    Safety.SAFE,
+    "DistributedDataParallel(model, device_ids=[...], output_device=...).",
+    "TorchTPU's DDP takes no device_ids (integer ids mean CUDA devices); for a module on one device DDP infers "
+    "the device from the module on every backend, CUDA included.",
+    "DDP(model, device_ids=[local_rank], output_device=local_rank)",
+    "DDP(model)",
+    "torchtpu_api.md §4.1; migration_anchors.md X07",
+)
+FAMILY.rule(
+    "TPU404",
+    "device-mesh-cuda",
+    Safety.SAFE,
+    'A CUDA device mesh: init_device_mesh("cuda", shape), DeviceMesh("cuda", ...).',
+    "Device meshes name the device type; TorchTPU meshes are 'tpu' meshes.",
+    'mesh = init_device_mesh("cuda", (world_size,))',
+    "mesh = init_device_mesh(DEVICE.type, (world_size,))",
+    "torchtpu_api.md §4.4; migration_anchors.md X09",
+)
+FAMILY.rule(
+    "TPU405",
+    "barrier-device-ids",
+    Safety.SAFE,
+    "dist.barrier(device_ids=[...]).",
+    "device_ids is an NCCL-only barrier option; TorchTPU rejects it (except [0]).",
+    "dist.barrier(device_ids=[local_rank])",
+    "dist.barrier()",
+    "torchtpu_api.md §4.3; migration_anchors.md X10",
+)
+
+_INITS = frozenset(
+    {
+        "torch.distributed.init_process_group",
+        "torch.distributed.distributed_c10d.init_process_group",
+        "torch.distributed.new_group",
+        "torch.distributed.distributed_c10d.new_group",
+    }
+)
+_DDPS = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+)
+_MESHES = frozenset(
+    {
+        "torch.distributed.device_mesh.init_device_mesh",
+        "torch.distributed.device_mesh.DeviceMesh",
+        "torch.distributed.DeviceMesh",
+        "torch.distributed.init_device_mesh",
+    }
+)
+_BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"})
+_NCCL_AVAILABLE = frozenset({"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"})
+_BACKEND_NCCL = ("torch.distributed.Backend.NCCL", "torch.distributed.distributed_c10d.Backend.NCCL")
+CLAIMED_CALLS.update(_INITS, _DDPS, _MESHES, _BARRIERS)
+_MIXED_RE = re.compile(r"(?:\w+:\w+,)*cuda:nccl(?:,\w+:\w+)*")
+_BACKEND_NAME_RE = re.compile(r"backend$", re.IGNORECASE)
+
+
+def _is_nccl(ctx: PyContext, node: cst.CSTNode) -> bool:
+    return string_value(node) == "nccl" or ctx.qualname(node) in _BACKEND_NCCL
+
+
+def _backend_value(ctx: PyContext, original: cst.BaseExpression) -> tuple[cst.BaseExpression | None, str] | None:
+    """For a backend expression: (replacement, or None meaning 'omit the argument'), and a note; else None."""
+    if _is_nccl(ctx, original):
+        return ctx.default_backend(original), ""
+    value = string_value(original)
+    if value is not None and _MIXED_RE.fullmatch(value):
+        if ctx.target.value == "tpu":
+            mixed = value.replace("cuda:nccl", "tpu:tpu_dist")
+            return cst.SimpleString(f"{original.quote}{mixed}{original.quote}"), ""  # type: ignore[attr-defined]
+        return None, " (omitted: torch then creates cpu:gloo plus the accelerator's default backend)"
+    return None
+
+
+@FAMILY.visit(cst.Call)
+def _claim_init_backend(ctx: PyContext, node: cst.Call) -> None:
+    if ctx.qualname(node.func) in _INITS:
+        backend = positional(node, 0) or keyword(node, "backend")
+        if backend is not None:
+            ctx.claim(backend.value)
+
+
+@FAMILY.leave(cst.Call)
+def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    qualname = ctx.qualname(original)
+    if qualname in _INITS:
+        backend = positional(original, 0) or keyword(original, "backend")
+        if backend is None:
+            return updated
+        return _replace_backend(ctx, original, updated, backend) or updated
+    if qualname in _DDPS:
+        dropped = [
+            arg
+            for i, arg in enumerate(original.args)
+            if (arg.keyword is not None and arg.keyword.value in ("device_ids", "output_device"))
+            or (arg.keyword is None and not arg.star and i in (1, 2))
+        ]
+        if dropped and ctx.report("TPU403", original, f"removed {', '.join(arg_source(a) for a in dropped)}"):
+            return drop_args(updated, lambda i, a: original.args[i] in dropped)
+        return updated
+    if qualname in _BARRIERS:
+        ids = keyword(original, "device_ids")
+        if ids is not None and ctx.report("TPU405", original, f"removed {arg_source(ids)}"):
+            return drop_args(updated, lambda i, a: original.args[i] is ids)
+        return updated
+    if qualname in _MESHES:
+        device = positional(original, 0) or keyword(original, "device_type")
+        if device is not None:
+            new = rewrite_device(ctx, device.value, "type", code="TPU404")
+            if new is not None:
+                return replace_arg_value(updated, arg_position(original, device), new)
+        return updated
+    if qualname in _NCCL_AVAILABLE:
+        new = ctx.fix(
+            "TPU402",
+            original,
+            lambda: cst.Call(func=ctx.torch_attr("distributed.is_backend_available"), args=[cst.Arg(ctx.default_backend())]),
+            lambda n: f"{source(original)} -> {source(n)}",
+        )
+        return new if new is not None else updated
+    if isinstance(original.func, cst.Attribute) and original.func.attr.value == "add_argument":
+        return _argparse_backend(ctx, original, updated)
+    return updated
+
+
+def _replace_backend(ctx: PyContext, original: cst.Call, updated: cst.Call, backend: cst.Arg) -> cst.Call | None:
+    value = string_value(backend.value)
+    if not (_is_nccl(ctx, backend.value) or (value is not None and _MIXED_RE.fullmatch(value))):
+        return None
+    index = arg_position(original, backend)
+    shown: list[str] = []
+
+    def build() -> cst.Call:
+        new_value, note = _backend_value(ctx, backend.value)  # type: ignore[misc]
+        shown.append((source(new_value) if new_value is not None else "the default") + note)
+        if new_value is None:
+            return drop_args(updated, lambda i, a: i == index)
+        return replace_arg_value(updated, index, new_value)
+
+    return ctx.fix("TPU401", backend.value, build, lambda n: f"backend {source(backend.value)} -> {shown[0]}")
+
+
+def _argparse_backend(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Call:
+    flags = [string_value(arg.value) or "" for arg in original.args if arg.keyword is None]
+    if not any("backend" in flag for flag in flags):
+        return updated
+    default = keyword(original, "default")
+    if default is None or not _is_nccl(ctx, default.value):
+        return updated
+    new = ctx.fix(
+        "TPU401", default.value, lambda: ctx.default_backend(default.value), lambda n: f'default "nccl" -> {source(n)}'
+    )
+    return replace_arg_value(updated, arg_position(original, default), new) if new is not None else updated
+
+
+@FAMILY.leave(cst.Assign)
+def backend_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+    names = [t.target for t in original.targets]
+    if not all(isinstance(n, cst.Name) and _BACKEND_NAME_RE.search(n.value) for n in names):
+        return updated
+    if string_value(original.value) != "nccl":
+        return updated
+    new = ctx.fix(
+        "TPU401", original.value, lambda: ctx.default_backend(original.value), lambda n: f'backend "nccl" -> {source(n)}'
+    )
+    return updated.with_changes(value=new) if new is not None else updated
+
+
+@FAMILY.visit(cst.Comparison)
+def _claim_compared_backend(ctx: PyContext, node: cst.Comparison) -> None:
+    for comparison in node.comparisons:
+        if ctx.qualname(comparison.comparator) in _BACKEND_NCCL:
+            ctx.claim(comparison.comparator)
+
+
+@FAMILY.leave(cst.Comparison)
+def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.Comparison:
+    targets = list(updated.comparisons)
+    changed = False
+    sides = [original.left, *(c.comparator for c in original.comparisons)]
+    for i, comparison in enumerate(original.comparisons):
+        if not isinstance(comparison.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
+            continue
+        value = comparison.comparator
+        other = sides[i]
+        if _is_nccl(ctx, value) or (isinstance(value, (cst.List, cst.Tuple, cst.Set)) and any(_is_nccl(ctx, e.value) for e in value.elements)):
+            if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+                elements = list(targets[i].comparator.elements)  # type: ignore[attr-defined]
+
+                def build_list(elements: list[cst.BaseElement] = elements, value: cst.BaseExpression = value) -> cst.BaseExpression:
+                    out = [
+                        el.with_changes(value=ctx.default_backend(el.value)) if _is_nccl(ctx, orig.value) else el
+                        for el, orig in zip(elements, value.elements)  # type: ignore[attr-defined]
+                    ]
+                    return targets[i].comparator.with_changes(elements=out)  # type: ignore[attr-defined]
+
+                new = ctx.fix("TPU402", value, build_list, lambda n: f"{source(original)}: nccl -> {source(n)}")
+            else:
+                new = ctx.fix(
+                    "TPU402", value, lambda v=value: ctx.default_backend(v), lambda n: f"{source(original)}: nccl -> {source(n)}"
+                )
+            if new is not None:
+                targets[i] = targets[i].with_changes(comparator=new)
+                changed = True
+        elif _is_nccl(ctx, other) and i == 0:
+            new = ctx.fix(
+                "TPU402", other, lambda: ctx.default_backend(other), lambda n: f"{source(original)}: nccl -> {source(n)}"
+            )
+            if new is not None:
+                return updated.with_changes(left=new, comparisons=targets)
+    return updated.with_changes(comparisons=targets) if changed else updated
+
+
+@FAMILY.reference(*_BACKEND_NCCL)
+def backend_nccl_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+    new = ctx.fix("TPU402", original, lambda: ctx.default_backend(), lambda n: f"Backend.NCCL -> {source(n)}")
+    return new if new is not None else updated
+
+
+# ---- launch scripts and configs -----------------------------------------------------------------------
+def _backend_replace(ctx: TextContext, match: re.Match[str]) -> str | None:
+    return "tpu_dist" if ctx.target.value == "tpu" else None
+
+
+def _backend_message(ctx: TextContext, match: re.Match[str]) -> str:
+    if ctx.target.value == "tpu":
+        return "backend nccl -> tpu_dist"
+    return "backend nccl: pass the accelerator's backend (tpu_dist on TPU) or rerun with --target tpu"
+
+
+FAMILY.text(
+    TextFix(
+        code="TPU401",
+        kinds=TEXT_KINDS,
+        pattern=re.compile(
+            r"(?:(?<=--backend[= ])|(?<=--dist-backend[= ])|(?<=--dist_backend[= ])|(?<=\bbackend: )"
+            r"|(?<=\bdist_backend: )|(?<=\bBACKEND=))nccl\b"
+        ),
+        replace=_backend_replace,
+        message=_backend_message,
+    )
+)

@@ -1,0 +1,269 @@
+"""TPU7xx: CUDA and NCCL environment variables, in Python (``os.environ``) and in launch scripts and configs.
+
+Variables with a TorchTPU twin are renamed (``CUDA_VISIBLE_DEVICES`` -> ``TPU_VISIBLE_DEVICES``,
+``CUDA_LAUNCH_BLOCKING`` -> ``TORCH_TPU_LAUNCH_BLOCKING``, ``PYTORCH_CUDA_ALLOC_CONF`` -> ``PYTORCH_ALLOC_CONF``).
+NCCL settings have no TPU meaning: diagnostic ones are removed, network ones only with ``--unsafe-fixes``
+(they may still matter on the CUDA cluster), and reads of them are reported.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.model import FileKind, Safety
+from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.rules._cst import positional, source, string_like, string_value
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext, TextContext
+
+FAMILY = Family("env-vars")
+
+FAMILY.rule(
+    "TPU701",
+    "cuda-visible-devices",
+    Safety.SAFE,
+    "CUDA_VISIBLE_DEVICES.",
+    "TorchTPU reads TPU_VISIBLE_DEVICES as the source of truth for the devices a process sees (and rewrites "
+    "libtpu's TPU_VISIBLE_CHIPS to match).",
+    "CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
+    "TPU_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
+    "torchtpu_api.md §5.2, §8.1",
+)
+FAMILY.rule(
+    "TPU702",
+    "cuda-launch-blocking",
+    Safety.SAFE,
+    "CUDA_LAUNCH_BLOCKING.",
+    "TORCH_TPU_LAUNCH_BLOCKING=1 selects TorchTPU's launch-blocking eager mode, the TPU equivalent for finding "
+    "the operation that fails.",
+    "CUDA_LAUNCH_BLOCKING=1 python train.py",
+    "TORCH_TPU_LAUNCH_BLOCKING=1 python train.py",
+    "torchtpu_api.md §5.2, §8.1",
+)
+FAMILY.rule(
+    "TPU703",
+    "nccl-debug-env",
+    Safety.SAFE,
+    "NCCL diagnostic and error-handling variables: NCCL_DEBUG, NCCL_DEBUG_SUBSYS, TORCH_NCCL_ASYNC_ERROR_HANDLING...",
+    "They configure the NCCL library only and have no effect on TPU (tpu_dist); removing them changes no results.",
+    "export NCCL_DEBUG=INFO",
+    "",
+    "migration_anchors.md X12",
+)
+FAMILY.rule(
+    "TPU704",
+    "nccl-network-env",
+    Safety.UNSAFE,
+    "Other NCCL variables: NCCL_SOCKET_IFNAME, NCCL_IB_*, NCCL_P2P_DISABLE...",
+    "They tune NCCL transport and are ignored on TPU, but may still be needed where the same script runs on the "
+    "CUDA cluster; TPU interconnect settings are TORCH_TPU_TOPOLOGY and the slice-builder addresses instead.",
+    "export NCCL_SOCKET_IFNAME=eth0",
+    "",
+    "migration_anchors.md X12; torchtpu_api.md §4.2",
+)
+FAMILY.rule(
+    "TPU705",
+    "cuda-alloc-conf",
+    Safety.SAFE,
+    "PYTORCH_CUDA_ALLOC_CONF.",
+    "PYTORCH_ALLOC_CONF is the device-agnostic name (the CUDA name is a deprecated alias since torch 2.9); the "
+    "options themselves are backend-specific.",
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "PYTORCH_ALLOC_CONF=expandable_segments:True",
+    "migration_anchors.md M08",
+    since_torch="2.9",
+)
+FAMILY.rule(
+    "TPU706",
+    "cuda-toolkit-env",
+    Safety.MANUAL,
+    "CUDA toolkit and library variables: CUDA_HOME, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, TORCH_CUDA_ARCH_LIST...",
+    "They configure the CUDA toolchain and cuBLAS; remove them for TPU runs (CUBLAS_WORKSPACE_CONFIG's "
+    "determinism is torch.use_deterministic_algorithms on every device).",
+    "export CUBLAS_WORKSPACE_CONFIG=:4096:8",
+    "# TODO(tpu-agent TPU706): remove for TPU runs",
+    "migration_anchors.md B03",
+)
+FAMILY.rule(
+    "TPU707",
+    "launcher-nproc-gpu",
+    Safety.SAFE,
+    "torchrun --nproc-per-node=gpu.",
+    "'gpu' counts CUDA devices and fails without CUDA; 'auto' counts the devices of the current accelerator "
+    "(TPU chips, GPUs) and falls back to CPUs.",
+    "torchrun --nproc-per-node=gpu train.py",
+    "torchrun --nproc-per-node=auto train.py",
+    "migration_anchors.md X14",
+)
+
+RENAMES = {
+    "CUDA_VISIBLE_DEVICES": ("TPU701", "TPU_VISIBLE_DEVICES"),
+    "CUDA_LAUNCH_BLOCKING": ("TPU702", "TORCH_TPU_LAUNCH_BLOCKING"),
+    "PYTORCH_CUDA_ALLOC_CONF": ("TPU705", "PYTORCH_ALLOC_CONF"),
+}
+NCCL_DIAGNOSTIC = frozenset(
+    {
+        "NCCL_DEBUG",
+        "NCCL_DEBUG_SUBSYS",
+        "NCCL_DEBUG_FILE",
+        "NCCL_ASYNC_ERROR_HANDLING",
+        "NCCL_BLOCKING_WAIT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "TORCH_NCCL_BLOCKING_WAIT",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_ENABLE_MONITORING",
+        "TORCH_NCCL_DESYNC_DEBUG",
+    }
+)
+CUDA_TOOLKIT = frozenset(
+    {
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_DEVICE_ORDER",
+        "CUDA_MODULE_LOADING",
+        "CUDA_CACHE_PATH",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "CUDNN_LOGINFO_DBG",
+        "TORCH_CUDA_ARCH_LIST",
+        "TORCH_CUDNN_V8_API_ENABLED",
+    }
+)
+_NCCL_NAME_RE = re.compile(r"(?:TORCH_)?NCCL_[A-Z0-9_]+")
+_ENV_LITERAL_RE = re.compile(r"[rRuU]?(['\"])([A-Z][A-Z0-9]*_[A-Z0-9_]*)\1")
+_ENVIRON = "os.environ"
+_SETTERS = frozenset({"os.environ.setdefault", "os.putenv"})
+
+
+def nccl_code(name: str) -> str | None:
+    if not _NCCL_NAME_RE.fullmatch(name):
+        return None
+    return "TPU703" if name in NCCL_DIAGNOSTIC else "TPU704"
+
+
+def _nccl_assignment(ctx: PyContext, node: cst.CSTNode) -> cst.SimpleString | None:
+    """The NCCL variable name string of ``os.environ["NCCL_X"] = ...`` / ``os.environ.setdefault("NCCL_X", ...)``."""
+    if isinstance(node, cst.Assign) and len(node.targets) == 1:
+        target = node.targets[0].target
+        if isinstance(target, cst.Subscript) and ctx.qualname(target.value) == _ENVIRON and len(target.slice) == 1:
+            index = target.slice[0].slice
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+                name = string_value(index.value)
+                return index.value if name is not None and nccl_code(name) else None
+    if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call) and ctx.qualname(node.value) in _SETTERS:
+        first = positional(node.value, 0)
+        if first is not None and isinstance(first.value, cst.SimpleString):
+            name = string_value(first.value)
+            return first.value if name is not None and nccl_code(name) else None
+    return None
+
+
+@FAMILY.visit(cst.Assign)
+@FAMILY.visit(cst.Expr)
+def _claim_nccl_setting(ctx: PyContext, node: cst.CSTNode) -> None:
+    name = _nccl_assignment(ctx, node)
+    if name is not None:
+        ctx.claim(name)
+
+
+def _remove_nccl_setting(ctx: PyContext, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
+    name_node = _nccl_assignment(ctx, original)
+    if name_node is None:
+        return updated
+    name = string_value(name_node) or ""
+    code = nccl_code(name) or "TPU704"
+    if ctx.report(code, original, f"removed `{source(original)}`: {name} only configures NCCL"):
+        return cst.RemovalSentinel.REMOVE
+    return updated
+
+
+FAMILY.leave(cst.Assign)(_remove_nccl_setting)
+FAMILY.leave(cst.Expr)(_remove_nccl_setting)
+
+
+@FAMILY.leave(cst.SimpleString)
+def env_name_string(ctx: PyContext, original: cst.SimpleString, updated: cst.SimpleString) -> cst.SimpleString:
+    literal = _ENV_LITERAL_RE.fullmatch(original.value)  # cheap: most strings are not variable names
+    if literal is None or ctx.is_claimed(original):
+        return updated
+    name = literal.group(2)
+    rename = RENAMES.get(name)
+    if rename is not None:
+        code, new_name = rename
+        new = ctx.fix(code, original, lambda: string_like(original, new_name), lambda n: f"{name} -> {new_name}")
+        return new if new is not None else updated
+    code = nccl_code(name)
+    if code is not None:
+        ctx.report(code, original, f"{name} only configures NCCL: no effect on TPU; drop its use", fixable=False)
+    elif name in CUDA_TOOLKIT:
+        ctx.report("TPU706", original, f"{name} configures the CUDA toolchain: remove it for TPU runs")
+    return updated
+
+
+# ---- launch scripts and configs -----------------------------------------------------------------------
+_ASSIGN_PREFIX = r"(?:(?<=^)|(?<=[\s;]))(?:export[ \t]+|ENV[ \t]+)?"
+_VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s;]*)"
+
+
+def _rename(ctx: TextContext, match: re.Match[str]) -> str | None:
+    return RENAMES[match.group(0)][1]
+
+
+for _name, (_code, _new) in RENAMES.items():
+    FAMILY.text(
+        TextFix(
+            code=_code,
+            kinds=TEXT_KINDS,
+            pattern=re.compile(rf"\b{_name}\b"),
+            replace=_rename,
+            message=lambda ctx, m: f"{m.group(0)} -> {RENAMES[m.group(0)][1]}",
+        )
+    )
+
+
+def _drop(ctx: TextContext, match: re.Match[str]) -> str | None:
+    return ""
+
+
+for _code, _names in (("TPU703", "|".join(sorted(NCCL_DIAGNOSTIC))), ("TPU704", r"(?:TORCH_)?NCCL_[A-Z0-9_]+")):
+    FAMILY.text(
+        TextFix(
+            code=_code,
+            kinds=frozenset({FileKind.SHELL, FileKind.ENV, FileKind.DOCKERFILE}),
+            pattern=re.compile(rf"{_ASSIGN_PREFIX}\b(?:{_names})={_VALUE}[ \t]*"),
+            replace=_drop,
+            message=lambda ctx, m: f"removed `{m.group(0).strip()}`: NCCL-only setting, no effect on TPU",
+            drop_line=True,
+        )
+    )
+FAMILY.text(
+    TextFix(
+        code="TPU704",
+        kinds=frozenset({FileKind.YAML}),
+        pattern=re.compile(r"\b(?:TORCH_)?NCCL_[A-Z0-9_]+\b"),
+        replace=lambda ctx, m: None,
+        message=lambda ctx, m: f"{m.group(0)} only configures NCCL: remove it from the TPU job config",
+    )
+)
+FAMILY.text(
+    TextFix(
+        code="TPU706",
+        kinds=TEXT_KINDS,
+        pattern=re.compile(rf"\b(?:{'|'.join(sorted(CUDA_TOOLKIT))})\b"),
+        replace=lambda ctx, m: None,
+        message=lambda ctx, m: f"{m.group(0)} configures the CUDA toolchain: remove it for TPU runs",
+    )
+)
+FAMILY.text(
+    TextFix(
+        code="TPU707",
+        kinds=TEXT_KINDS,
+        pattern=re.compile(r"(?:(?<=--nproc-per-node[= ])|(?<=--nproc_per_node[= ]))gpu\b"),
+        replace=lambda ctx, m: "auto",
+        message=lambda ctx, m: "--nproc-per-node gpu -> auto (counts the current accelerator's devices)",
+    )
+)
