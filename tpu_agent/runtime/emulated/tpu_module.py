@@ -142,7 +142,7 @@ class TpuStream(torch.Stream):
     """A placeholder stream (XLA orders work itself); exists so FSDP-style code runs."""
 
     def __new__(cls, device: Any = None, priority: int = 0, stream_id: int | None = None, **kwargs: Any) -> TpuStream:
-        return super().__new__(cls, stream_id=stream_id or 0, device_index=_index_of(device), device_type=torch._C._get_privateuse1_backend_name())
+        return super().__new__(cls, stream_id=stream_id or 0, device_index=_index_of(device), device_type=int(torch._C._autograd.DeviceType.PrivateUse1))
 
     def wait_event(self, event: Any) -> None:
         event.wait()

@@ -1,0 +1,69 @@
+"""Device surface of the emulated tpu: prints one JSON object of observations (run in a fresh process)."""
+
+import io
+import json
+import sys
+import warnings
+
+import torch
+
+from tpu_agent.runtime.emulated import activate
+
+chip = sys.argv[1] if len(sys.argv) > 1 else "v6e"
+activate(chip=chip)
+activate(chip=chip)  # idempotent
+warnings.simplefilter("ignore")
+out: dict = {}
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test compares type and text
+        return [type(e).__name__, str(e)]
+    return None
+
+
+out["accelerator"] = [str(torch.accelerator.current_accelerator()), torch.accelerator.is_available(), torch.accelerator.device_count(), torch.accelerator.current_device_index()]
+out["name"] = torch.tpu.get_device_name()
+props = torch.tpu.get_device_properties()
+out["props"] = [props.name, props.total_memory]
+out["legacy"] = error_of(torch.tpu.is_available)
+out["set_device"] = error_of(lambda: torch.accelerator.set_device_index(1))
+x = torch.arange(12, dtype=torch.float32).to("tpu").view(3, 4)
+out["is_tpu"] = [x.is_tpu, str(x.device), type(torch.randn(2).tpu()).__name__ != "Tensor"]
+view = x[1]
+view.mul_(10)
+out["alias"] = x.cpu()[1].tolist()
+out["mixed"] = error_of(lambda: x + torch.ones(3, 4))
+out["numpy"] = error_of(lambda: x.numpy())
+out["repr"] = repr(torch.tensor([1.5, 2.0]).to("tpu"))
+out["factories"] = [torch.arange(5, device="tpu").tolist(), torch.eye(2, device="tpu").shape[0], torch.zeros(2, device="tpu").device.type]
+before = torch.accelerator.memory_allocated()
+big = torch.empty(1024, 1024, device="tpu")
+out["memory_delta"] = torch.accelerator.memory_allocated() - before
+del big
+out["memory_freed"] = torch.accelerator.memory_allocated() - before
+out["peak_at_least"] = torch.accelerator.max_memory_allocated() >= 4 * 1024 * 1024
+model = torch.nn.Linear(3, 2).to("tpu")
+buffer = io.BytesIO()
+torch.save({"model": model.state_dict(), "step": 3}, buffer)
+with open(sys.argv[2], "wb") as handle:
+    handle.write(buffer.getvalue())
+buffer.seek(0)
+loaded = torch.load(buffer)
+out["load_default"] = [str(loaded["model"]["weight"].device), torch.equal(loaded["model"]["weight"].cpu(), model.weight.detach().cpu())]
+buffer.seek(0)
+out["load_map_tpu"] = str(torch.load(buffer, map_location="tpu")["model"]["bias"].device)
+cpu_buffer = io.BytesIO()
+torch.save({"w": torch.ones(2)}, cpu_buffer)
+cpu_buffer.seek(0)
+out["load_cpu_ckpt_to_tpu"] = str(torch.load(cpu_buffer, map_location="tpu")["w"].device)
+out["matmul_precision"] = torch.get_float32_matmul_precision()
+out["bad_precision"] = error_of(lambda: torch.set_float32_matmul_precision("tf32"))
+out["stream"] = error_of(lambda: torch.tpu.Stream().query())
+out["amp_dtypes"] = len(torch.tpu.get_amp_supported_dtype())
+out["eager_mode"] = torch.tpu.eager_mode.name
+out["unsupported"] = error_of(lambda: torch.linalg.eig(torch.randn(3, 3).to("tpu")))
+out["complex32"] = error_of(lambda: x.to(torch.complex32))
+print(json.dumps(out))

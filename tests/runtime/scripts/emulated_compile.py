@@ -1,0 +1,39 @@
+"""torch.compile on the emulated tpu: backend selection, TorchTPU refusals, compile/recompile events."""
+
+import json
+
+import torch
+
+from tpu_agent.runtime.emulated import activate
+
+activate()
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return [type(e).__name__, str(e)]
+    return None
+
+
+def f(a, b):
+    return (a @ b).relu().sum(0)
+
+
+a, b = torch.randn(4, 4, device="tpu"), torch.randn(4, 4, device="tpu")
+compiled = torch.compile(f, backend="tpu")
+first = compiled(a, b)
+second = compiled(torch.randn(8, 4, device="tpu"), b)
+default_backend = torch.compile(lambda t: t * 2)(a)
+model = torch.nn.Linear(4, 4).to("tpu")
+torch.compile(model)(a).sum().backward()
+out = {
+    "result": [str(first.device), torch.allclose(first.cpu(), f(a, b).cpu()), list(second.shape), str(default_backend.device)],
+    "grad": str(model.weight.grad.device),
+    "dynamic": error_of(lambda: torch.compile(f, backend="tpu", dynamic=True)),
+    "mode": error_of(lambda: torch.compile(f, backend="tpu", mode="max-autotune")),
+    "options": error_of(lambda: torch.compile(f, backend="tpu", options={"triton.cudagraphs": True})),
+    "inductor": error_of(lambda: torch.compile(f, backend="inductor")(a, b)),
+}
+print(json.dumps(out))

@@ -1,0 +1,179 @@
+"""The emulated TorchTPU device, exercised through real scripts in fresh processes (activation is process-wide)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpu_agent.runtime.events import Compile, Flush, GraphBreak, HostSync, read_events
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(name: str, *args: str, env: dict[str, str] | None = None, expect_json: bool = True) -> dict | str:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    full_env["PYTHONPATH"] = str(REPO)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, env=full_env, timeout=240, cwd=SCRIPTS
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    return json.loads(last) if expect_json else last
+
+
+def line_of(script: str, marker: str) -> int:
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, start=1) if f"# LINE {marker}" in text)
+
+
+@pytest.fixture(scope="module")
+def basics(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    checkpoint = tmp_path_factory.mktemp("ckpt") / "model.pt"
+    return run_script("emulated_basics.py", "v5e", str(checkpoint)), checkpoint
+
+
+def test_device_and_accelerator_api(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["accelerator"] == ["tpu", True, 1, 0]
+    assert out["is_tpu"] == [True, "tpu:0", True]
+    assert out["factories"] == [[0, 1, 2, 3, 4], 2, "tpu"]
+    assert out["eager_mode"] == "DEFER_NEVER"
+    assert out["amp_dtypes"] == 20
+
+
+def test_chip_properties_follow_the_chip_table(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["name"] == "TPU v5e"
+    assert out["props"] == ["TPU v5e", 16 * 1024**3]
+
+
+def test_torchtpu_rules_for_legacy_calls_and_device_index(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["legacy"] == [
+        "RuntimeError",
+        "is_available is internal to TorchTPU and can only be called by the PyTorch framework (torch and torch_tpu). "
+        "Use torch.accelerator.is_available instead.",
+    ]
+    assert out["set_device"] == [
+        "ValueError",
+        "Cannot set TPU device to index 1, current process is bound to device index 0. "
+        "Changing the active TPU device within a process is not supported.",
+    ]
+    assert out["stream"][0] == "NotImplementedError"
+
+
+def test_views_alias_and_device_errors(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["alias"] == [40.0, 50.0, 60.0, 70.0]
+    assert out["mixed"][0] == "RuntimeError" and out["mixed"][1].startswith("Expected all tensors to be on the same device")
+    assert out["numpy"] == ["TypeError", "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."]
+    assert out["repr"] == "tensor([1.5000, 2.0000], device='tpu:0')"
+
+
+def test_memory_stats_track_allocations(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["memory_delta"] == 4 * 1024 * 1024
+    assert out["memory_freed"] == 0
+    assert out["peak_at_least"] is True
+
+
+def test_precision_remap_and_unsupported_ops(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["matmul_precision"] == "medium"
+    assert out["bad_precision"][0] == "ValueError"
+    assert out["unsupported"] == ["NotImplementedError", "'aten::linalg_eig' is not implemented for TPU. Please file a feature request"]
+    assert out["complex32"] == ["NotImplementedError", "TorchTPU does not yet support dtype complex32"]
+
+
+def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None:
+    out, checkpoint = basics
+    assert out["load_default"] == ["tpu:0", True]
+    assert out["load_map_tpu"] == "tpu:0"
+    assert out["load_cpu_ckpt_to_tpu"] == "tpu:0"
+    # A CPU-only process without the emulation restores the same checkpoint with weights_only defaults.
+    code = (
+        "import torch, json; d = torch.load(r'%s', map_location='cpu');"
+        "print(json.dumps([str(d['model']['weight'].device), list(d['model']['weight'].shape), d['step']]))" % checkpoint
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["cpu", [2, 3], 3]
+
+
+@pytest.mark.parametrize("optimizer_kind", ["foreach", "fused"])
+def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str) -> None:
+    out = run_script("emulated_train.py", optimizer_kind, "highest")
+    assert out["tpu"] == out["cpu"]
+
+
+def test_default_precision_rounds_matmul_inputs_to_bf16() -> None:
+    out = run_script("emulated_train.py", "fused", "medium")
+    assert out["tpu"] != out["cpu"]
+    for tpu_loss, cpu_loss in zip(out["tpu"], out["cpu"], strict=True):
+        assert abs(tpu_loss - cpu_loss) <= 1.6e-2 * abs(cpu_loss) + 1e-5
+
+
+def test_autocast_policy() -> None:
+    out = run_script("emulated_autocast.py")
+    assert out == {
+        "linear": "torch.bfloat16",
+        "mm": "torch.bfloat16",
+        "loss": "torch.float32",
+        "relu": "torch.float32",
+        "default": "torch.bfloat16",
+        "grad": "torch.float32",
+    }
+
+
+def test_defer_and_fuse_flushes_with_causes_and_user_lines(tmp_path: Path) -> None:
+    out = run_script("emulated_deferred.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
+    assert out["pending"] is True
+    assert out["strict_inside"] is True and out["mode_after"] == "DEFER_AND_FUSE"
+    assert "index out of range" in out["error"]
+    assert f"emulated_deferred.py:{line_of('emulated_deferred.py', 'failed') - 2}" in out["error"]
+    events = read_events(tmp_path)[0]
+    flushes = [(e.cause, e.site.line if e.site else None) for e in events if isinstance(e, Flush)]
+    script = "emulated_deferred.py"
+    assert ("item", line_of(script, "item")) in flushes
+    assert ("print", line_of(script, "print")) in flushes
+    assert ("bool", line_of(script, "bool")) in flushes
+    assert ("cpu", line_of(script, "failed")) in flushes
+    assert any(cause == "collective" for cause, _ in flushes)
+    first = next(e for e in events if isinstance(e, Flush))
+    assert first.graph_ops >= 3 and len(first.graph_hash) == 16
+    syncs = {e.op for e in events if isinstance(e, HostSync)}
+    assert {"item", "print", "cpu", "bool"} <= syncs
+
+
+def test_debug_mode_names_the_op_and_line_that_made_nan() -> None:
+    out = run_script("emulated_debug.py", env={"TORCH_TPU_LAUNCH_BLOCKING": "1"})
+    assert out["mode"] == "DEFER_NEVER_AND_LAUNCH_BLOCKING"
+    assert out["masked_ok"] is True  # a deliberate -inf fill is not an error
+    assert "aten.log.default produced NaN" in out["error"]
+    assert f"emulated_debug.py:{line_of('emulated_debug.py', 'nan')}" in out["error"]
+
+
+def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
+    out = run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
+    assert out["result"] == ["tpu:0", True, [4], "tpu:0"]
+    assert out["grad"] == "tpu:0"
+    assert out["dynamic"][0] == "NotImplementedError" and "does not support torch.compile(..., dynamic=True" in out["dynamic"][1]
+    assert out["mode"] == ["TypeError", "Unexpected keyword arguments: {'mode': 'max-autotune'}"]
+    assert out["options"] == ["TypeError", "Unexpected keyword arguments: {'triton.cudagraphs': True}"]
+    assert "backend='inductor') on TPU is experimental" in out["inductor"][1]
+    events = read_events(tmp_path)[0]
+    compiles = [e for e in events if isinstance(e, Compile) and e.function == "f"]
+    assert [c.is_recompile for c in compiles] == [False, True]
+    assert "size mismatch at index 0. expected 4, actual 8" in compiles[1].reason
+    assert all(not isinstance(e, GraphBreak) or e.site is not None for e in events)
+
+
+def test_activation_refuses_a_foreign_privateuse1_backend() -> None:
+    assert run_script("emulated_refuse.py", expect_json=False) == "REFUSED privateuse1-taken REFUSED"
