@@ -149,6 +149,8 @@ def _run_user_code(target: str, is_module: bool, args: list[str]) -> None:
 def _record_failure(exit_code: int, error: str) -> None:
     from tpu_agent.runtime.elastic import write_exit_record
 
+    error = error.splitlines()[0] if error else error
+    error = error if len(error) <= 200 else error[:197] + "..."
     write_exit_record(int(os.environ.get("RANK", "0")), exit_code, error, time.time_ns())
 
 

@@ -9,7 +9,8 @@ with its exit code. SIGINT / SIGTERM make the agent stop every rank; the exit co
 Which rank failed *first* is not something torchrun knows precisely (its failure timestamps have one-second
 resolution, and a crash in one rank makes its peers fail in their next collective a moment later). So every
 rank's bootstrap writes an exit record with a nanosecond timestamp into :data:`RUN_DIR_ENV`, and the
-earliest record wins; a rank killed by a signal (which writes nothing) is the root cause by construction.
+earliest record wins. A rank that crashed on a signal other than the agent's own SIGTERM, or exited without
+a record (``os._exit``), comes before any recorded failure: its peers only failed because it was gone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tpu_agent.runtime.launcher import exit_code_of, note
 
@@ -63,26 +65,33 @@ def read_exit_records(run_dir: Path) -> dict[int, dict[str, object]]:
     return records
 
 
-def root_failure(failures: dict[int, object], records: dict[int, dict[str, object]]) -> RankFailure:
+# Signals the agent itself sends when it stops the surviving ranks: a rank that died of one is collateral.
+_SHUTDOWN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def _cause_order(rank: int, failure: Any, records: dict[int, dict[str, object]]) -> tuple[int, int]:
+    """Sort key: lower is more likely the root cause (see the module docstring)."""
+    code = failure.exitcode
+    if code < 0 and signal.Signals(-code) not in _SHUTDOWN_SIGNALS:
+        return (0, rank)  # crashed (SIGSEGV, SIGKILL by the OOM killer, abort...)
+    if code > 0 and rank not in records:
+        return (1, rank)  # os._exit(n) or a death the bootstrap could not see
+    if rank in records:
+        return (2, int(records[rank]["time_ns"]))  # type: ignore[call-overload]
+    return (3, rank)  # stopped by the agent
+
+
+def root_failure(failures: dict[int, Any], records: dict[int, dict[str, object]]) -> RankFailure:
     """Pick the rank whose failure caused the others' (see the module docstring for the rule)."""
-    killed = sorted(rank for rank, failure in failures.items() if failure.exitcode < 0 and rank not in records)  # type: ignore[attr-defined]
-    if killed:
-        rank = killed[0]
-    else:
-        recorded = [rank for rank in failures if rank in records]
-        if recorded:
-            rank = min(recorded, key=lambda r: int(records[r]["time_ns"]))  # type: ignore[arg-type]
-        else:
-            rank = min(failures, key=lambda r: failures[r].timestamp)  # type: ignore[attr-defined]
+    rank = min(failures, key=lambda r: _cause_order(r, failures[r], records))
     failure = failures[rank]
-    code = exit_code_of(failure.exitcode)  # type: ignore[attr-defined]
     if rank in records and records[rank].get("error"):
         detail = str(records[rank]["error"])
-    elif failure.exitcode < 0:  # type: ignore[attr-defined]
-        detail = f"killed by {signal.Signals(-failure.exitcode).name}"  # type: ignore[attr-defined]
+    elif failure.exitcode < 0:
+        detail = f"killed by {signal.Signals(-failure.exitcode).name}"
     else:
         detail = ""
-    return RankFailure(rank, failure.local_rank, failure.pid, code, detail)  # type: ignore[attr-defined]
+    return RankFailure(rank, failure.local_rank, failure.pid, exit_code_of(failure.exitcode), detail)
 
 
 def main(argv: list[str]) -> int:

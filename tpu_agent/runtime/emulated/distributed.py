@@ -230,7 +230,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
             staged.finish()
         except RuntimeError as error:
             if "timed out" in str(error).lower() or "timeout" in str(error).lower():
-                raise RuntimeError(self._hang_message(op, seq)) from error
+                raise RuntimeError(f"{self._hang_message(op, seq)} [{error}]") from None
             raise
         if events.get_log().enabled:
             events.emit(
@@ -354,11 +354,15 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for outputs in output_lists for t in outputs]
         return self._run("all_gather", [*inputs, *flat], sum(t.numel() for t in inputs), body)
 
-    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
         return self._gather_into("all_gather_into_tensor", [output], [tensor])
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         return self._gather_into("all_gather_into_tensor_coalesced", outputs, inputs)
+
+    # torch < 2.13 and the C++ trampoline's fallback names for the same two operations.
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def _gather_into(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _DoneWork:
         for output, tensor in zip(outputs, inputs, strict=True):
@@ -391,11 +395,14 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for inputs in input_lists for t in inputs]
         return self._run("reduce_scatter", [*outputs, *flat], sum(t.numel() for t in outputs), body)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
+    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
         return self._scatter_from("reduce_scatter_tensor", [output], [tensor], opts)
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         return self._scatter_from("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def _scatter_from(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> _DoneWork:
         single = dist.ReduceScatterOptions()
@@ -418,7 +425,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
         return self._run(op, [*outputs, *inputs], sum(t.numel() for t in outputs), body)
 
-    def alltoall_base(
+    def all_to_all_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], opts: Any = None
     ) -> _DoneWork:
         def body(staged: _Staged) -> list[torch.Tensor]:
@@ -426,6 +433,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
             return [output]
 
         return self._run("all_to_all_single", [output, tensor], _ANY_SIZE, body)
+
+    alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         def body(staged: _Staged) -> list[torch.Tensor]:
@@ -507,8 +516,40 @@ class ProcessGroupTpu(dist.ProcessGroup):
         raise _restricted("monitored_barrier")
 
 
+def _cpu_storage(tensor: torch.Tensor) -> torch.UntypedStorage:
+    return _cpu_data(tensor).untyped_storage()
+
+
+def _alloc_storage(tensor: torch.Tensor) -> None:
+    size = tensor.numel() * tensor.itemsize
+    if (storage := _cpu_storage(tensor)).size() != size:
+        storage.resize_(size)
+
+
+def _free_storage(tensor: torch.Tensor) -> None:
+    if (storage := _cpu_storage(tensor)).size() != 0:
+        storage.resize_(0)
+
+
+def _patch_fsdp_storage() -> None:
+    """FSDP2 frees and re-allocates unsharded parameters with ``untyped_storage().resize_()``.
+
+    On TorchTPU a tpu tensor has a real device storage; the emulated tensor's storage is its CPU tensor's
+    (views share it, so resizing it frees and restores every view at once, as device storage does).
+    FSDP2 imports the two helpers by name, so both modules get the storage-aware versions.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    for module in (_fsdp_param, _fsdp_param_group):
+        if hasattr(module, "alloc_storage"):
+            module.alloc_storage = _alloc_storage
+        if hasattr(module, "free_storage"):
+            module.free_storage = _free_storage
+
+
 def create_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupTpu:
     """The c10d creator function registered for ``tpu_dist`` and ``tpu``."""
+    _patch_fsdp_storage()  # here rather than at activation: single-process runs never pay the FSDP import
     return ProcessGroupTpu(store, rank, size, timeout)
 
 

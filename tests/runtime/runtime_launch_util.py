@@ -1,0 +1,36 @@
+"""Helpers shared by the launcher tests: run ``tpu-agent`` (or the runtime module) as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any TorchTPU / tpu-agent / torchrun variables, plus ``extra``."""
+    prefixes = ("TPU_AGENT_", "TORCH_TPU_", "TPU_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env.update(extra)
+    return env
+
+
+def tpu_agent(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m tpu_agent ARGS`` with captured text output."""
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_agent", *args],
+        cwd=cwd,
+        env=env if env is not None else clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def flat(text: str) -> str:
+    """``text`` with runs of whitespace collapsed (rich wraps long error lines at the terminal width)."""
+    return " ".join(text.split())

@@ -1,0 +1,81 @@
+"""Two-rank FSDP2 fully_shard + DTensor on init_device_mesh("tpu"), with the mixed cpu:gloo,tpu:tpu_dist
+backend string; writes results-rank<R>.json with losses to compare against an unsharded run.
+
+Usage: dist_fsdp.py OUT_DIR
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def main() -> None:
+    out_dir = sys.argv[1]
+    torch.set_float32_matmul_precision("highest")
+    dist.init_process_group("cpu:gloo,tpu:tpu_dist")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("tpu", (world,))
+
+    full = torch.arange(8.0, device="tpu")
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    replicated = sharded.redistribute(mesh, [Replicate()])
+
+    generator = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(2 * world, 8, generator=generator), torch.randn(2 * world, 4, generator=generator)) for _ in range(3)]
+
+    model = make_model().to("tpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    fsdp_losses = []
+    for x, y in batches:
+        mine = slice(2 * rank, 2 * rank + 2)
+        loss = torch.nn.functional.mse_loss(model(x[mine].to("tpu")), y[mine].to("tpu"))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        fsdp_losses.append(total.item())
+
+    # The same training, unsharded, on the whole batch: FSDP must give the same losses.
+    plain = make_model().to("tpu")
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    plain_losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(plain(x.to("tpu")), y.to("tpu"))
+        loss.backward()
+        plain_optimizer.step()
+        plain_optimizer.zero_grad()
+        plain_losses.append(loss.item())
+
+    results = {
+        "rank": rank,
+        "local_shard": sharded.to_local().cpu().tolist(),
+        "full_tensor": sharded.full_tensor().cpu().tolist(),
+        "replicated_local": replicated.to_local().cpu().tolist(),
+        "param_is_dtensor": type(next(model.parameters())).__name__,
+        "param_device": str(next(model.parameters()).to_local().device),
+        "fsdp_losses": fsdp_losses,
+        "plain_losses": plain_losses,
+    }
+    with open(os.path.join(out_dir, f"results-rank{rank}.json"), "w") as handle:
+        json.dump(results, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""``tpu-agent run --nproc 2``: torchrun ranks on the emulated device, the tpu_dist process group, failures.
+
+Multi-rank runs are slow on a small machine, so each test launches one run and checks several things.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runtime_launch_util import SCRIPTS, clean_env, flat, tpu_agent
+
+from tpu_agent.runtime.events import Collective, RunInfo, iter_kind, read_events
+
+
+def _results(out_dir: Path) -> dict[int, dict]:
+    return {int(p.stem.removeprefix("results-rank")): json.loads(p.read_text()) for p in out_dir.glob("results-rank*.json")}
+
+
+def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Path) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "rankhook.py").write_text(
+        "import os\nfrom pathlib import Path\ndef mark():\n    Path(os.environ['HOOK_OUT'], 'hook-rank' + os.environ['RANK']).write_text('ok')\n"
+    )
+    events_dir = tmp_path / "events"
+    env = clean_env(PYTHONPATH=str(hooks), HOOK_OUT=str(tmp_path), TPU_AGENT_HOOKS="rankhook:mark", TPU_AGENT_EVENTS_DIR=str(events_dir))
+    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_ddp.py"), str(tmp_path), env=env, timeout=240)
+    assert result.returncode == 0, result.stderr
+    ranks = _results(tmp_path)
+    assert sorted(ranks) == [0, 1]
+    for rank, seen in ranks.items():
+        assert seen["process_group"] == "ProcessGroupTpu" and seen["backend"] == "tpu_dist"
+        assert seen["visible_devices"] == str(rank)
+        assert seen["topology"] == "1,2,1"
+        assert len(seen["slicebuilder"].split(",")) == 2
+        assert seen["objects"] == [{"rank": 0}, {"rank": 1}]
+        assert seen["avg"] == [1.5, 1.5]
+        errors = seen["errors"]
+        assert "does not support reduce" in errors["reduce"]
+        assert "'premul_sum' reduction is not supported" in errors["premul_sum"]
+        assert "only GLOO supports monitored barrier" in errors["monitored_barrier"]
+        assert "asymmetric input buffer sizes across ranks are not supported on TPU." in errors["uneven"]
+        assert "device_ids" in errors["barrier_device_ids"]
+        assert (tmp_path / f"hook-rank{rank}").read_text() == "ok"
+    # identical on both ranks, and equal to the mean of the per-rank CPU gradients (so they were all-reduced)
+    assert ranks[0]["ddp_grads"] == ranks[1]["ddp_grads"]
+    for ddp, g0, g1 in zip(ranks[0]["ddp_grads"], ranks[0]["local_grads"], ranks[1]["local_grads"]):
+        assert ddp == pytest.approx([(a + b) / 2 for a, b in zip(g0, g1)], rel=1e-5, abs=1e-6)
+    assert ranks[0]["local_grads"] != ranks[1]["local_grads"]
+    events = read_events(events_dir)
+    for rank in (0, 1):
+        assert [e.world_size for e in iter_kind(events[rank], RunInfo)] == [2]
+        ops = {e.op for e in iter_kind(events[rank], Collective)}
+        assert {"all_reduce", "broadcast"} <= ops
+
+
+def test_fsdp2_and_dtensor_on_a_tpu_device_mesh(tmp_path: Path) -> None:
+    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_fsdp.py"), str(tmp_path), timeout=240)
+    assert result.returncode == 0, result.stderr
+    ranks = _results(tmp_path)
+    assert ranks[0]["local_shard"] == [0.0, 1.0, 2.0, 3.0] and ranks[1]["local_shard"] == [4.0, 5.0, 6.0, 7.0]
+    for seen in ranks.values():
+        assert seen["full_tensor"] == [float(i) for i in range(8)]
+        assert seen["replicated_local"] == [float(i) for i in range(8)]
+        assert seen["param_is_dtensor"] == "DTensor" and seen["param_device"] == "tpu:0"
+        assert seen["fsdp_losses"] == pytest.approx(seen["plain_losses"], rel=1e-5)
+    assert ranks[0]["fsdp_losses"] == ranks[1]["fsdp_losses"]
+
+
+def test_a_failing_rank_stops_the_others_and_its_exit_code_is_returned(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_crash.py"), timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert re.search(r"rank 1 \(local rank 1, pid \d+\) failed with exit code 3", flat(result.stderr))
+    assert time.monotonic() - started < 60  # rank 0 was stopped, not left waiting for its 60 s sleep
+
+
+def test_a_hanging_collective_times_out_naming_the_op_and_the_missing_rank() -> None:
+    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_hang.py"), timeout=120)
+    assert result.returncode == 1
+    text = flat(result.stderr)
+    assert "tpu_dist: all_reduce (collective #2" in text
+    assert "timed out after 3 s on rank 0" in text
+    assert "did not reach it: rank 1 (last entered broadcast #1)" in text
+    assert re.search(r"rank 0 \(local rank 0, pid \d+\) failed with exit code 1", text)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpu_agent", "run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_sleep.py")],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    pids = []
+    deadline = time.monotonic() + 90
+    assert process.stdout is not None
+    while len(pids) < 2 and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        match = re.search(r"ready rank=\d pid=(\d+)", line)
+        if match:
+            pids.append(int(match.group(1)))
+    assert len(pids) == 2, process.stderr.read() if process.poll() is not None else "ranks did not start"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "received SIGINT; stopped all ranks" in flat(stderr)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids)
