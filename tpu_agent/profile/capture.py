@@ -313,9 +313,9 @@ class _Capture:
             return __init__
 
         self._patch(dl.DataLoader, "__init__", wrap_init)
-        if not self.emulated:  # the emulated device reports its own host syncs, graph breaks and compiles
+        if not self.emulated:  # the emulated device reports its own host syncs and compiles
             self._patch_host_syncs()
-            self._listen_to_dynamo()
+        self._listen_to_dynamo()
 
     def _patch_host_syncs(self) -> None:
         """Record device-to-host reads the user's own lines make (the emulated device does this for ``tpu``)."""
@@ -335,18 +335,25 @@ class _Capture:
             self._patch(torch.Tensor, method, make)
 
     def _listen_to_dynamo(self) -> None:
-        """Turn Dynamo's graph-break and recompile logs into runtime events with their user lines."""
+        """Turn Dynamo's graph-break and recompile logs into runtime events with their user lines.
+
+        Graph breaks are always recorded (Dynamo's message carries the explanation the rules quote);
+        recompiles only where the emulated device does not already log them as Compile records.
+        """
         capture = self
 
         class _Handler(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 capture._on_dynamo_log(record.getMessage())
 
-        with contextlib.suppress(AttributeError, ImportError):
-            from torch._logging import _internal
+        loggers = ["torch._dynamo.symbolic_convert.__graph_breaks"]
+        if not self.emulated:
+            loggers.append("torch._dynamo.guards.__recompiles")
+            with contextlib.suppress(AttributeError, ImportError):
+                from torch._logging import _internal
 
-            _internal.log_state.enable_artifact("recompiles")
-        for name in ("torch._dynamo.symbolic_convert.__graph_breaks", "torch._dynamo.guards.__recompiles"):
+                _internal.log_state.enable_artifact("recompiles")
+        for name in loggers:
             logger = logging.getLogger(name)
             logger.handlers = [_Handler()]
             logger.propagate = False

@@ -67,6 +67,15 @@ def matmul_dims(op: Op) -> tuple[int, int, int, int] | None:
     return None
 
 
+def _shape(dims: object) -> list[int]:
+    """An input's dims; a tensor list (``[[2, 3], [2, 3]]``) becomes one flat shape of its total size."""
+    if not isinstance(dims, list):
+        return []
+    if all(isinstance(d, int) for d in dims):
+        return list(dims)
+    return [sum(_numel(_shape(d)) for d in dims if isinstance(d, list))]
+
+
 def _int_list(text: str) -> list[int]:
     text = text.strip().strip("[]")
     return [int(x) for x in text.split(",") if x.strip()] if text else []
@@ -149,7 +158,7 @@ def read_trace(path: Path) -> KinetoTrace:
                     start_ns=start,
                     duration_ns=int(float(event.get("dur", 0)) * 1000),
                     thread=int(event.get("tid", 0)),
-                    input_shapes=[list(d) if isinstance(d, list) else [] for d in args.get("Input Dims", [])],
+                    input_shapes=[_shape(d) for d in args.get("Input Dims", [])],
                     input_dtypes=list(args.get("Input type", [])),
                     concrete_inputs=[str(c) for c in args.get("Concrete Inputs", [])],
                 )

@@ -30,10 +30,15 @@ def display_path(path: str) -> str:
 
 
 def _diff(path: str, before: list[str], after: list[str]) -> str | None:
+    """Unified diff; ``a/``/``b/`` prefixes for relative paths (``git apply``), none for absolute ones (``patch -p0``)."""
     if before == after:
         return None
     name = display_path(path)
-    return "".join(difflib.unified_diff(before, after, fromfile=f"a/{name}", tofile=f"b/{name}", n=2))
+    old, new = (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
+    return "".join(difflib.unified_diff(before, after, fromfile=old, tofile=new, n=2))
+
+
+_NOT_A_STATEMENT = ("@", "#", "def ", "async ", "class ", "elif ", "else", "except", "finally")
 
 
 def _indent(text: str) -> str:
@@ -68,7 +73,8 @@ def wrap_line_in_with(path: str, line: int, with_statement: str) -> str | None:
     if lines is None or not 1 <= line <= len(lines):
         return None
     text = lines[line - 1]
-    if not text.strip() or text.rstrip().endswith((":", "(", "[", "{", ",", "\\")):
+    stripped = text.strip()
+    if not stripped or stripped.startswith(_NOT_A_STATEMENT) or stripped.endswith((":", "(", "[", "{", ",", "\\")):
         return None
     indent = _indent(text)
     new = [f"{indent}with {with_statement}:\n", f"{indent}    {text.lstrip()}"]

@@ -9,6 +9,7 @@ from tpu_agent.profile.rules._base import STEPS, DiagnosticRule, in_window
 from tpu_agent.runtime import events as ev
 
 RATIO = 3.0
+MIN_EXCESS_NS = 50_000_000  # and 50 ms above the median: scheduler noise on a busy host is not warm-up
 
 
 def _check(model: ProfileModel) -> list[Finding]:
@@ -19,7 +20,8 @@ def _check(model: ProfileModel) -> list[Finding]:
     rest = statistics.median(s.duration_ns for s in window[1:])
     ratio = window[0].duration_ns / rest if rest else 0.0
     first_compiles = [e for e in in_window(rank, rank.events) if isinstance(e, ev.Compile) and not e.is_recompile]
-    if ratio <= RATIO and not first_compiles:
+    slow_first = ratio > RATIO and window[0].duration_ns - rest > MIN_EXCESS_NS
+    if not slow_first and not first_compiles:
         return []
     extra = (model.config.requested_warmup or 0) + 1
     return [

@@ -7,6 +7,7 @@ from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Pr
 from tpu_agent.profile.rules._base import HOOKS, DiagnosticRule, by_site
 from tpu_agent.runtime import events as ev
 
+GENERIC_REASON = "Encountered graph break"
 CAPTURE_SCALARS = "torch._dynamo.config.capture_scalar_outputs = True"
 
 
@@ -22,17 +23,24 @@ def _fix(site: ev.Site, reason: str) -> AgentChange:
     return AgentChange(f"Rewrite `{code}` so Dynamo can trace it, or move it out of the compiled function.")
 
 
+def _best_reason(events: list[ev.Event]) -> str:
+    """Dynamo's explanation when some record has it, rather than the generic "Encountered graph break" line."""
+    reasons = [e.reason for e in events if isinstance(e, ev.GraphBreak)]
+    specific = [r for r in reasons if not r.startswith(GENERIC_REASON)]
+    return (specific or reasons)[0]
+
+
 def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     breaks = [e for e in rank.events if isinstance(e, ev.GraphBreak)]
     findings = []
     for site, events in by_site(breaks).items():
-        reason = events[0].reason
+        reason = _best_reason(events)
         code = patches.line_text(site.file, site.line)
         findings.append(
             RULE.finding(
                 f"Graph break at {patches.display_path(site.file)}:{site.line} ({code or site.function}): {reason}",
-                Evidence("graph breaks", len(events), 0, "breaks"),
+                Evidence("graph breaks", sum(1 for e in events if e.reason == reason), 0, "breaks"),
                 [Location.from_site(site)],
                 "The compiled function is split into several XLA programs with host round trips between them. "
                 "Dynamo's reason: " + reason,

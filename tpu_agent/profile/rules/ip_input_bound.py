@@ -19,7 +19,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     wait_share = sum(w.duration_ns for w in waits) / len(steps) / step_ns(rank)
     if wait_share < WARNING_SHARE:
         return []
-    locations = [Location.from_site(waits[0].site, round(wait_share, 4))] if waits[0].site else []
+    locations = []
     change = AgentChange("Load batches in background workers: num_workers>0, persistent_workers=True, prefetch_factor.")
     for loader in rank.dataloaders:
         if loader.site is None:
@@ -33,6 +33,8 @@ def _check(model: ProfileModel) -> list[Finding]:
         if diff:
             change = AgentChange(f"Give the DataLoader {workers} worker processes that stay alive across epochs.", diff)
             break
+    if waits[0].site:
+        locations.append(Location.from_site(waits[0].site, round(wait_share, 4)))
     return [
         RULE.finding(
             f"The step waits for data {wait_share:.0%} of the time",
