@@ -86,16 +86,15 @@ def _bf16(ctx: PyContext) -> cst.BaseExpression:
     return ctx.torch_attr("bfloat16")
 
 
-def _with_bf16(ctx: PyContext, original: cst.Call, new: cst.Call) -> cst.Call:
-    """Force dtype=torch.bfloat16: replace a float16 dtype, add one when there is none (CUDA's default is fp16)."""
-    dtype = keyword(original, "dtype")
-    if dtype is None:
-        return append_args(new, [kwarg("dtype", _bf16(ctx))])
-    if ctx.qualname(dtype.value) in _HALF:
-        for i, arg in enumerate(new.args):
-            if arg.keyword is not None and arg.keyword.value == "dtype":
-                return replace_arg_value(new, i, _bf16(ctx))
-    return new
+def _with_bf16(ctx: PyContext, new: cst.Call) -> cst.Call:
+    """Force dtype=torch.bfloat16: replace a float16 dtype, add one when there is none (CUDA's default is fp16).
+
+    ``new`` is the rewritten call, whose dtype (if any) is a keyword argument by now.
+    """
+    for i, arg in enumerate(new.args):
+        if arg.keyword is not None and arg.keyword.value == "dtype":
+            return replace_arg_value(new, i, _bf16(ctx)) if ctx.qualname(arg.value) in _HALF else new
+    return append_args(new, [kwarg("dtype", _bf16(ctx))])
 
 
 @FAMILY.leave(cst.Call)
@@ -111,7 +110,7 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
                 for i, arg in enumerate(updated.args)
             ]
             new = prepend_args(updated.with_changes(func=ctx.torch_attr("autocast"), args=args), [cst.Arg(ctx.device_type())])
-            return _with_bf16(ctx, original, new)
+            return _with_bf16(ctx, new)
 
         new = ctx.fix("TPU301", original, build, lambda n: f"{source(original)} -> {source(n)}")
         return keep_parens(original, new) if new is not None else updated
@@ -123,7 +122,7 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
 
         def build_generic() -> cst.Call:
             new = replace_arg_value(updated, index, ctx.device_type(device.value))
-            return _with_bf16(ctx, original, new)
+            return _with_bf16(ctx, new)
 
         new = ctx.fix("TPU301", original, build_generic, lambda n: f"{source(original)} -> {source(n)}")
         return new if new is not None else updated
