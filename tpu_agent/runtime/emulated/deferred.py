@@ -173,7 +173,7 @@ def _meta_of(x: Any) -> Any:
 
 
 def _snapshot_host(x: Any) -> Any:
-    """Host tensors are read at record time (a host-to-device copy happens at once, reference §2.3)."""
+    """Host tensors an op reads are captured at record time, so later host-side writes cannot leak in."""
     if type(x) is torch.Tensor and x.dim():
         return x.clone()
     return x
@@ -198,10 +198,29 @@ def _is_host_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def _all_materialized(args: tuple) -> bool:
+    """A view of materialised tensors is pure metadata: it runs at once, so it aliases its base's data
+    immediately (and survives ``Module.to``'s parameter swap, which re-homes tensor objects)."""
+    return all(type(a) is not tt.TpuTensor or a._elem is not None for a in args)
+
+
+def _is_host_upload(func: Any, args: tuple) -> bool:
+    """``cpu_tensor.to("tpu")``: TorchTPU copies host to device at once (reference §2.3), so the copy into an
+    already-allocated tpu tensor runs now instead of joining the graph."""
+    return (
+        func is torch.ops.aten.copy_.default
+        and type(args[0]) is tt.TpuTensor
+        and args[0]._elem is not None
+        and type(args[1]) is not tt.TpuTensor
+    )
+
+
 def record(func: Any, args: tuple, kwargs: dict) -> Any:
     """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
     if func in ops.HOST_READ_OPS or _is_host_transfer(func, args, kwargs):
         return _eager(func, args, kwargs, ops.HOST_READ_OPS.get(func, "cpu"))
+    if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
+        return tt.strict_dispatch(func, args, kwargs)
     if func in ops.DATA_DEPENDENT_OPS:
         return _eager(func, args, kwargs, "data_dependent")
     special = tt.special_for(func)

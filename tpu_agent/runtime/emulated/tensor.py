@@ -262,13 +262,19 @@ def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make
     return out
 
 
-def _round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
-    """Round an f32 tensor to ``bits`` explicit significand bits (round to nearest even), kept in f32."""
+def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
+    """An f32 tensor rounded to ``bits`` explicit significand bits (round to nearest even), still f32.
+
+    Integer arithmetic on the bit pattern: several times faster on CPU than a bf16 round trip through
+    ``.to()``, and bit-identical to it for ``bits=7``.
+    """
     drop = 23 - bits
     i = t.view(torch.int32)
-    lsb = (i >> drop) & 1
-    rounded = (i + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)
-    return rounded.view(torch.float32)
+    r = (i >> drop) & 1
+    r += (1 << (drop - 1)) - 1
+    r += i
+    r &= -(1 << drop)
+    return r.view(torch.float32)
 
 
 def mxu_operand(t: Any, precision: state.Precision) -> Any:
@@ -277,9 +283,7 @@ def mxu_operand(t: Any, precision: state.Precision) -> Any:
         return t
     dtype = t.dtype
     if dtype is torch.float32:
-        if precision is state.Precision.DEFAULT:
-            return t.to(torch.bfloat16).to(torch.float32)
-        return _round_mantissa(t.contiguous(), 16)
+        return round_mantissa(t, 7 if precision is state.Precision.DEFAULT else 16)
     if dtype is torch.float16 and precision is state.Precision.DEFAULT:
         return t.to(torch.bfloat16).to(torch.float16)
     return t
