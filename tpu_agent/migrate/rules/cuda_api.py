@@ -27,7 +27,9 @@ FAMILY.rule(
     Safety.SAFE,
     "torch.cuda device queries: is_available, device_count, current_device, set_device, device(i).",
     "TorchTPU implements the torch.accelerator API (its own torch.tpu twins raise when called from user code); "
-    "torch.accelerator works on CUDA and CPU-only builds too.",
+    "torch.accelerator works on CUDA builds too; for the accelerator target, calls that need a device are "
+    "guarded with torch.accelerator.is_available() (statements) or get their CPU value (expressions) so "
+    "CPU-only runs keep working.",
     "torch.cuda.set_device(local_rank)\nn = torch.cuda.device_count()",
     "torch.accelerator.set_device_index(local_rank)\nn = torch.accelerator.device_count()",
     "torchtpu_api.md §1.4; migration_anchors.md §3, D07-D12",
@@ -41,7 +43,7 @@ FAMILY.rule(
     "torch.accelerator.synchronize/current_stream/set_stream and the generic torch.Stream/torch.Event are what "
     "TorchTPU implements (streams are placeholders; event times are measured on the host).",
     "torch.cuda.synchronize()\nstart = torch.cuda.Event(enable_timing=True)",
-    "torch.accelerator.synchronize()\nstart = torch.Event(enable_timing=True)",
+    "if torch.accelerator.is_available():\n    torch.accelerator.synchronize()\nstart = torch.Event(enable_timing=True)",
     "torchtpu_api.md §1.4, §1.5; migration_anchors.md S01-S06",
     since_torch="2.6",
 )
@@ -53,7 +55,8 @@ FAMILY.rule(
     "The same functions live in torch.accelerator (legacy *_cached names map to *_reserved); they work for any "
     "accelerator whose allocator reports statistics.",
     "peak = torch.cuda.max_memory_allocated()\ntorch.cuda.empty_cache()",
-    "peak = torch.accelerator.max_memory_allocated()\ntorch.accelerator.empty_cache()",
+    "peak = torch.accelerator.max_memory_allocated() if torch.accelerator.is_available() else 0\n"
+    "if torch.accelerator.is_available():\n    torch.accelerator.empty_cache()",
     "torchtpu_api.md §1.6; migration_anchors.md M01-M04",
     since_torch="2.10",
 )
@@ -259,3 +262,83 @@ def _interprocess_event(ctx: PyContext, node: cst.Call) -> None:
         if flag is not None and not (isinstance(flag.value, cst.Name) and flag.value.value == "False"):
             ctx.claim(node.func)
             ctx.report("TPU210", node, "torch.cuda.Event(interprocess=True): TorchTPU events have no IPC handles")
+
+
+# ---- CPU fallback for the accelerator target --------------------------------------------------------------
+# torch.accelerator calls raise where no accelerator exists; the accelerator target keeps such programs
+# running on CPU-only machines by guarding them (statements) or giving them their CPU value (expressions).
+_GUARDED_STATEMENTS = frozenset(
+    {"synchronize", "empty_cache", "set_device_index", "reset_peak_memory_stats", "reset_accumulated_memory_stats", "set_stream"}
+)
+_CPU_VALUES = {
+    "memory_allocated": "0",
+    "max_memory_allocated": "0",
+    "memory_reserved": "0",
+    "max_memory_reserved": "0",
+    "current_device_index": "0",
+    "memory_stats": "{}",
+    "get_memory_info": "(0, 0)",
+}
+_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
+
+
+def _accelerator_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
+    """``X`` when ``node`` is the rewritten ``torch.accelerator.X`` (spelled with the file's torch alias)."""
+    if (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Attribute)
+        and node.value.attr.value == "accelerator"
+        and isinstance(node.value.value, cst.Name)
+        and node.value.value.value == ctx.torch_name
+    ):
+        return node.attr.value
+    return None
+
+
+def _already_guarded(ctx: PyContext) -> bool:
+    for statement in ctx.stmt_stack:
+        if isinstance(statement, cst.If):
+            test = statement.test
+            if isinstance(test, cst.Call) and ctx.qualname(test) in _AVAILABLE:
+                return True
+    return False
+
+
+def _available(ctx: PyContext) -> cst.Call:
+    return cst.Call(func=ctx.torch_attr("accelerator.is_available"))
+
+
+@FAMILY.leave(cst.SimpleStatementLine)
+def guard_statement(ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+    if ctx.target.value != "accelerator" or len(updated.body) != 1 or len(original.body) != 1:
+        return updated
+    small, before = updated.body[0], original.body[0]
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and isinstance(before, cst.Expr)):
+        return updated
+    qualname = ctx.qualname(before.value) if isinstance(before.value, cst.Call) else None
+    if qualname is None or not qualname.startswith("torch.cuda."):
+        return updated
+    if _accelerator_function(ctx, small.value.func) not in _GUARDED_STATEMENTS or _already_guarded(ctx):
+        return updated
+    inner = updated.with_changes(leading_lines=[])
+    return cst.If(test=_available(ctx), body=cst.IndentedBlock(body=[inner]), leading_lines=updated.leading_lines)
+
+
+@FAMILY.leave(cst.Call)
+def cpu_value(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if ctx.target.value != "accelerator" or _is_expression_statement(ctx.stmt_stack[-1], original):
+        return updated  # a bare call statement is guarded as a statement
+    qualname = ctx.qualname(original)
+    if qualname is None or not qualname.startswith("torch.cuda."):
+        return updated
+    default = _CPU_VALUES.get(_accelerator_function(ctx, updated.func) or "")
+    if default is None or _already_guarded(ctx):
+        return updated
+    guarded: cst.BaseExpression = cst.IfExp(test=_available(ctx), body=updated, orelse=cst.parse_expression(default))
+    if not ctx.is_bare(original):
+        guarded = guarded.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return guarded
+
+
+def _is_expression_statement(line: cst.CSTNode, call: cst.Call) -> bool:
+    return isinstance(line, cst.SimpleStatementLine) and any(isinstance(small, cst.Expr) and small.value is call for small in line.body)

@@ -17,6 +17,8 @@ import libcst as cst
 from tpu_agent.migrate.model import Safety
 from tpu_agent.migrate.rules._base import CLAIMED_CALLS, TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import (
+    arg_position,
+    replace_arg_value,
     arg_source,
     drop_args,
     keep_parens,
@@ -137,33 +139,46 @@ def cuda_device_code(ctx: PyContext, node: cst.CSTNode) -> str | None:
         return None
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
         return "TPU102" if string_value(node.func.value) in ("cuda:{}", "cuda:{0}") else None
-    if isinstance(node, cst.IfExp) and string_value(node.orelse) == "cpu" and _is_availability_check(ctx, node.test):
+    if isinstance(node, cst.IfExp):
         return cuda_device_code(ctx, node.body)
     return None
 
 
-def _is_availability_check(ctx: PyContext, test: cst.CSTNode) -> bool:
-    return isinstance(test, cst.Call) and not test.args and ctx.qualname(test) in _AVAILABILITY_CHECKS
-
-
-def _template(node: cst.CSTNode) -> cst.CSTNode:
-    return node.body if isinstance(node, cst.IfExp) else node
+def is_availability_fallback(ctx: PyContext, node: cst.CSTNode, fallback: str = "cpu") -> bool:
+    """``X if torch.cuda.is_available() else "cpu"``: the whole expression means 'the accelerator or the CPU'."""
+    return (
+        isinstance(node, cst.IfExp)
+        and string_value(node.orelse) == fallback
+        and isinstance(node.test, cst.Call)
+        and not node.test.args
+        and ctx.qualname(node.test) in _AVAILABILITY_CHECKS
+    )
 
 
 def rewrite_device(
-    ctx: PyContext, original: cst.BaseExpression, form: str, code: str | None = None
+    ctx: PyContext,
+    original: cst.BaseExpression,
+    form: str,
+    code: str | None = None,
+    updated: cst.BaseExpression | None = None,
 ) -> cst.BaseExpression | None:
     """The replacement for a CUDA device expression in a device position, or None (not one, or not fixed).
 
     ``form`` is ``"device"`` (a torch.device), ``"value"`` (anything a device argument accepts) or ``"type"``
     (a device type string, also used for variables whose later use is unknown). ``code`` reports the finding
-    under another family's rule (``init_device_mesh("cuda")`` is TPU404).
+    under another family's rule (``init_device_mesh("cuda")`` is TPU404). In ``"cuda" if flag else "cpu"``
+    only the CUDA branch changes (the flag may be the user's choice), unless the flag is the availability
+    check itself; ``updated`` is the transformed expression whose other parts are kept.
     """
     found = cuda_device_code(ctx, original)
     if found is None:
         return None
     code = code or found
-    template = _template(original)
+    if isinstance(original, cst.IfExp) and not is_availability_fallback(ctx, original):
+        branch = rewrite_device(ctx, original.body, "type" if form == "device" else form, code)
+        base = updated if isinstance(updated, cst.IfExp) else original
+        return base.with_changes(body=branch) if branch is not None else None
+    template = original.body if isinstance(original, cst.IfExp) else original
     build = {"device": ctx.device, "value": ctx.device_value, "type": ctx.device_type}[form]
     note = ""
     if found == "TPU102" or (string_value(template) or "").startswith("cuda:"):
@@ -175,7 +190,7 @@ def rewrite_device(
 @FAMILY.visit(cst.IfExp)
 def _claim_availability_test(ctx: PyContext, node: cst.IfExp) -> None:
     # `"cuda" if torch.cuda.is_available() else "cpu"` is one device expression, reported once as TPU101.
-    if string_value(node.orelse) == "cpu" and cuda_device_code(ctx, node.body) and _is_availability_check(ctx, node.test):
+    if cuda_device_code(ctx, node.body) and is_availability_fallback(ctx, node):
         ctx.claim(node.test.func)  # type: ignore[attr-defined]
 
 
@@ -184,11 +199,14 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
     qualname = ctx.qualname(original)
     if qualname == "torch.device":
         arg = positional(original, 0) or keyword(original, "type")
-        if arg is not None:
-            new = rewrite_device(ctx, arg.value, "device")
-            if new is not None:
-                return keep_parens(original, new)
-        return updated
+        if arg is None:
+            return updated
+        index = arg_position(original, arg)
+        if isinstance(arg.value, cst.IfExp) and not is_availability_fallback(ctx, arg.value):
+            branch = rewrite_device(ctx, arg.value, "type", updated=updated.args[index].value)
+            return replace_arg_value(updated, index, branch) if branch is not None else updated
+        new = rewrite_device(ctx, arg.value, "device")
+        return keep_parens(original, new) if new is not None else updated
     if qualname in CLAIMED_CALLS:
         return updated
     func = original.func
@@ -221,7 +239,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             continue
         else:
             continue
-        new = rewrite_device(ctx, arg.value, form)
+        new = rewrite_device(ctx, arg.value, form, updated=args[i].value)
         if new is not None:
             args[i] = args[i].with_changes(value=new)
             changed = True
@@ -249,7 +267,7 @@ def _argparse_default(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
         return updated
     for i, arg in enumerate(original.args):
         if arg.keyword is not None and arg.keyword.value == "default":
-            new = rewrite_device(ctx, arg.value, "type")
+            new = rewrite_device(ctx, arg.value, "type", updated=updated.args[i].value)
             if new is not None:
                 args = list(updated.args)
                 args[i] = args[i].with_changes(value=new)
@@ -268,7 +286,7 @@ def _is_device_variable(target: cst.BaseExpression) -> bool:
 @FAMILY.leave(cst.Assign)
 def device_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
     if all(_is_device_variable(t.target) for t in original.targets):
-        new = rewrite_device(ctx, original.value, "type")
+        new = rewrite_device(ctx, original.value, "type", updated=updated.value)
         if new is not None:
             return updated.with_changes(value=new)
     return updated
@@ -277,7 +295,7 @@ def device_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -
 @FAMILY.leave(cst.AnnAssign)
 def annotated_device_variable(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
     if original.value is not None and _is_device_variable(original.target):
-        new = rewrite_device(ctx, original.value, "type")
+        new = rewrite_device(ctx, original.value, "type", updated=updated.value)
         if new is not None:
             return updated.with_changes(value=new)
     return updated
@@ -286,7 +304,7 @@ def annotated_device_variable(ctx: PyContext, original: cst.AnnAssign, updated: 
 @FAMILY.leave(cst.Param)
 def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.Param) -> cst.Param:
     if original.default is not None and _DEVICE_VAR_RE.search(original.name.value):
-        new = rewrite_device(ctx, original.default, "type")
+        new = rewrite_device(ctx, original.default, "type", updated=updated.default)
         if new is not None:
             return updated.with_changes(default=new)
     return updated

@@ -24,7 +24,7 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
-from tpu_agent.migrate.rules.devices import rewrite_device
+from tpu_agent.migrate.rules.devices import is_availability_fallback, rewrite_device
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -122,8 +122,8 @@ def _is_nccl(ctx: PyContext, node: cst.CSTNode) -> bool:
 
 def _backend_value(ctx: PyContext, original: cst.BaseExpression) -> tuple[cst.BaseExpression | None, str] | None:
     """For a backend expression: (replacement, or None meaning 'omit the argument'), and a note; else None."""
-    if _is_nccl(ctx, original):
-        return ctx.default_backend(original), ""
+    if _is_nccl(ctx, original) or (is_availability_fallback(ctx, original, "gloo") and _is_nccl(ctx, original.body)):  # type: ignore[attr-defined]
+        return ctx.default_backend(original if isinstance(original, cst.SimpleString) else None), ""
     value = string_value(original)
     if value is not None and _MIXED_RE.fullmatch(value):
         if ctx.target.value == "tpu":
@@ -139,6 +139,8 @@ def _claim_init_backend(ctx: PyContext, node: cst.Call) -> None:
         backend = positional(node, 0) or keyword(node, "backend")
         if backend is not None:
             ctx.claim(backend.value)
+            if is_availability_fallback(ctx, backend.value, "gloo"):
+                ctx.claim(backend.value.test.func)  # type: ignore[attr-defined]
 
 
 @FAMILY.leave(cst.Call)
@@ -186,7 +188,8 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
 
 def _replace_backend(ctx: PyContext, original: cst.Call, updated: cst.Call, backend: cst.Arg) -> cst.Call | None:
     value = string_value(backend.value)
-    if not (_is_nccl(ctx, backend.value) or (value is not None and _MIXED_RE.fullmatch(value))):
+    nccl_or_gloo = is_availability_fallback(ctx, backend.value, "gloo") and _is_nccl(ctx, backend.value.body)  # type: ignore[attr-defined]
+    if not (_is_nccl(ctx, backend.value) or nccl_or_gloo or (value is not None and _MIXED_RE.fullmatch(value))):
         return None
     index = arg_position(original, backend)
     shown: list[str] = []
