@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_agent.runtime.events import Compile, Flush, GraphBreak, HostSync, read_events
+from tpu_agent.runtime.events import Compile, Flush, GraphBreak, HostSync, MemorySample, OpBatch, StepMarker, read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -108,9 +108,19 @@ def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None
 
 
 @pytest.mark.parametrize("optimizer_kind", ["foreach", "fused"])
-def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str) -> None:
-    out = run_script("emulated_train.py", optimizer_kind, "highest")
+def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str, tmp_path: Path) -> None:
+    out = run_script("emulated_train.py", optimizer_kind, "highest", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
     assert out["tpu"] == out["cpu"]
+    events = read_events(tmp_path)[0]
+    # cpu and tpu runs both step an optimizer: 10 step ends, each with the ops of its step and a memory sample
+    ends = [e for e in events if isinstance(e, StepMarker) and e.phase == "end"]
+    assert [e.step for e in ends] == list(range(10)) and {e.source for e in ends} == {"optimizer"}
+    batches = [e for e in events if isinstance(e, OpBatch)]
+    tpu_steps = [b for b in batches if b.step is not None and b.step >= 6]
+    assert tpu_steps and all(b.count == sum(b.by_name.values()) for b in tpu_steps)
+    assert all(("aten.addmm.default" in b.by_name or "aten.mm.default" in b.by_name) for b in tpu_steps)
+    samples = [e for e in events if isinstance(e, MemorySample)]
+    assert samples[-1].peak_bytes >= samples[-1].allocated_bytes > 0
 
 
 def test_default_precision_rounds_matmul_inputs_to_bf16() -> None:

@@ -87,6 +87,8 @@ class Flush(Event):
 
     kind: ClassVar[str] = "flush"
     cause: str  # item|tolist|numpy|cpu|print|save|bool|collective|synchronize|compile|exit|size_limit
+    # (the emulation also uses: float|int (host reads), data_dependent (nonzero-style output shapes),
+    # fallback (an op it cannot defer), mode_change (leaving DeferAndFuse))
     graph_ops: int
     graph_hash: str  # stable hash of the op sequence: the same step code gives the same hash
     duration_ns: int
