@@ -243,3 +243,43 @@ async def test_run_status_and_cancel(modern: Client, example: Path) -> None:
     assert cancelled == {"job_id": long["job_id"], "state": "cancelled", "was_running": True}
     status = (await modern.call_tool("tpu_job_status", {"job_id": long["job_id"]})).structured_content
     assert status["state"] == "cancelled"
+
+
+TINY_TPU_SCRIPT = """\
+import torch
+
+device = torch.device("tpu")
+model = torch.nn.Linear(16, 4).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(12):
+    x = torch.randn(8, 16, device=device)
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.6f}")
+"""
+
+
+async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
+    (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
+    job = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "steps": 8, "warmup": 2, "wait_s": 50})).structured_content
+    if job["state"] == "running":
+        job = (await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50})).structured_content
+    assert job["state"] == "succeeded", job["log_tail"]
+    assert job["profile_dir"] == f".tpu-agent/profiles/{job['job_id']}"
+    assert (example / job["profile_dir"] / "plugins" / "profile").is_dir()  # an XProf session
+    diagnosis = (await modern.call_tool("tpu_diagnose", {"job_id": job["job_id"]})).structured_content
+    assert diagnosis["logdir"] == job["profile_dir"] and diagnosis["report"]
+    rules = {f["rule"] for f in diagnosis["findings"]}
+    assert "PR-1" in rules  # fp32 matmuls on a bf16 machine
+    for finding in diagnosis["findings"]:
+        assert finding["suggested_change"] and finding["severity"] in {"error", "warning", "info"}
+        assert all(not loc.startswith("/") for loc in finding["locations"])
+    assert any(loc.startswith("tiny.py:") for f in diagnosis["findings"] for loc in f["locations"])
+    newest = (await modern.call_tool("tpu_diagnose", {})).structured_content  # default: the newest profile
+    assert newest["logdir"] == job["profile_dir"]
+    run_job = (await modern.call_tool("tpu_run", {"entrypoint": "tiny.py", "wait_s": 0})).structured_content
+    error = _error(await modern.call_tool("tpu_diagnose", {"job_id": run_job["job_id"]}))
+    assert error["code"] == "not-a-profile-job"
+    await modern.call_tool("tpu_job_cancel", {"job_id": run_job["job_id"]})

@@ -277,7 +277,7 @@ def _profile_dir_of(state: ServerState, ws: Workspace, job_id: str | None, logdi
             )
         return job.artefact_dir
     if logdir:
-        return ws.resolve(logdir)
+        return ws.resolve(logdir, for_write=True)  # diagnosing writes reports next to the capture
     profiles = ws.artefacts / "profiles"
     candidates = sorted((p for p in profiles.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
     if not candidates:
@@ -289,7 +289,7 @@ def _profile_dir_of(state: ServerState, ws: Workspace, job_id: str | None, logdi
     return candidates[-1]
 
 
-def _item_from_finding(data: dict[str, Any]) -> models.DiagnosticItem:
+def _item_from_finding(data: dict[str, Any], ws: Workspace) -> models.DiagnosticItem:
     """Map one profile finding (``tpu_agent.profile.model.Finding.to_dict()``) onto the tool's item."""
     change = data.get("agent_change") or {}
     return models.DiagnosticItem(
@@ -301,7 +301,7 @@ def _item_from_finding(data: dict[str, Any]) -> models.DiagnosticItem:
         suggested_change=data["suggestion"],
         agent_change=change.get("description"),
         agent_diff=change.get("diff"),
-        locations=[f"{loc['file']}:{loc['line']}" for loc in data["locations"]],
+        locations=[f"{ws.relative(Path(loc['file']))}:{loc['line']}" for loc in data["locations"]],
         estimated_saving_pct=data["estimated_saving_pct"],
         detail=data,
     )
@@ -635,7 +635,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         from tpu_agent.profile import api as profile_api
 
         diagnosis = await _in_thread(lambda: profile_api.diagnose(directory, chip=chip))
-        items = [_item_from_finding(f.to_dict()) for f in diagnosis.findings]
+        items = [_item_from_finding(f.to_dict(), ws) for f in diagnosis.findings]
         return models.DiagnoseResult(
             logdir=ws.relative(directory),
             chip=diagnosis.model.config.chip.key,
