@@ -127,10 +127,16 @@ def _finish_call_edit(path: str, lines: list[str], first: int, row: int, col: in
                 new_lines[index] = re.sub(pattern, f"{name}={pending.pop(name)}", new_lines[index], count=1)
     if pending:
         text = new_lines[row]
-        before = text[:col].rstrip()
-        separator = "" if before.endswith(("(", ",")) else ", "
         addition = ", ".join(f"{k}={v}" for k, v in pending.items())
-        new_lines[row] = f"{before}{separator}{addition}{text[col:]}"
+        if not text[:col].strip() and row > first:  # the closing parenthesis is on a line of its own
+            previous = new_lines[row - 1]
+            if not previous.rstrip().endswith((",", "(")):
+                new_lines[row - 1] = previous.rstrip() + ",\n"
+            new_lines.insert(row, f"{_indent(previous)}{addition},\n")
+        else:
+            before = text[:col].rstrip()
+            separator = "" if before.endswith(("(", ",")) else ", "
+            new_lines[row] = f"{before}{separator}{addition}{text[col:]}"
     return _diff(path, lines, new_lines)
 
 

@@ -24,16 +24,18 @@ _W, _H, _PAD = 900, 220, 48
 
 
 def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str], unit: str, highlight: list[bool]) -> str:
-    """Vertical bars, one per value, with a y-axis maximum label."""
+    """Vertical bars, one per value. The axis fits the highlighted (measured) bars; taller ones are clipped
+    and drawn hatched-red, so a start-up step of seconds does not flatten the steps that matter."""
     if not values:
         return f'<p id="{chart_id}" class="muted">{escape(title)}: no data.</p>'
-    top = max(values) or 1.0
+    measured = [v for v, h in zip(values, highlight) if h]
+    top = (max(measured) * 1.25 if measured else max(values)) or 1.0
     width = (_W - 2 * _PAD) / len(values)
     bars = []
     for i, (value, label) in enumerate(zip(values, labels)):
-        h = (_H - 2 * _PAD) * value / top
+        h = (_H - 2 * _PAD) * min(value, top) / top
         x = _PAD + i * width
-        fill = "#1a73e8" if highlight[i] else "#b0c4de"
+        fill = "#d93025" if value > top else "#1a73e8" if highlight[i] else "#b0c4de"
         bars.append(
             f'<rect x="{x:.1f}" y="{_H - _PAD - h:.1f}" width="{max(width - 1, 1):.1f}" height="{h:.1f}" fill="{fill}">'
             f"<title>{escape(label)}: {value:.3f} {escape(unit)}</title></rect>"
@@ -55,6 +57,10 @@ def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str]
     )
 
 
+def _short(name: str, limit: int = 38) -> str:
+    return name if len(name) <= limit else "..." + name[-(limit - 3) :]
+
+
 def _op_chart(ops: list[dict[str, Any]]) -> str:
     rows = ops[:12]
     if not rows:
@@ -66,7 +72,7 @@ def _op_chart(ops: list[dict[str, Any]]) -> str:
         y = 24 + i * 22
         w = (_W - 360) * row["total_ms"] / top
         bars.append(
-            f'<text x="250" y="{y + 13}" text-anchor="end">{escape(row["name"])}</text>'
+            f'<text x="250" y="{y + 13}" text-anchor="end">{escape(_short(row["name"]))}</text>'
             f'<rect x="256" y="{y}" width="{w:.1f}" height="16" fill="#34a853"><title>{escape(row["name"])}: {row["total_ms"]:.3f} ms</title></rect>'
             f'<text x="{262 + w:.1f}" y="{y + 13}">{row["total_ms"]:.2f} ms ({row["share"]:.0%})</text>'
         )
@@ -120,7 +126,7 @@ def render_html(data: dict[str, Any]) -> str:
     steps = [s for s in data["steps"] if s["rank"] == (data["capture"]["ranks"] or [0])[0]]
     step_chart = _bar_chart(
         "step-chart",
-        "Step time per step (dark: measured window)",
+        "Step time per step (dark: measured window; red: above the axis, clipped)",
         [s["duration_ms"] for s in steps],
         [str(s["index"]) for s in steps],
         "ms",

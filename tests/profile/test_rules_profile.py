@@ -1,0 +1,105 @@
+"""Rules, loader and estimate on synthetic captures with known answers; rules without data say so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tpu_agent.chips import get_chip
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.profile.api import diagnose
+from tpu_agent.profile.estimate import estimate
+from tpu_agent.profile.load import load_raw, raw_dir
+from tpu_agent.profile.model import ProfileModel, RankProfile, RunConfig, Status, Step
+from tpu_agent.profile.rules import ALL_RULES, get_rule, run_rules
+from tpu_agent.profile.rules.sh_mxu_alignment import waste
+from tpu_agent.profile.synthetic import write_capture
+
+EXPECTED_IDS = {
+    "CAP-1", "CAP-2", "CAP-3", "CAP-6", "HS-1", "HS-2", "EM-1", "EM-2", "EM-3", "EM-4", "CO-1", "CO-2",
+    "SH-1", "SH-2", "SH-3", "PR-1", "PR-2", "IP-1", "SD-1", "SD-2", "SD-6",
+}
+
+
+def test_rule_catalogue_is_complete_and_described() -> None:
+    assert set(ALL_RULES) == EXPECTED_IDS
+    for rule in ALL_RULES.values():
+        assert rule.name and rule.rationale and rule.before and rule.after and rule.reference
+        assert rule.category in {"capture", "host sync", "eager-mode", "compile", "shapes", "precision", "input pipeline", "sharding"}
+    assert get_rule("hs-1").id == "HS-1"
+    with pytest.raises(TpuAgentError):
+        get_rule("XX-9")
+
+
+def test_synthetic_capture_findings_and_numbers(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(f"line {i}" for i in range(1, 30)) + "\n", encoding="utf-8")
+    write_capture(tmp_path, steps=40, script=script)
+    diagnosis = diagnose(tmp_path)
+    found = {f.rule_id: f for f in diagnosis.findings}
+    assert set(found) == {"HS-1", "SH-2", "PR-1"}
+    assert (found["HS-1"].locations[0].file, found["HS-1"].locations[0].line) == (str(script), 16)
+    assert found["HS-1"].evidence.value == 1.0 and found["HS-1"].evidence.steps == tuple(range(2, 40))
+    assert found["SH-2"].evidence.value == pytest.approx(waste((200, 200), 128), abs=1e-3)  # 256*256/200^2 - 1
+    data = diagnosis.to_dict()
+    assert data["step_time"] == {"count": 38, "median_ms": 4.0, "mean_ms": 4.0, "min_ms": 4.0, "max_ms": 4.0}
+    # Per step: 2*64*200*200 + 2*64*200*100 forward, 2*64*100*200 + 2*200*64*200 backward.
+    flops = 2 * 64 * 200 * 200 + 2 * 64 * 200 * 100 + 2 * 64 * 100 * 200 + 2 * 200 * 64 * 200
+    assert diagnosis.estimate.flops_per_step == flops
+    chip = get_chip("v5e")
+    assert diagnosis.estimate.fused_step_s >= flops / chip.peak_bf16_flops_per_device
+    assert 0 < diagnosis.estimate.fused_mfu <= 1 and 0 < diagnosis.estimate.eager_mfu <= diagnosis.estimate.fused_mfu
+    assert json.loads((tmp_path / "tpu-agent" / "report.json").read_text())["schema_version"] == 1
+
+
+def test_chip_override_changes_the_tile(tmp_path: Path) -> None:
+    write_capture(tmp_path, steps=10, hidden=128, out=128)
+    on_v5e = {f.rule_id for f in diagnose(tmp_path, chip="v5e").findings}
+    on_v6e = {f.rule_id for f in diagnose(tmp_path, chip="v6e").findings}
+    assert "SH-2" not in on_v5e  # a 128x128 weight fills v5e's 128 tile
+    assert "SH-2" in on_v6e  # but pads to 256x256 on v6e: 300 % extra MXU work
+
+
+def test_rules_without_data_report_insufficient_data() -> None:
+    rank = RankProfile(rank=0, steps=[Step(i, i * 10, i * 10 + 10, "xspace") for i in range(5)])
+    model = ProfileModel(config=RunConfig(chip=get_chip("v6e"), source="xspace"), ranks={0: rank})
+    findings, outcomes = run_rules(model)
+    status = {o.rule_id: o for o in outcomes}
+    assert status["CAP-1"].status == Status.ok
+    for rule_id in ("HS-1", "HS-2", "SH-1", "SH-2", "PR-1", "IP-1", "EM-1", "EM-2", "CO-1", "SD-1"):
+        assert status[rule_id].status == Status.insufficient_data, rule_id
+        assert status[rule_id].reason
+    assert findings == []
+
+
+def test_no_steps_is_an_error_and_gates_step_rules() -> None:
+    model = ProfileModel(config=RunConfig(chip=get_chip("v6e"), source="xspace", script="infer.py"), ranks={0: RankProfile(rank=0)})
+    findings, outcomes = run_rules(model)
+    assert [f.rule_id for f in findings] == ["CAP-1"] and findings[0].severity.value == "error"
+    assert {o.rule_id for o in outcomes if o.status == Status.insufficient_data} >= {"CAP-2", "CAP-3", "HS-1", "IP-1"}
+
+
+def test_estimate_unavailable_without_op_trace() -> None:
+    rank = RankProfile(rank=0, steps=[Step(0, 0, 10, "xspace")])
+    result = estimate(ProfileModel(config=RunConfig(chip=get_chip("v7")), ranks={0: rank}))
+    assert not result.available and result.assumptions
+
+
+def test_damaged_event_log_is_a_clear_error(tmp_path: Path) -> None:
+    write_capture(tmp_path, steps=5)
+    with open(raw_dir(tmp_path) / "events-rank0.jsonl", "a", encoding="utf-8") as handle:
+        handle.write("{not json\n")
+    with pytest.raises(TpuAgentError) as error:
+        load_raw(raw_dir(tmp_path))
+    assert "events-rank0.jsonl:" in error.value.message
+
+
+def test_diagnose_missing_logdir(tmp_path: Path) -> None:
+    with pytest.raises(TpuAgentError) as error:
+        diagnose(tmp_path / "nope")
+    assert error.value.code == "no-logdir"
+    with pytest.raises(TpuAgentError) as error:
+        diagnose(tmp_path)
+    assert error.value.code == "no-capture"

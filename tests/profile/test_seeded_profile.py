@@ -1,0 +1,77 @@
+"""Each seeded problem script, profiled for real, yields its finding at the seeded file and line."""
+
+from __future__ import annotations
+
+import pytest
+
+from profile_helpers import SCRIPTS, Captures, seed_line
+
+SEEDED = [
+    ("host_sync.py", "HS-1", ()),
+    ("dynamic_shapes.py", "SH-1", ()),
+    ("fp32_odd_dims.py", "PR-1", ()),
+    ("fp32_odd_dims.py", "SH-2", ()),
+    ("memory_fit.py", "SD-1", ("--chip", "v5e")),
+    ("strict_eager.py", "EM-1", ()),
+    ("slow_loader.py", "IP-1", ()),
+    ("graph_break.py", "CO-2", ()),
+]
+
+
+@pytest.mark.parametrize(("script", "rule_id", "options"), SEEDED, ids=[f"{s}-{r}" for s, r, _ in SEEDED])
+def test_seeded_problem_is_found_at_its_line(captures: Captures, script: str, rule_id: str, options: tuple[str, ...]) -> None:
+    _, report, result = captures.get(script, *options)
+    assert report["capture"]["exit_code"] == 0, result.stderr[-2000:]
+    path = str(SCRIPTS / script)
+    line = seed_line(SCRIPTS / script, rule_id)
+    matching = [f for f in report["findings"] if f["rule_id"] == rule_id]
+    assert matching, f"{rule_id} not found; findings: {[f['rule_id'] + ' ' + f['title'] for f in report['findings']]}"
+    places = {(loc["file"], loc["line"]) for f in matching for loc in f["locations"]}
+    assert (path, line) in places, f"{rule_id} points at {places}, expected {path}:{line}"
+    finding = matching[0]
+    assert finding["severity"] in ("warning", "error")
+    assert finding["suggestion"] and finding["agent_change"]["description"]
+    assert finding["evidence"]["value"] >= finding["evidence"]["threshold"]
+    assert next(r for r in report["rules"] if r["rule_id"] == rule_id)["status"] == "finding"
+
+
+def test_host_sync_fix_is_a_diff_of_the_seeded_line(captures: Captures) -> None:
+    _, report, _ = captures.get("host_sync.py")
+    finding = next(f for f in report["findings"] if f["rule_id"] == "HS-1")
+    diff = finding["agent_change"]["diff"]
+    assert "-    total += loss.item()  # SEED: HS-1" in diff
+    assert "+    total += loss.detach()  # SEED: HS-1" in diff
+
+
+def test_slow_loader_fix_adds_workers_to_the_dataloader_call(captures: Captures) -> None:
+    _, report, _ = captures.get("slow_loader.py")
+    finding = next(f for f in report["findings"] if f["rule_id"] == "IP-1")
+    assert "+loader = DataLoader(SlowDataset(), batch_size=16, num_workers=4, persistent_workers=True)" in finding["agent_change"]["diff"]
+    assert finding["estimated_saving_pct"] >= 5
+
+
+def test_memory_plan_shards_over_enough_devices(captures: Captures) -> None:
+    _, report, _ = captures.get("memory_fit.py", "--chip", "v5e")
+    finding = next(f for f in report["findings"] if f["rule_id"] == "SD-1")
+    assert finding["severity"] == "error"
+    memory = report["memory"]
+    # 16 x Linear(8192, 8192): weights + biases in fp32, the same again as gradients, twice that as Adam state.
+    params = 16 * (8192 * 8192 + 8192) * 4
+    assert (memory["param_bytes"], memory["grad_bytes"], memory["optimizer_bytes"]) == (params, params, 2 * params)
+    assert "fully_shard" in finding["agent_change"]["description"]
+    assert 'init_device_mesh("tpu", (2,))' in finding["agent_change"]["description"]
+
+
+def test_strict_eager_fix_switches_to_defer_and_fuse(captures: Captures) -> None:
+    _, report, _ = captures.get("strict_eager.py")
+    finding = next(f for f in report["findings"] if f["rule_id"] == "EM-1")
+    assert "+torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE" in finding["agent_change"]["diff"]
+
+
+def test_well_tuned_script_has_no_warning_or_error(captures: Captures) -> None:
+    _, report, result = captures.get("well_tuned.py")
+    assert report["capture"]["exit_code"] == 0, result.stderr[-2000:]
+    assert [f["rule_id"] for f in report["findings"] if f["severity"] != "info"] == []
+    assert report["summary"]["errors"] == report["summary"]["warnings"] == 0
+    assert result.returncode == 0
+    assert report["step_time"]["count"] == 5
