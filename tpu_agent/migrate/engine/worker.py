@@ -7,6 +7,7 @@ file's bytes) and returns a :class:`FileResult`; every failure that is the file'
 
 from __future__ import annotations
 
+import ast
 import io
 import tokenize
 from functools import lru_cache
@@ -52,6 +53,21 @@ def _findings(outcome: PyOutcome, display_path: str, where=None) -> list[Finding
     return out
 
 
+def _error_position(data: bytes, exc: ParseFailure) -> tuple[int, int]:
+    """Where a parse error is, as Python itself reports it (libcst's tokenizer errors say line 1)."""
+    if b"\0" in data:
+        offset = data.index(b"\0")
+        return _line_of(data, offset), offset - data.rfind(b"\n", 0, offset)
+    try:
+        ast.parse(data)
+    except SyntaxError as error:
+        if error.lineno:
+            return error.lineno, error.offset or 1
+    except ValueError:
+        pass
+    return exc.line, exc.column
+
+
 def _run_python(source: str, options: MigrateOptions) -> PyOutcome:
     return migrate_source(source, options, ALL_RULES, dispatch())
 
@@ -93,7 +109,8 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
                 data, candidate.kind, where, options, ALL_RULES, text_fixes()
             )
     except ParseFailure as exc:
-        result.skipped_reason = f"{where}:{exc.line}:{exc.column}: does not parse as Python 3 ({exc})"
+        line, column = _error_position(data, exc) if candidate.kind is FileKind.PYTHON else (exc.line, exc.column)
+        result.skipped_reason = f"{where}:{line}:{column}: does not parse as Python 3 ({exc})"
         result.findings = []
     except UnicodeDecodeError as exc:
         result.skipped_reason = f"{where}:{_line_of(data, exc.start)}: undecodable bytes ({exc.reason}, {exc.encoding})"
