@@ -243,6 +243,8 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
     if state.log_enabled:
         telemetry.op_counts[func] += 1
     outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
+    if func in ops.METADATA_INPLACE_OPS:
+        tt.sync_metadata(outputs, mout)
     node = Node(
         func=func,
         args=tuple(_snapshot_host(a) for a in args),

@@ -56,6 +56,15 @@ MIXED_DEVICE_OK = frozenset(
     }
 )
 
+def _all_overloads(*names: str) -> frozenset:
+    return frozenset(getattr(getattr(aten, n), o) for n in names for o in getattr(aten, n).overloads())
+
+
+# In-place ops that change a tensor's shape or strides: the tpu tensor's own metadata must follow its data's.
+METADATA_INPLACE_OPS = _all_overloads(
+    "resize_", "resize_as_", "unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_", "set_"
+)  # fmt: skip
+
 # Ops that return data to the host (the cause names follow events.HostSync.op).
 HOST_READ_OPS: dict[torch._ops.OpOverload, str] = {
     aten._local_scalar_dense.default: "item",

@@ -316,6 +316,24 @@ def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision
     return func(*cargs, **ckwargs)
 
 
+_PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+
+
+def sync_metadata(t: Any, source: torch.Tensor) -> None:
+    """After an in-place shape/stride change (``unsqueeze_``, ``t_``, ``resize_``...), restride the tpu
+    tensor itself to match ``source`` (its CPU or meta data)."""
+    if type(t) is not TpuTensor or (t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()):
+        return
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+            torch.ops.aten.as_strided_.default(t, source.shape, source.stride(), source.storage_offset())
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"the emulated tpu cannot grow a tensor in place (to size {tuple(source.shape)}); "
+            "allocate a new one instead, e.g. torch.empty(new_size, device='tpu')"
+        ) from error
+
+
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if state.log_enabled:
         telemetry.op_counts[func] += 1
@@ -334,7 +352,10 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
         from tpu_agent.runtime.emulated import debug
 
         debug.check(func, cargs, ckwargs, out)
-    return rewrap(out, args, cargs, kwargs, ckwargs)
+    result = rewrap(out, args, cargs, kwargs, ckwargs)
+    if func in ops.METADATA_INPLACE_OPS:
+        sync_metadata(result, out)
+    return result
 
 
 # ---------------------------------------------------------------------- ops that need attention before running
