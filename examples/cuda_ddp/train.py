@@ -6,6 +6,7 @@ Launch with launch.sh (torchrun), or `python train.py` for a single process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -97,20 +98,18 @@ def main() -> None:
     for step, (inputs, targets) in enumerate(loader, start=start_step):
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.cuda(non_blocking=True) if use_cuda else targets
-        torch.cuda.nvtx.range_push(f"step {step}") if use_cuda else None
-        try:
-            with torch.cuda.amp.autocast(enabled=use_amp, dtype=torch.float16):
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.view(-1, VOCAB_SIZE), targets.view(-1))
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            raise
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        if use_cuda:
-            torch.cuda.nvtx.range_pop()
+        with torch.cuda.nvtx.range(f"step {step}") if use_cuda else contextlib.nullcontext():
+            try:
+                with torch.cuda.amp.autocast(enabled=use_amp, dtype=torch.float16):
+                    logits = model(inputs)
+                    loss = F.cross_entropy(logits.view(-1, VOCAB_SIZE), targets.view(-1))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                raise
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
 
