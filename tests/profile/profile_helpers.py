@@ -36,11 +36,12 @@ class Captures:
         self.root = root
         self.cache: dict[tuple[str, ...], tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]] = {}
 
-    def get(self, script: str, *options: str) -> tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]:
-        key = (script, *options)
+    def get(self, script: str, *options: str, args: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]:
+        """Profile ``script`` with CLI ``options`` (before the script) and script ``args`` (after it)."""
+        key = (script, *options, "--", *args)
         if key not in self.cache:
             logdir = self.root / f"{Path(script).stem}-{len(self.cache)}"
-            result = run_cli("profile", "--logdir", str(logdir), "--steps", "5", "--warmup", "2", "--format", "json", *options, str(SCRIPTS / script))
+            result = run_cli("profile", "--logdir", str(logdir), "--steps", "5", "--warmup", "2", "--format", "json", *options, str(SCRIPTS / script), *args)
             assert result.stdout.strip(), result.stderr[-3000:]
             self.cache[key] = (logdir, json.loads(result.stdout), result)
         return self.cache[key]
