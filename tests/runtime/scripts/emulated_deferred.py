@@ -12,7 +12,7 @@ x = torch.randn(8, 8, device="tpu")
 y = (x @ x + 1).relu()
 pending = y._elem is None
 value = y.sum().item()  # LINE item
-text = str(y[0, :2])  # LINE print
+text = str((y * 3)[0, :2])  # LINE print
 cpu = y.cpu()  # LINE cpu
 z = x * 2
 flush_pending("collective")
