@@ -30,7 +30,11 @@ RESOLVER_RE = re.compile(
 RESOLVER_COMMENT = "# tpu-agent: the accelerator in use (TPU, CUDA, ...) or the CPU when there is none"
 _TORCH_ALIAS_RE = re.compile(r"^import[ \t]+torch[ \t]+as[ \t]+(\w+)[ \t]*(?:#.*)?\r?$", re.MULTILINE)
 _TORCH_PLAIN_RE = re.compile(r"^import[ \t]+torch(?:[ \t]*(?:#.*)?\r?$|\.\w)", re.MULTILINE)
-_NAME_TAKEN_RE = re.compile(r"\bDEVICE\b")
+# DEVICE bound by the user's code (an assignment, import or loop variable), ignoring comments such as our TODOs
+_NAME_TAKEN_RE = re.compile(
+    r"^(?![ \t]*#)[^#\n]*(?:\bDEVICE[ \t]*(?::[^=\n]+)?=(?!=)|\bas[ \t]+DEVICE\b|\bimport[ \t]+(?:[\w.]+[ \t]*,[ \t]*)*DEVICE\b|\bfor[ \t]+DEVICE\b)",
+    re.MULTILINE,
+)
 _TENSORISH_BASE_RE = re.compile(r"(Module|Tensor|Parameter|Sequential|ModuleList|ModuleDict)$")
 
 

@@ -2,7 +2,7 @@
 
 Cells are joined with marker comments (so imports in one cell resolve names in the next and the device
 resolver lands once, after the imports), ``%``/``!`` magic lines are masked as ``pass`` placeholders with the
-same indentation, and ``%%`` cell magics are left out entirely. After the pass the text is split back at the
+same indentation, and cells of non-Python ``%%`` magics (``%%bash``...) are left out entirely. After the pass the text is split back at the
 markers, magics are restored, and only changed cells get new ``source``. The JSON is written back in the
 notebook's own layout when that layout can be reproduced exactly.
 """
@@ -20,6 +20,8 @@ from tpu_agent.migrate.engine.pypass import ParseFailure, PyOutcome
 _MARKER = "# tpu-agent-cell {}\n"
 _MARKER_RE = re.compile(r"^# tpu-agent-cell (\d+)\r?\n", re.MULTILINE)
 _MAGIC_RE = re.compile(r"^([ \t]*)(?:[%!]|\w+[ \t]*=[ \t]*!)")
+_CELL_MAGIC_RE = re.compile(r"\s*%%(\w+)")
+_PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug"})  # their body is Python
 _PLACEHOLDER = "{}pass  # tpu-agent-magic {}"
 _PLACEHOLDER_RE = re.compile(r"^[ \t]*pass  # tpu-agent-magic (\d+)$", re.MULTILINE)
 
@@ -70,8 +72,9 @@ def migrate_notebook(
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
         text = _source_text(cell)
-        if text.lstrip().startswith("%%"):
-            continue
+        cell_magic = _CELL_MAGIC_RE.match(text)
+        if cell_magic and cell_magic.group(1) not in _PYTHON_CELL_MAGICS:
+            continue  # %%bash, %%writefile...: not Python
         masked_lines = []
         for source_line in text.splitlines(keepends=True):
             match = _MAGIC_RE.match(source_line)

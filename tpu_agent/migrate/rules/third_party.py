@@ -140,10 +140,12 @@ def third_party_import_from(ctx: PyContext, original: cst.ImportFrom, updated: c
 _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics")
 
 
-@FAMILY.reference(*(m for m in _MODULES if m != "triton"), *_KERNEL_DECORATORS, "torch.ops.load_library")
+@FAMILY.reference(*_MODULES, *_KERNEL_DECORATORS, "torch.ops.load_library")
 def third_party_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
     # call sites and kernel decorators; other uses (attribute reads, tl.* inside kernels) would only repeat them
     is_kernel = qualname in _KERNEL_DECORATORS
+    if qualname.startswith("triton.language"):
+        return updated
     if is_kernel or ctx.is_call_func(original):
         code = "TPU802" if is_kernel else "TPU801" if qualname == "torch.ops.load_library" else _module_code(qualname)
         if code is not None:
