@@ -174,3 +174,13 @@ def test_unified_diff_reproduces_the_migrated_files(plan: Plan, tmp_path: Path) 
 def test_unknown_format_is_a_usage_error(plan: Plan) -> None:
     with pytest.raises(TpuAgentError, match="html"):
         render(plan, "html")
+
+
+def test_documented_example_follows_the_schema() -> None:
+    """docs/migrate-json-schema.md and the shipped schema describe the same format."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "migrate-json-schema.md").read_text(encoding="utf-8")
+    example = re.search(r"```json\n(.*?)\n```", doc, flags=re.S)
+    assert example is not None
+    jsonschema.Draft202012Validator(load_schema()).validate(json.loads(example.group(1)))
+    for key in load_schema()["properties"]["summary"]["required"]:
+        assert f"`{key}`" in doc, f"{key} is not documented"
