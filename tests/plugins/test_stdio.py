@@ -93,6 +93,10 @@ def test_stdout_is_only_protocol_and_exit_kills_jobs(example: Path) -> None:
         assert server.call("tpu_lookup_api", {"query": "nccl"})["isError"] is False
         bad = server.call("tpu_run", {"entrypoint": 7})
         assert bad["isError"] is True
+        assert server.proc.stdin is not None
+        server.proc.stdin.write(b"{this is not json\n")  # a broken host message
+        server.proc.stdin.flush()
+        assert server.call("tpu_lookup_api", {"query": "empty_cache"})["isError"] is False  # still serving
         escape = server.call("tpu_scan", {"paths": ["../../.."]})
         assert escape["isError"] and "path-outside-workspace" in escape["content"][0]["text"]
         job = server.call("tpu_run", {"entrypoint": "train.py", "args": ["--steps", "100000"], "wait_s": 0})
