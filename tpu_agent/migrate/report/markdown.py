@@ -26,7 +26,7 @@ def render(summary: Summary, applied: ApplyResult | None = None) -> str:
     lines = [
         "## Migrate CUDA-specific PyTorch code to TorchTPU (`tpu-agent migrate`)",
         "",
-        f"- **{t.files_changed}** file(s) rewritten, {t.files_examined} examined "
+        f"- **{t.files_changed}** file(s) {'rewritten' if applied is not None else 'to rewrite'}, {t.files_examined} examined "
         f"({t.files_parsed} parsed, {t.files_prefiltered} prefiltered, {t.files_skipped} skipped)",
         f"- **{t.converted} of {t.references}** CUDA-specific references converted "
         f"(**{percent_text(t.conversion_percent)}**)",
