@@ -15,7 +15,7 @@ import pytest
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.migrate import api
-from tpu_agent.migrate.model import MigrateOptions, Plan
+from tpu_agent.migrate.model import ApplyResult, MigrateOptions, Plan
 from tpu_agent.migrate.report import render, summarize, unified_diff
 from tpu_agent.migrate.report.diff import file_diff
 from tpu_agent.migrate.report.json_report import load_schema
@@ -146,6 +146,9 @@ def test_markdown_report_is_a_pr_description(plan: Plan) -> None:
     markdown = render(plan, "markdown")
     summary = summarize(plan)
     assert markdown.startswith("## ")
+    assert f"**{summary.totals.files_changed}** file(s) to rewrite" in markdown
+    applied = ApplyResult(written=[c.path for c in plan.changed_files], unchanged=[])
+    assert f"**{summary.totals.files_changed}** file(s) rewritten" in render(plan, "markdown", applied)
     assert f"**{summary.totals.converted} of {summary.totals.references}**" in markdown
     checklist = [line for line in markdown.splitlines() if line.startswith("- [ ] ")]
     assert len(checklist) == len(summary.manual)
