@@ -163,7 +163,8 @@ class Measurement:
         return self.lines / self.seconds
 
     @property
-    def lines_per_cpu_s(self) -> float:
+    def cpu_rate(self) -> float:
+        """Lines per CPU second; meaningful with one worker only (live worker processes are not counted)."""
         return self.lines / self.cpu_seconds
 
 
@@ -222,22 +223,25 @@ def main() -> None:
     for r in runs:
         print(
             f"{r.label:<27}{r.jobs:>5}{r.files:>7}{r.parsed:>8}{r.prefiltered:>8}{r.changed:>8}{r.seconds:>9.2f}"
-            f"{r.cpu_seconds:>8.2f}{r.files_per_s:>9.0f}{r.lines_per_s:>9.0f}{r.lines_per_s / r.jobs:>14.0f}"
-            f"{r.lines_per_cpu_s:>13.0f}"
+            f"{r.cpu_seconds if r.jobs == 1 else float('nan'):>8.2f}{r.files_per_s:>9.0f}{r.lines_per_s:>9.0f}"
+            f"{r.lines_per_s / r.jobs:>14.0f}{r.cpu_rate if r.jobs == 1 else float('nan'):>13.0f}"
         )
-    print("lines/s are wall-clock; lines/cpu-s divide by the CPU time used, which other load on the machine does not inflate.")
+    print(
+        "lines/s are wall-clock; lines/cpu-s divide by the CPU time used (one worker only), which other load on the "
+        f"machine does not inflate. Load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."
+    )
     by_key = {(r.label.split()[0], r.jobs): r for r in runs}
     parsed_1 = by_key[("parsed", 1)]
     prefiltered_1 = by_key[("prefiltered", 1)]
     print(
-        f"parsed, one worker: {parsed_1.lines_per_s:,.0f} lines/s wall, {parsed_1.lines_per_cpu_s:,.0f} lines/cpu-s "
+        f"parsed, one worker: {parsed_1.lines_per_s:,.0f} lines/s wall, {parsed_1.cpu_rate:,.0f} lines/cpu-s "
         f"(target {PARSED_TARGET_PER_CORE:,} per core: {parsed_1.lines_per_s / PARSED_TARGET_PER_CORE:.2f}x wall, "
-        f"{parsed_1.lines_per_cpu_s / PARSED_TARGET_PER_CORE:.2f}x cpu)"
+        f"{parsed_1.cpu_rate / PARSED_TARGET_PER_CORE:.2f}x cpu)"
     )
     print(
-        f"prefiltered, one worker: {prefiltered_1.lines_per_s:,.0f} lines/s wall, {prefiltered_1.lines_per_cpu_s:,.0f} "
+        f"prefiltered, one worker: {prefiltered_1.lines_per_s:,.0f} lines/s wall, {prefiltered_1.cpu_rate:,.0f} "
         f"lines/cpu-s (target {PREFILTER_TARGET:,}: {prefiltered_1.lines_per_s / PREFILTER_TARGET:.2f}x wall, "
-        f"{prefiltered_1.lines_per_cpu_s / PREFILTER_TARGET:.2f}x cpu)"
+        f"{prefiltered_1.cpu_rate / PREFILTER_TARGET:.2f}x cpu)"
     )
     if args.jobs > 1:
         parallel = by_key[("parsed", args.jobs)]
