@@ -140,6 +140,61 @@ def _finish_call_edit(path: str, lines: list[str], first: int, row: int, col: in
     return _diff(path, lines, new_lines)
 
 
+def _statement_end(lines: list[str], row: int) -> int:
+    """Index of the last line of the statement starting at ``row`` (brackets balanced; strings not parsed)."""
+    depth = 0
+    for index in range(row, len(lines)):
+        for char in lines[index].split("#", 1)[0]:
+            depth += char in "([{"
+            depth -= char in ")]}"
+        if depth <= 0:
+            return index
+    return row
+
+
+def in_loop(path: str, line: int) -> bool:
+    """Whether ``line`` sits in a ``for``/``while`` body inside its function (so the function is not one step)."""
+    lines = _read(path)
+    if lines is None or not 1 <= line <= len(lines):
+        return False
+    indent = len(_indent(lines[line - 1]))
+    for text in reversed(lines[: line - 1]):
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#") or len(_indent(text)) >= indent:
+            continue
+        if stripped.startswith(("for ", "while ", "async for ")):
+            return True
+        if stripped.startswith(("def ", "async def ", "class ")):
+            return False
+        indent = len(_indent(text))
+    return False
+
+
+def wrap_model_after_construction(path: str, class_name: str, before_line: int, wrapper: str) -> str | None:
+    """After the last ``model = ...`` that follows ``model = ClassName(...)`` (and precedes ``before_line``),
+    add ``model = <wrapper>(model, ...)``; ``wrapper`` is a format string with ``{var}``."""
+    lines = _read(path)
+    if lines is None:
+        return None
+    found = None
+    for index, text in enumerate(lines[: before_line - 1]):
+        match = re.match(rf"(\s*)(\w+)\s*=\s*.*\b{re.escape(class_name)}\(", text)
+        if match:
+            found = (index, match.group(1), match.group(2))
+    if found is None:
+        return None
+    index, indent, var = found
+    last = index
+    for row in range(index + 1, before_line - 1):
+        if re.match(rf"{indent}{var}\s*=[^=]", lines[row]):
+            last = row
+    end = _statement_end(lines, last)
+    statement = f"{indent}{var} = {wrapper.format(var=var)}\n"
+    if end + 1 < len(lines) and lines[end + 1] == statement:
+        return None
+    return _diff(path, lines, lines[: end + 1] + [statement] + lines[end + 1 :])
+
+
 def line_text(path: str, line: int) -> str:
     """The source text of ``line`` (empty when unreadable), for messages and pattern checks."""
     lines = _read(path)

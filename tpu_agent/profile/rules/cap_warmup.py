@@ -10,6 +10,7 @@ from tpu_agent.runtime import events as ev
 
 RATIO = 3.0
 MIN_EXCESS_NS = 50_000_000  # and 50 ms above the median: scheduler noise on a busy host is not warm-up
+# and twice the slowest later step: warm-up decays, a random stall in the middle of the window does not
 
 
 def _check(model: ProfileModel) -> list[Finding]:
@@ -20,7 +21,8 @@ def _check(model: ProfileModel) -> list[Finding]:
     rest = statistics.median(s.duration_ns for s in window[1:])
     ratio = window[0].duration_ns / rest if rest else 0.0
     first_compiles = [e for e in in_window(rank, rank.events) if isinstance(e, ev.Compile) and not e.is_recompile]
-    slow_first = ratio > RATIO and window[0].duration_ns - rest > MIN_EXCESS_NS
+    later_max = max(s.duration_ns for s in window[1:])
+    slow_first = ratio > RATIO and window[0].duration_ns - rest > MIN_EXCESS_NS and window[0].duration_ns > 2 * later_max
     if not slow_first and not first_compiles:
         return []
     extra = (model.config.requested_warmup or 0) + 1

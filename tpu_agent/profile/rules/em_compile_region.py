@@ -31,12 +31,15 @@ def _check(model: ProfileModel) -> list[Finding]:
     if site is None:
         return []
     diff = None
-    if site.function != "<module>":
+    if site.function != "<module>" and not patches.in_loop(site.file, site.line):
         line = _def_line(site.file, site.function, site.line)
         diff = patches.add_decorator(site.file, line, COMPILE) if line else None
         region = f"the step function `{site.function}`"
     else:
-        region = f"the model called at {patches.display_path(site.file)}:{(rank.forward_site or site).line}"
+        model_class = rank.module_types[0] if rank.module_types else "the model"
+        region = f"the {model_class} model (called at {patches.display_path(site.file)}:{(rank.forward_site or site).line})"
+        if rank.module_types:
+            diff = patches.wrap_model_after_construction(site.file, model_class, site.line, 'torch.compile({var}, backend="tpu")')
     return [
         RULE.finding(
             f"Nothing is compiled: {count:.0f} ops per step run eagerly",

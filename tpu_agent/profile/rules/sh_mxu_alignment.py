@@ -36,27 +36,32 @@ def _check(model: ProfileModel) -> list[Finding]:
     if not total:
         return []
     matmul_share = matmul_time_share(rank)
-    findings = []
+    # One finding per definition: the same line builds every block's layer, and the fix is made there once.
+    groups: dict[tuple[object, tuple[int, ...]], list[Weight]] = {}
     for weight in weights:
-        extra = waste(weight.shape, tile)
-        param_share = math.prod(weight.shape) / total
+        groups.setdefault((weight.site or weight.module, weight.shape), []).append(weight)
+    findings = []
+    for (_, shape), members in groups.items():
+        extra = waste(shape, tile)
+        param_share = math.prod(shape) * len(members) / total
         if extra < WASTE_THRESHOLD or param_share < MIN_PARAM_SHARE:
             continue
+        first = members[0]
         saving = matmul_share * param_share * extra / (1 + extra) * 100
-        out_dim, in_dim = weight.shape[0], math.prod(weight.shape[1:])
-        code = patches.line_text(weight.site.file, weight.site.line) if weight.site else ""
+        out_dim, in_dim = shape[0], math.prod(shape[1:])
+        names = first.module if len(members) == 1 else f"{first.module} and {len(members) - 1} more ({', '.join(m.module for m in members[1:4])}{', ...' if len(members) > 4 else ''})"
+        code = patches.line_text(first.site.file, first.site.line) if first.site else ""
         findings.append(
             RULE.finding(
-                f"{weight.module} ({weight.module_type} {in_dim}->{out_dim}) wastes {extra:.0%} of its MXU work on {chip.key} "
-                f"(tile {tile})",
+                f"{names}: {first.module_type} {in_dim}->{out_dim} wastes {extra:.0%} of its MXU work on {chip.key} (tile {tile})",
                 Evidence("MXU padding waste", round(extra, 3), WASTE_THRESHOLD, "fraction"),
-                [Location.from_site(weight.site, round(saving / 100, 4))] if weight.site else [],
-                f"Pad {weight.module}'s dims to multiples of {tile}: in {in_dim}->{_padded(in_dim, tile)}, out "
+                [Location.from_site(first.site, round(saving / 100, 4))] if first.site else [],
+                f"Pad the dims to multiples of {tile}: in {in_dim}->{_padded(in_dim, tile)}, out "
                 f"{out_dim}->{_padded(out_dim, tile)} (and the layers it feeds), or pick sizes that are multiples of {tile}."
                 + (f" Defined at: {code}" if code else ""),
                 severity=Severity.warning if saving >= WARN_SAVING else Severity.info,
                 agent_change=AgentChange(
-                    f"Change the layer sizes of {weight.module} to multiples of {tile} and adjust its neighbours; "
+                    f"Change the layer sizes of {first.module} to multiples of {tile} and adjust its neighbours; "
                     "for a classifier head, pad the number of classes and mask the extra logits."
                 ),
                 saving_pct=saving,
