@@ -152,6 +152,8 @@ def test_output_dir_gets_a_migrated_copy_and_the_source_is_untouched(tmp_path: P
     (root / "data.bin").write_bytes(b"\x00\xff binary")
     (root / ".git").mkdir()
     (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\x00")
     (root / "link.py").symlink_to("plain.py")
     out = tmp_path / "out"
     result = api.apply(plan, output_dir=out)
@@ -162,7 +164,7 @@ def test_output_dir_gets_a_migrated_copy_and_the_source_is_untouched(tmp_path: P
     assert (out / "plain.py").read_bytes() == PLAIN
     assert (out / "data.bin").read_bytes() == b"\x00\xff binary"
     assert os.readlink(out / "link.py") == "plain.py"
-    assert not (out / ".git").exists()
+    assert not (out / ".git").exists() and not (out / "__pycache__").exists()
     assert (out / OUTPUT_MARKER).is_file()
     assert result.output_dir == out.resolve()
     assert (out / "train.py").resolve() in result.written

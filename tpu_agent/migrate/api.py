@@ -30,10 +30,6 @@ from tpu_agent.migrate.safety import (
 
 ProgressCallback = Callable[[int, int], None]
 
-# Version-control metadata is not part of the code being migrated: an --output-dir copy leaves it out.
-VCS_DIRS = frozenset({".git", ".hg", ".svn"})
-
-
 def plan(paths: Sequence[Path | str], options: MigrateOptions | None = None, progress: ProgressCallback | None = None) -> Plan:
     """Examine ``paths`` (files or directories) and return what migrating them would change.
 
@@ -142,10 +138,13 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
     atomic_write_text(out / OUTPUT_MARKER, output_marker(plan.roots))
     migrated = {real(r.path): r.migrated_bytes for r in pending if r.migrated_bytes is not None}
     # Files an earlier apply already migrated in place hold their migrated bytes; copying them is right.
+    # The copy leaves out what discovery never walks (VCS data, virtual environments, caches, build output).
+    from tpu_agent.migrate.engine.discovery import SKIP_DIRS
+
     base = _common_base(plan.roots)
     written: list[Path] = []
     unchanged: list[Path] = []
-    for source in _tree_entries(plan.roots):
+    for source in _tree_entries(plan.roots, SKIP_DIRS):
         dest = out / source.relative_to(base)
         if not is_within(real(dest.parent), out_real):
             raise TpuAgentError(
@@ -190,8 +189,8 @@ def _common_base(roots: Sequence[Path]) -> Path:
     return Path(os.path.commonpath(dirs))
 
 
-def _tree_entries(roots: Sequence[Path]) -> Iterator[Path]:
-    """Every file and symlink under the roots (absolute, not following directory links, without VCS data)."""
+def _tree_entries(roots: Sequence[Path], skip_dirs: frozenset[str]) -> Iterator[Path]:
+    """Every file and symlink under the roots (absolute, not following directory links, pruning ``skip_dirs``)."""
     seen: set[Path] = set()
     for root in roots:
         top = Path(os.path.abspath(root))
@@ -203,7 +202,7 @@ def _tree_entries(roots: Sequence[Path]) -> Iterator[Path]:
         for directory, dirnames, filenames in os.walk(top, followlinks=False):
             here = Path(directory)
             links = [d for d in dirnames if (here / d).is_symlink()]
-            dirnames[:] = sorted(d for d in dirnames if d not in VCS_DIRS and d not in links)
+            dirnames[:] = sorted(d for d in dirnames if d not in skip_dirs and d not in links)
             for name in sorted([*filenames, *links]):
                 entry = here / name
                 if entry not in seen:
