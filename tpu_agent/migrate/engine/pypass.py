@@ -10,8 +10,10 @@ to the reference handler with the longest matching qualified-name prefix.
 
 from __future__ import annotations
 
+import ast
+import gc
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 from tpu_agent.migrate.engine.context import RESOLVER_COMMENT, PendingFinding, PyContext
+from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS
 from tpu_agent.migrate.model import MigrateOptions, Rule, Target
 from tpu_agent.migrate.rules._base import Family, LeaveFn, RefFn, VisitFn
 
@@ -84,6 +87,14 @@ class _Pass(cst.CSTTransformer):
         self.ctx = ctx
         self.dispatch = dispatch
         self.removed: set[int] = set()  # ids of (updated) statement lines left empty by a rule
+        self.inert: set[int] = set()  # ids of statements whose text has no trigger: not descended into
+
+    # libcst calls these for every field of every node to look up visit_<Node>_<field> methods; none exist.
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
 
     # Structure the rules rely on, recorded on the way down.
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -102,13 +113,16 @@ class _Pass(cst.CSTTransformer):
             if not ctx.stmt_stack:
                 ctx.top_index += 1
             ctx.stmt_stack.append(node)
+            if kind is cst.ClassDef:
+                ctx.class_stack.append(node.name.value)
+            if id(node) in self.inert:
+                return False  # no CUDA-ish token in it: nothing for any rule
             if kind is cst.If or kind is cst.While:
                 ctx.bare_positions.add(id(node.test))
             elif kind is cst.FunctionDef:
                 ctx.not_references.add(id(node.name))
             elif kind is cst.ClassDef:
                 ctx.not_references.add(id(node.name))
-                ctx.class_stack.append(node.name.value)
         elif kind is cst.Import or kind is cst.ImportFrom:
             ctx.bind_import(node)
             for fn in self.dispatch.visit.get(kind, ()):
@@ -325,6 +339,87 @@ def _bound_name(alias: cst.ImportAlias) -> str:
     return bound if bound is not None else alias.evaluated_name.split(".")[0]
 
 
+# ---- statement gate ----------------------------------------------------------------------------------------
+_IMPORT_RE = re.compile(r"\bimport\b")
+_NEWLINE_RE = re.compile(r"\r\n|\r|\n")
+_PAIRS: dict[type, tuple[type, ...]] = {
+    cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
+    cst.ClassDef: (ast.ClassDef,),
+    cst.If: (ast.If,),
+    cst.For: (ast.For, ast.AsyncFor),
+    cst.While: (ast.While,),
+    cst.With: (ast.With, ast.AsyncWith),
+    cst.Try: (ast.Try,),
+    cst.TryStar: (ast.TryStar,),
+    cst.Match: (ast.Match,),
+}
+
+
+def _cuda_aliases(tree: ast.Module) -> list[str]:
+    """Names bound by the file's imports to CUDA-ish things (``tc`` in ``import torch.cuda as tc``)."""
+    names = []
+    statements = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, (ast.Try, ast.If)):
+            statements.extend(node.body)
+    for node in statements:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and CUDA_TOKENS.search(alias.name.encode()):
+                    names.append(alias.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if CUDA_TOKENS.search(f"{node.module}.{alias.name}".encode()):
+                    names.append(alias.asname or alias.name)
+    return names
+
+
+def inert_statements(module: cst.Module, source: str) -> set[int]:
+    """Top-level statements (and methods of top-level classes) whose text holds no trigger for any rule.
+
+    The stdlib parser gives each statement's line span; the libcst statements are matched to it one to one
+    (a ``SimpleStatementLine`` covers as many ast statements as it has small statements). Statements that
+    import are always visited (their names resolve the rest). Any mismatch, or code the stdlib parser does
+    not accept, disables the gate.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    aliases = _cuda_aliases(tree)
+    gate = CUDA_TOKENS
+    if aliases:
+        gate = re.compile(CUDA_TOKENS.pattern + b"|\\b(?:" + "|".join(map(re.escape, aliases)).encode() + b")\\b", re.IGNORECASE)
+    starts = [0] + [m.end() for m in _NEWLINE_RE.finditer(source)]
+    inert: set[int] = set()
+
+    def walk(cst_body: Sequence[cst.CSTNode], ast_body: list[ast.stmt]) -> bool:
+        index = 0
+        for stmt in cst_body:
+            count = len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+            group = ast_body[index : index + count]
+            index += count
+            if len(group) != count:
+                return False
+            if not isinstance(stmt, cst.SimpleStatementLine) and not isinstance(group[0], _PAIRS.get(type(stmt), ())):
+                return False
+            first = group[0]
+            decorators = getattr(first, "decorator_list", None) or []
+            begin = min([first.lineno, *(d.lineno for d in decorators)])
+            end = group[-1].end_lineno or first.lineno
+            text = source[starts[begin - 1] : starts[end] if end < len(starts) else len(source)]
+            if _IMPORT_RE.search(text):
+                continue
+            if not gate.search(text.encode("utf-8", "surrogatepass")):
+                inert.add(id(stmt))
+            elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
+                if not walk(stmt.body.body, group[0].body):  # type: ignore[attr-defined]
+                    return False
+        return index == len(ast_body)
+
+    return inert if walk(module.body, tree.body) else set()
+
+
 class _PositionState(CodegenState):
     """Code generation that emits nothing and records start/end of a few wanted nodes only."""
 
@@ -402,12 +497,25 @@ class PyOutcome:
 
 def migrate_source(source: str, options: MigrateOptions, rules: Mapping[str, Rule], dispatch: Dispatch) -> PyOutcome:
     """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse."""
+    # Parsing and the pass allocate many short-lived, acyclic nodes: the cyclic collector only slows them down.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _migrate_source(source, options, rules, dispatch)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _migrate_source(source: str, options: MigrateOptions, rules: Mapping[str, Rule], dispatch: Dispatch) -> PyOutcome:
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise ParseFailure(exc.message, exc.raw_line, exc.raw_column + 1) from exc
     ctx = PyContext.for_source(source, options, rules)
-    new_module = module.visit(_Pass(ctx, dispatch))
+    transformer = _Pass(ctx, dispatch)
+    transformer.inert = inert_statements(module, source)
+    new_module = module.visit(transformer)
     found = positions(module, [f.node for f in ctx.findings]) if ctx.findings else {}
     ordered = sorted(
         ((f, found.get(id(f.node), (1, 0, 1, 0))) for f in ctx.findings), key=lambda item: (item[1][:2], item[0].code)

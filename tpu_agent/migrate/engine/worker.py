@@ -68,6 +68,26 @@ def _error_position(data: bytes, exc: ParseFailure) -> tuple[int, int]:
     return exc.line, exc.column
 
 
+class EncodingCookieError(Exception):
+    """A PEP 263 cookie names an unknown encoding, or contradicts a BOM."""
+
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def _decode(data: bytes) -> tuple[str, str]:
+    """The file's encoding (BOM, PEP 263 cookie, else UTF-8) and its text."""
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+    except SyntaxError as exc:  # detect_encoding reports a bad cookie as SyntaxError
+        raise EncodingCookieError(str(exc), getattr(exc, "lineno", None) or 1) from exc
+    try:
+        return encoding, data.decode(encoding)
+    except LookupError as exc:
+        raise EncodingCookieError(str(exc), 1) from exc
+
+
 def _run_python(source: str, options: MigrateOptions) -> PyOutcome:
     return migrate_source(source, options, ALL_RULES, dispatch())
 
@@ -94,8 +114,7 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
         return result
     try:
         if candidate.kind is FileKind.PYTHON:
-            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
-            source = data.decode(encoding)
+            encoding, source = _decode(data)
             outcome = _run_python(source, options)
             result.findings = _findings(outcome, where)
             if outcome.code is not None:
@@ -114,8 +133,8 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
         result.findings = []
     except UnicodeDecodeError as exc:
         result.skipped_reason = f"{where}:{_line_of(data, exc.start)}: undecodable bytes ({exc.reason}, {exc.encoding})"
-    except (SyntaxError, LookupError) as exc:  # a bad or unknown PEP 263 encoding cookie
-        result.skipped_reason = f"{where}:{getattr(exc, 'lineno', None) or 1}: {exc}"
+    except EncodingCookieError as exc:
+        result.skipped_reason = f"{where}:{exc.line}: {exc}"
     except NotebookError as exc:
         result.skipped_reason = f"{where}: {exc}"
     return result
