@@ -256,3 +256,13 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert "250/250" in b"".join(captured).decode(errors="replace")
     piped = cli("migrate", "--check", "big", cwd=tmp_path)
     assert piped.returncode == 0 and "250/250" not in piped.stderr and piped.stderr == ""
+
+
+def test_rule_and_fix_options_reach_the_plan(tmp_path: Path) -> None:
+    make_project(tmp_path)
+    narrowed = json.loads(cli("migrate", "--check", "--format", "json", "--select", "TPU1", "--ignore", "TPU103", "proj", cwd=tmp_path).stdout)
+    codes = {f["code"] for f in narrowed["findings"]}
+    assert codes and all(c.startswith("TPU1") and c != "TPU103" for c in codes)
+    assert narrowed["options"]["select"] == ["TPU1"] and narrowed["options"]["ignore"] == ["TPU103"]
+    tpu = json.loads(cli("migrate", "--check", "--format", "json", "--target", "tpu", "--unsafe-fixes", "proj", cwd=tmp_path).stdout)
+    assert tpu["options"]["target"] == "tpu" and tpu["options"]["unsafe_fixes"] is True
