@@ -40,3 +40,21 @@ def test_help_documents_the_launcher() -> None:
     for option in ("--nproc", "--backend", "--chip", "--eager-mode", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-backend", "--master-port", "--timeout", "-m"):
         assert option in text
     assert "tpu-agent run --nproc 2" in text
+
+
+def test_rendezvous_options_reach_torchrun_unchanged() -> None:
+    from torch.distributed.run import parse_args
+
+    from tpu_agent.runtime.api import LaunchTarget, RunOptions
+    from tpu_agent.runtime.launcher import command
+
+    options = RunOptions(nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host0:29400", rdzv_backend="c10d", master_port=29555)
+    argv = command(LaunchTarget("train.py", ["--lr", "1"]), options)
+    assert argv[1:3] == ["-m", "tpu_agent.runtime.elastic"]
+    parsed = parse_args(argv[3:])  # torchrun's own parser, as the agent process uses it
+    assert (parsed.nproc_per_node, parsed.nnodes, parsed.node_rank) == ("4", "2", 1)
+    assert (parsed.rdzv_endpoint, parsed.rdzv_backend, parsed.master_port, parsed.max_restarts) == ("host0:29400", "c10d", 29555, 0)
+    assert parsed.module and parsed.training_script == "tpu_agent.runtime.bootstrap"
+    assert parsed.training_script_args == ["train.py", "--lr", "1"]
+    single = command(LaunchTarget("pkg.train", ["-x"], is_module=True), RunOptions())
+    assert single[1:] == ["-m", "tpu_agent.runtime.bootstrap", "-m", "pkg.train", "-x"]

@@ -159,16 +159,22 @@ def _terminal_delivers_sigint_to_child() -> bool:
 
 
 def supervise(process: subprocess.Popen[bytes], options: RunOptions) -> int:
-    """Wait for the child; forward SIGINT; on timeout stop everything and return 124."""
+    """Wait for the child; pass SIGINT / SIGTERM / SIGHUP on; on timeout stop everything and return 124.
+
+    A job runner that SIGTERMs this process (or its process group) must not orphan the ranks: the agent runs
+    in a session of its own, so the signal is forwarded and this process waits for the agent's shutdown.
+    SIGINT is forwarded unless the terminal already delivered it to a single-process child.
+    """
     ranks = options.nproc
-    forward = options.multi_process or not _terminal_delivers_sigint_to_child()
+    forward_sigint = options.multi_process or not _terminal_delivers_sigint_to_child()
 
-    def on_sigint(signum: int, frame: object) -> None:
-        if forward and process.poll() is None:
-            process.send_signal(signal.SIGINT)
+    def forward(signum: int, frame: object) -> None:
+        if process.poll() is None and (signum != signal.SIGINT or forward_sigint):
+            process.send_signal(signum)
 
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_sigint) if in_main_thread else None
+    previous = {signum: signal.signal(signum, forward) for signum in handled} if in_main_thread else {}
     deadline = None if options.timeout_s is None else time.monotonic() + options.timeout_s
     try:
         while True:
@@ -182,8 +188,8 @@ def supervise(process: subprocess.Popen[bytes], options: RunOptions) -> int:
                     note(f"the run exceeded its time limit of {options.timeout_s:g} s; stopped {what}")
                     return TIMEOUT_EXIT_CODE
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def stop(process: subprocess.Popen[bytes], is_agent: bool) -> None:
