@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from profile_helpers import SCRIPTS, Captures, run_cli
+from profile_helpers import REPO, SCRIPTS, Captures, run_cli
 
 
 def test_annotated_inference_steps(captures: Captures) -> None:
@@ -63,3 +63,26 @@ def test_bad_input_errors(tmp_path: Path) -> None:
     assert result.returncode == 2 and "missing.py" in result.stderr
     result = run_cli("profile", "--steps", "0", str(SCRIPTS / "host_sync.py"))
     assert result.returncode == 2
+
+
+def test_every_report_matches_the_published_schema(captures: Captures, tmp_path: Path) -> None:
+    import jsonschema
+
+    from tpu_agent.profile.synthetic import write_capture
+
+    schema = json.loads((REPO / "tpu_agent" / "profile" / "report" / "schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for script in ("host_sync.py", "memory_fit.py", "slow_loader.py"):
+        options = ("--chip", "v5e") if script == "memory_fit.py" else ()
+        _, report, _ = captures.get(script, *options)
+        jsonschema.validate(report, schema)
+    write_capture(tmp_path, steps=20)
+    jsonschema.validate(json.loads(run_cli("diagnose", str(tmp_path), "--format", "json").stdout), schema)
+
+
+def test_debug_eager_mode_makes_the_capture_untrustworthy(captures: Captures) -> None:
+    _, report, result = captures.get("well_tuned.py", "--eager-mode", "debug")
+    cap6 = next(f for f in report["findings"] if f["rule_id"] == "CAP-6")
+    assert cap6["severity"] == "error" and "DEFER_NEVER_AND_LAUNCH_BLOCKING" in cap6["title"] + str(report["capture"]["eager_mode"])
+    assert report["findings"][0]["rule_id"] == "CAP-6"  # capture problems rank first
+    assert result.returncode == 1

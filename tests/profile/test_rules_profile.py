@@ -103,3 +103,47 @@ def test_diagnose_missing_logdir(tmp_path: Path) -> None:
     with pytest.raises(TpuAgentError) as error:
         diagnose(tmp_path)
     assert error.value.code == "no-capture"
+
+
+def _rank_with(events: list, steps: int = 6) -> RankProfile:
+    return RankProfile(rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(steps)], events=events)
+
+
+def _model(rank: RankProfile, eager_mode: str | None) -> ProfileModel:
+    return ProfileModel(config=RunConfig(chip=get_chip("v6e"), eager_mode=eager_mode, source="tpu-agent"), ranks={0: rank})
+
+
+def test_fused_eager_fragmentation_and_unstable_graphs_name_their_sites() -> None:
+    from tpu_agent.runtime import events as ev
+
+    site = ev.Site("train.py", 21, "<module>")
+    other = ev.Site("train.py", 30, "<module>")
+    records = []
+    for step in range(6):
+        t = step * 1_000_000
+        records += [ev.Flush(t + 10 * k, 0, step, cause="item", graph_ops=5, graph_hash="a", duration_ns=5, site=site) for k in range(7)]
+        if step == 4:
+            records.append(ev.Flush(t + 500, 0, step, cause="print", graph_ops=9, graph_hash="new", duration_ns=5, site=other))
+    findings, _ = run_rules(_model(_rank_with(records), "DEFER_AND_FUSE"))
+    by_id = {f.rule_id: f for f in findings}
+    assert by_id["EM-2"].evidence.value == pytest.approx(43 / 6, abs=0.01)
+    assert (by_id["EM-2"].locations[0].file, by_id["EM-2"].locations[0].line) == ("train.py", 21)
+    assert by_id["EM-4"].evidence.steps == (4,) and by_id["EM-4"].locations[0].line == 30
+    # The same capture in Strict eager: fused-eager rules have nothing to say.
+    findings, _ = run_rules(_model(_rank_with(records), "DEFER_NEVER"))
+    assert not {"EM-2", "EM-4"} & {f.rule_id for f in findings}
+
+
+def test_recompiles_after_warmup_are_errors_with_the_guard() -> None:
+    from tpu_agent.runtime import events as ev
+
+    site = ev.Site("train.py", 8, "step_fn")
+    records = [
+        ev.Compile(step * 1_000_000 + 5, 0, step, function="step_fn", graph_id=step, graph_ops=10, is_recompile=step > 0,
+                   reason="tensor 'x' size mismatch at index 1. expected 32, actual 39" if step else "first call", duration_ns=10, site=site)
+        for step in range(6)
+    ]
+    findings, _ = run_rules(_model(_rank_with(records), "DEFER_NEVER"))
+    co1 = next(f for f in findings if f.rule_id == "CO-1")
+    assert co1.severity.value == "error" and "size mismatch" in co1.title and co1.locations[0].line == 8
+    assert "pad or bucket" in co1.suggestion
