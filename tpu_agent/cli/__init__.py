@@ -7,6 +7,7 @@ exposes ``register(app)``; this module only assembles them, so the CLI never hol
 from __future__ import annotations
 
 import sys
+import traceback
 
 import typer
 
@@ -63,6 +64,12 @@ def main() -> None:
         sys.exit(int(error.exit_code))
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception:  # a bug in tpu-agent: exit 4 so --check users never mistake it for "findings" (1)
+        traceback.print_exc()
+        console_err.print(
+            "[bold red]internal error[/]: this is a bug in tpu-agent; please report it with the traceback above."
+        )
+        sys.exit(int(ExitCode.INTERNAL))
 
 
 __all__ = ["app", "main", "ExitCode"]
