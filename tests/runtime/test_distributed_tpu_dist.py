@@ -62,8 +62,10 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         assert {"all_reduce", "broadcast"} <= ops
 
 
-def test_fsdp2_and_dtensor_on_a_tpu_device_mesh(tmp_path: Path) -> None:
-    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_fsdp.py"), str(tmp_path), timeout=240)
+def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(tmp_path: Path) -> None:
+    # DeferAndFuse here (DDP above runs Strict): collectives and FSDP2's buffer frees must flush pending work
+    args = ["--nproc", "2", "--backend", "emulated", "--eager-mode", "defer-and-fuse"]
+    result = tpu_agent("run", *args, str(SCRIPTS / "dist_fsdp.py"), str(tmp_path), timeout=240)
     assert result.returncode == 0, result.stderr
     ranks = _results(tmp_path)
     assert ranks[0]["local_shard"] == [0.0, 1.0, 2.0, 3.0] and ranks[1]["local_shard"] == [4.0, 5.0, 6.0, 7.0]

@@ -517,6 +517,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
 
 def _cpu_storage(tensor: torch.Tensor) -> torch.UntypedStorage:
+    # Deferred ops may still read or write this memory (e.g. FSDP2's copy-out of the all-gather buffer it is
+    # about to free): run them before the storage changes size.
+    _flush_if_tpu([tensor])
     return _cpu_data(tensor).untyped_storage()
 
 
