@@ -36,9 +36,11 @@ __all__ = [
     "EVENTS_DIR_ENV",
     "EagerMode",
     "EAGER_MODES",
+    "apply_env",
     "eager_mode_env",
     "eager_mode_from_env",
     "recorded_env",
+    "single_host_topology",
     "tpu_launch_env",
 ]
 
