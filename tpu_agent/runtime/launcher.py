@@ -93,17 +93,17 @@ def module_not_found(name: str) -> TpuAgentError:
     )
 
 
-def build_env(choice: BackendChoice, options: RunOptions, base: dict[str, str] | None = None) -> dict[str, str]:
+def build_env(choice: BackendChoice, options: RunOptions) -> dict[str, str]:
     """The environment every rank starts with: the caller's, the options' extras, the backend and mode."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env.update(options.env)
     env[BACKEND_ENV] = choice.name
     env[CHIP_ENV] = get_chip(options.chip).key
     if options.eager_mode is not None:
         apply_env(eager_mode_env(options.eager_mode), env)
     if choice.name == "emulated" and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:
-        # An installed torch_tpu would otherwise autoload on `import torch` and install its own (device-less)
-        # torch.tpu module, which the emulation has to own.
+        # An installed torch_tpu would otherwise autoload on `import torch`: it installs its own device-less
+        # torch.tpu module, which the emulation has to own, and without libtpu it aborts the interpreter.
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     if options.multi_process and options.nnodes == "1":
         env.update(tpu_launch_env(get_chip(options.chip), options.nproc, env))
