@@ -57,13 +57,13 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
         assert "train.py" in applied["files_written"]
 
         run = await _finish(client, await _call(client, "tpu_run", {"entrypoint": "train.py", "args": ["--steps", "4"], "nproc": 2, "wait_s": 45}))
-        assert run["state"] == "succeeded", run["log_tail"]
+        assert run["state"] == "succeeded", "\n".join(run["log_tail"])
         assert sum(line.startswith("step 3 loss") for line in run["log_tail"]) >= 1
 
         profile = await _finish(
             client, await _call(client, "tpu_profile", {"entrypoint": "train.py", "args": ["--steps", "12"], "steps": 8, "warmup": 2, "wait_s": 45})
         )
-        assert profile["state"] == "succeeded", profile["log_tail"]
+        assert profile["state"] == "succeeded", "\n".join(profile["log_tail"])
         assert profile["profile_dir"].startswith(".tpu-agent/profiles/") and any((example / profile["profile_dir"]).iterdir())
 
         diagnosis = await _call(client, "tpu_diagnose", {"job_id": profile["job_id"]})
