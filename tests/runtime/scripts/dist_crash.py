@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("tpu_dist")
+dist.init_process_group("tpu")  # TorchTPU registers "tpu" as an alias of "tpu_dist"
 t = torch.ones(2, device="tpu")
 dist.all_reduce(t)
 if dist.get_rank() == 1:
