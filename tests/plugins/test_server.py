@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 from mcp import Client
+from mcp.types import ListRootsResult, Root
 
 from tpu_agent.plugins.server import build_server
 
@@ -149,6 +150,22 @@ async def test_no_workspace_is_refused_not_guessed(tmp_path: Path, monkeypatch: 
         assert "no-workspace" in [p["code"] for p in doctor.structured_content["problems"]]
         ok = await c.call_tool("tpu_scan", {"paths": ["."], "workspace": str(tmp_path)})
         assert not ok.is_error and ok.structured_content["workspace"] == str(tmp_path.resolve())
+
+
+async def test_mcp_roots_are_the_last_resort(example: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    async def roots(context: Any) -> ListRootsResult:
+        return ListRootsResult(roots=[Root(uri=example.resolve().as_uri(), name="project")])
+
+    async with Client(build_server(None), mode="legacy", list_roots_callback=roots) as c:
+        doctor = (await c.call_tool("tpu_doctor", {})).structured_content
+        assert (doctor["workspace"], doctor["workspace_source"]) == (str(example.resolve()), "roots")
+        scan = await c.call_tool("tpu_scan", {"paths": ["train.py"]})
+        assert not scan.is_error and scan.structured_content["findings"]
+    async with Client(build_server(str(tmp_path)), mode="legacy", list_roots_callback=roots) as c:
+        doctor = (await c.call_tool("tpu_doctor", {})).structured_content
+        assert doctor["workspace_source"] == "--workspace"  # roots never override an explicit workspace
 
 
 async def test_rule_explanation_and_resources(modern: Client) -> None:

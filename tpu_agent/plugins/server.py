@@ -11,22 +11,27 @@ inside the tools, so the server answers ``tools/list`` without importing torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import platform
 import shutil
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
@@ -61,8 +66,8 @@ workspace='/abs/path/to/repo'. Errors start with a stable code and end with a hi
 WorkspaceArg = Annotated[
     str | None,
     Field(
-        description="Absolute path of the project directory. Defaults to the server's --workspace or the "
-        "host's project directory (CLAUDE_PROJECT_DIR)."
+        description="Absolute path of the project directory. Defaults to the server's --workspace, the "
+        "host's project directory (CLAUDE_PROJECT_DIR), or the client's first MCP root."
     ),
 ]
 PathsArg = Annotated[
@@ -126,8 +131,40 @@ class ServerState:
     configured_workspace: str | None
     jobs: JobManager = field(default_factory=JobManager)
 
-    def workspace(self, argument: str | None) -> Workspace:
-        return resolve_workspace(argument, self.configured_workspace)
+    async def workspace(self, ctx: Context, argument: str | None) -> Workspace:
+        """The workspace for one call; when nothing names it, the client's MCP roots as a last resort.
+
+        Roots exist only on handshake-era (2025-11-25) connections whose client advertises them (VS Code,
+        Cursor and Copilot load Agent Plugins with the plugin directory as cwd and no project variable).
+        """
+        try:
+            return resolve_workspace(argument, self.configured_workspace)
+        except TpuAgentError as error:
+            if error.code != "no-workspace":
+                raise
+            root = await _first_root(ctx)
+            if root is None:
+                raise
+            return dataclasses.replace(resolve_workspace(root, None), source="roots")
+
+
+async def _first_root(ctx: Context) -> str | None:
+    """The first ``file://`` root the client lists, or None when it has no roots (or no back-channel)."""
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.roots is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            result = await ctx.session.list_roots()
+    except MCPError as error:  # NoBackChannelError on 2026 connections, or the client refused
+        logger.info("roots/list failed: %r", error)
+        return None
+    for root in result.roots:
+        uri = str(root.uri)
+        if uri.startswith("file://"):
+            return url2pathname(urlparse(uri).path)
+    return None
 
 
 async def _in_thread(func: Callable[[], T]) -> T:
@@ -337,11 +374,11 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         annotations=_read_only("Check the TPU environment"),
     )
     @tool_errors
-    async def tpu_doctor(workspace: WorkspaceArg = None) -> models.DoctorResult:
+    async def tpu_doctor(ctx: Context, workspace: WorkspaceArg = None) -> models.DoctorResult:
         problems: list[models.Problem] = []
         ws: Workspace | None = None
         try:
-            ws = state.workspace(workspace)
+            ws = await state.workspace(ctx, workspace)
         except TpuAgentError as error:
             problems.append(models.Problem(**error.to_dict()))
         runtime: dict[str, Any] = {}
@@ -383,7 +420,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         max_findings: Annotated[int, Field(ge=1, le=2000, description="Cap on returned findings.")] = 200,
         workspace: WorkspaceArg = None,
     ) -> models.ScanResult:
-        ws = state.workspace(workspace)
+        ws = await state.workspace(ctx, workspace)
         plan = await _build_plan(ctx, ws, paths, _migrate_options(select, None, False, "accelerator"))
         findings = _plan_findings(plan)
         counts: dict[str, int] = {}
@@ -428,7 +465,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         max_diff_chars: Annotated[int, Field(ge=1000, le=400_000)] = 60_000,
         workspace: WorkspaceArg = None,
     ) -> models.PlanResult:
-        ws = state.workspace(workspace)
+        ws = await state.workspace(ctx, workspace)
         plan = await _build_plan(ctx, ws, paths, _migrate_options(select, ignore, unsafe_fixes, target))
         stored = await _in_thread(lambda: save_plan(plan, ws))
         from tpu_agent.migrate import model as migrate_model
@@ -477,6 +514,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     )
     @tool_errors
     async def tpu_apply_plan(
+        ctx: Context,
         plan_id: Annotated[str, Field(description="The plan_id tpu_plan_migration returned.")],
         allow_dirty: Annotated[
             bool,
@@ -485,7 +523,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         ] = False,
         workspace: WorkspaceArg = None,
     ) -> models.ApplyResult:
-        ws = state.workspace(workspace)
+        ws = await state.workspace(ctx, workspace)
         stored = load_plan(plan_id, ws)
         from tpu_agent.migrate import api as migrate_api
 
@@ -526,7 +564,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description="How long this call waits.")] = 20,
         workspace: WorkspaceArg = None,
     ) -> models.JobResult:
-        ws = state.workspace(workspace)
+        ws = await state.workspace(ctx, workspace)
         script = _entrypoint(ws, entrypoint)
         argv = [sys.executable, "-m", "tpu_agent", "run", "--backend", backend, *_launch_options(nproc, chip, eager_mode)]
         argv += [ws.relative(script), *args]
@@ -561,7 +599,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S)] = 20,
         workspace: WorkspaceArg = None,
     ) -> models.JobResult:
-        ws = state.workspace(workspace)
+        ws = await state.workspace(ctx, workspace)
         script = _entrypoint(ws, entrypoint)
         from tpu_agent.plugins.jobs import new_job_id
 
@@ -621,6 +659,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     )
     @tool_errors
     async def tpu_diagnose(
+        ctx: Context,
         job_id: Annotated[str | None, Field(description="A finished profile job.")] = None,
         logdir: Annotated[str | None, Field(description="Workspace-relative profile directory.")] = None,
         chip: Annotated[
@@ -630,7 +669,7 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         max_items: Annotated[int, Field(ge=1, le=100)] = 20,
         workspace: WorkspaceArg = None,
     ) -> models.DiagnoseResult:
-        ws = state.workspace(workspace)
+        ws = await state.workspace(ctx, workspace)
         directory = _profile_dir_of(state, ws, job_id, logdir)
         from tpu_agent.profile import api as profile_api
 
@@ -713,7 +752,7 @@ def _register_resources(server: MCPServer, state: ServerState) -> None:
     )
     def plan_diff(plan_id: str) -> str:
         try:
-            return load_plan(plan_id, state.workspace(None)).diff
+            return load_plan(plan_id, resolve_workspace(None, state.configured_workspace)).diff
         except TpuAgentError as error:
             raise _resource_error(error) from error
 

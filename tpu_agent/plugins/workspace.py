@@ -4,7 +4,9 @@ A coding agent's host starts ``tpu-agent mcp`` from wherever suits it: Claude Co
 directory, Codex and the Agent Plugins spec use the plugin's own cache directory. So the server never
 takes its working directory as the user's repository. The workspace comes from, in order: the tool
 call's ``workspace`` argument, ``--workspace`` (or ``TPU_AGENT_WORKSPACE``), the harness's project
-variable (``CLAUDE_PROJECT_DIR``, which Claude Code sets for the servers it starts); with none of these the call is refused.
+variable (``CLAUDE_PROJECT_DIR``, which Claude Code sets for the servers it starts), and, on connections
+that have them, the client's MCP roots (see ``tpu_agent.plugins.server``); with none of these the call is
+refused.
 
 Every path a tool receives is resolved (symlinks included) and must stay inside the workspace; nothing
 is ever written under ``.git/``, and the server's own artefacts (plans, job logs, profiles) live under
