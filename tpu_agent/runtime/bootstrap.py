@@ -127,8 +127,8 @@ def _fresh_main() -> types.ModuleType:
     return main
 
 
-def _run_user_code(target: str, is_module: bool, args: list[str]) -> None:
-    sys.argv = [target, *args]
+def _run_user_code(target: str, is_module: bool) -> None:
+    """Run the target in a fresh ``__main__`` (``sys.argv`` is already the script's)."""
     if is_module:
         _fresh_main()
         runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` itself calls
@@ -164,7 +164,7 @@ def _exit_status(code: object) -> int:
 def main(argv: list[str]) -> None:
     try:
         target, is_module, args = _prepare(argv)
-        sys.argv = [target, *args]
+        sys.argv = [target, *args]  # before activation, so the run's RunInfo record shows the user's argv
         if os.environ.get(BACKEND_ENV) == "emulated" and "LOCAL_RANK" in os.environ:
             os.environ.setdefault("TPU_VISIBLE_DEVICES", os.environ["LOCAL_RANK"])
         from tpu_agent.runtime.api import activate
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> None:
         sys.exit(int(error.exit_code))
 
     try:
-        _run_user_code(target, is_module, args)
+        _run_user_code(target, is_module)
     except SystemExit as exit_request:
         status = _exit_status(exit_request.code)
         if status:
