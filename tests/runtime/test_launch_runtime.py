@@ -56,26 +56,18 @@ def test_script_sees_plain_python_argv_main_path_and_cwd(tmp_path: Path) -> None
     assert "RuntimeError" in plain.stderr  # the same probe under plain python has no tpu device
 
 
-def test_module_mode_runs_package_module_as_main(tmp_path: Path) -> None:
+def test_python_dash_m_tpu_agent_runtime_runs_a_module_as_python_dash_m_does(tmp_path: Path) -> None:
     _write(tmp_path / "pkg" / "__init__.py", "")
     _write(tmp_path / "pkg" / "train.py", PROBE)
-    result = tpu_agent("run", "--backend", "emulated", "-m", "pkg.train", "--epochs", "1", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["argv"] == [str(tmp_path / "pkg" / "train.py"), "--epochs", "1"]
-    assert seen["name"] == "__main__"
-    assert seen["path0"] == str(tmp_path)
-
-
-def test_python_dash_m_tpu_agent_runtime_is_the_same_launcher(tmp_path: Path) -> None:
-    _write(tmp_path / "probe.py", PROBE)
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_agent.runtime", "--backend", "emulated", "--eager-mode", "defer-and-fuse", "probe.py", "a"],
+        [sys.executable, "-m", "tpu_agent.runtime", "--backend", "emulated", "--eager-mode", "defer-and-fuse", "-m", "pkg.train", "--epochs", "1"],
         cwd=tmp_path, env=clean_env(TORCH_TPU_LAUNCH_BLOCKING="1"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["argv"] == ["probe.py", "a"]
+    assert seen["argv"] == [str(tmp_path / "pkg" / "train.py"), "--epochs", "1"]
+    assert seen["name"] == "__main__" and seen["is_main"]
+    assert seen["path0"] == str(tmp_path)
     # --eager-mode overrides a stale switch from the shell: TorchTPU would otherwise prefer launch blocking
     assert seen["defer_and_fuse"] == "1" and seen["launch_blocking"] is None
     assert "DEFER_AND_FUSE" in seen["eager_mode"]
