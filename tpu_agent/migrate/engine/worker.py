@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+from collections.abc import Callable
 from functools import lru_cache
 
 from tpu_agent.migrate.engine.discovery import Candidate
@@ -19,6 +20,7 @@ from tpu_agent.migrate.engine.pypass import Dispatch, ParseFailure, PyOutcome, m
 from tpu_agent.migrate.engine.textfiles import migrate_text
 from tpu_agent.migrate.model import FileKind, FileResult, Finding, MigrateOptions, sha256_bytes
 from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
+from tpu_agent.migrate.rules._base import TextFix
 from tpu_agent.migrate.rules.third_party import cuda_source_message
 
 
@@ -28,7 +30,7 @@ def dispatch() -> Dispatch:
 
 
 @lru_cache(maxsize=1)
-def text_fixes() -> tuple:
+def text_fixes() -> tuple[TextFix, ...]:
     return tuple(fix for family in FAMILIES for fix in family.text_fixes)
 
 
@@ -40,7 +42,10 @@ def _line_of(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 
 
-def _findings(outcome: PyOutcome, display_path: str, where=None) -> list[Finding]:  # noqa: ANN001
+def _findings(
+    outcome: PyOutcome, display_path: str, where: Callable[[int], tuple[int, int]] | None = None
+) -> list[Finding]:
+    """Findings with 1-based positions; ``where`` maps a joined-notebook line to (cell, line in cell)."""
     out = []
     for pending, (line, col, end_line, end_col) in outcome.findings:
         message = pending.message
@@ -137,4 +142,10 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
         result.skipped_reason = f"{where}:{exc.line}: {exc}"
     except NotebookError as exc:
         result.skipped_reason = f"{where}: {exc}"
+    except Exception as exc:  # a bug in a rule must not stop the other files; say so plainly
+        result.skipped_reason = (
+            f"{where}: tpu-agent internal error ({type(exc).__name__}: {exc}); the file is left unchanged, "
+            "please report it with this file"
+        )
+        result.findings, result.migrated_bytes = [], None
     return result

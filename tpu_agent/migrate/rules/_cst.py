@@ -66,11 +66,6 @@ def keyword(call: cst.Call, name: str) -> cst.Arg | None:
     return None
 
 
-def argument(call: cst.Call, index: int, name: str) -> cst.Arg | None:
-    """An argument given by position ``index`` or by keyword ``name``."""
-    return keyword(call, name) or positional(call, index)
-
-
 def arg_position(call: cst.Call, arg: cst.Arg) -> int:
     for i, candidate in enumerate(call.args):
         if candidate is arg:
@@ -99,10 +94,6 @@ def drop_args(call: cst.Call, drop: Callable[[int, cst.Arg], bool]) -> cst.Call:
         last = args[-1]
         kept[-1] = kept[-1].with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
     return call.with_changes(args=kept)
-
-
-def drop_keywords(call: cst.Call, names: Sequence[str]) -> cst.Call:
-    return drop_args(call, lambda _i, arg: arg.keyword is not None and arg.keyword.value in names)
 
 
 def call(func: cst.BaseExpression, args: Sequence[cst.Arg] = ()) -> cst.Call:

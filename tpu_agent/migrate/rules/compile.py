@@ -13,7 +13,7 @@ import libcst as cst
 
 from tpu_agent.migrate.model import Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import arg_source, drop_args, replace_arg_value, source, string_like, string_value
+from tpu_agent.migrate.rules._cst import arg_source, drop_args, replace_arg_value, string_like, string_value
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
