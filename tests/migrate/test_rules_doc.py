@@ -1,0 +1,49 @@
+"""docs/rules.md is generated from ALL_RULES and must stay in step with it.
+
+Regenerate with ``TPU_AGENT_REGEN_FIXTURES=1 pytest tests/migrate/test_rules_doc.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import REGEN
+
+from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+_FENCE = "```"
+
+
+def render() -> str:
+    out = [
+        "# tpu-agent migrate rules",
+        "",
+        "Generated from `tpu_agent.migrate.rules.ALL_RULES` (do not edit by hand; see tests/migrate/test_rules_doc.py).",
+        "Safety: **safe** fixes are applied by default, **unsafe** ones only with `--unsafe-fixes`, **manual** items",
+        "are reported (and annotated with `--annotate`) for a person to port. Select or ignore rules by code prefix",
+        "(`--select TPU2`, `--ignore TPU104`).",
+        "",
+        "| Code | Name | Family | Safety | Finds |",
+        "|---|---|---|---|---|",
+    ]
+    out += [
+        f"| [{r.code}](#{r.code.lower()}) | {r.name} | {r.family} | {r.safety.value} | {r.summary.replace('|', '/')} |"
+        for r in ALL_RULES.values()
+    ]
+    for family in FAMILIES:
+        out += ["", f"## {family.name}"]
+        for r in family.rules:
+            out += ["", f"### {r.code}", "", f"`{r.name}`, {r.safety.value}" + (f", needs torch >= {r.since_torch}" if r.since_torch else ""), ""]
+            out += [r.summary, "", r.rationale, "", "Before:", "", f"{_FENCE}", r.before, _FENCE]
+            if r.after:
+                out += ["", "After:", "", _FENCE, r.after, _FENCE]
+            out += ["", f"Reference: {r.reference}"]
+    return "\n".join(out) + "\n"
+
+
+def test_rules_doc_is_current() -> None:
+    if REGEN:
+        DOC.parent.mkdir(exist_ok=True)
+        DOC.write_text(render(), encoding="utf-8")
+    assert DOC.read_text(encoding="utf-8") == render()
