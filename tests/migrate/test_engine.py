@@ -296,3 +296,12 @@ def test_pool_keeps_input_order_and_reports_progress(tmp_path: Path, write, monk
     assert [f.migrated_bytes for f in parallel.files] == [f.migrated_bytes for f in serial.files]
     assert [len(f.findings) for f in parallel.files] == [60] * 6 + [0]
     assert calls == [(i, 7) for i in range(1, 8)]
+
+
+def test_plain_cuda_module_import_becomes_import_torch(write) -> None:  # noqa: ANN001
+    source = "import torch.cuda\ntorch.set_default_device('cuda')\ntorch.cuda.synchronize()\n"
+    new = _new(migrate_one(write("n.py", source)))
+    assert new.startswith("import torch\n") and "torch.cuda" not in new
+    assert "torch.set_default_device(DEVICE)" in new
+    kept = _new(migrate_one(write("o.py", "import torch.cuda\ntorch.cuda.synchronize()\nx = torch.cuda.default_stream()\n")))
+    assert kept.startswith("import torch.cuda\n")  # a torch.cuda use is left (reported), so the import stays

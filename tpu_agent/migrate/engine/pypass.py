@@ -302,13 +302,16 @@ def _finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> 
 
 
 def _remove_unused_cuda_imports(ctx: PyContext, module: cst.Module, code: str) -> str:
-    """Drop ``from torch.cuda import amp``-style aliases the rewrites left without a single use."""
+    """Drop ``from torch.cuda import amp``-style aliases the rewrites left without a single use, and turn
+    ``import torch.cuda`` into ``import torch`` once no ``torch.cuda`` is left."""
     unused: set[str] = set()
     for name, qualname in ctx.aliases.items():
         if qualname.startswith(_CUDA_MODULE_PREFIXES) and name != "torch":
             if len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) == 1:
                 unused.add(name)
-    if not unused:
+    plain_cuda_imports = len(re.findall(r"^import[ \t]+torch\.cuda\b", code, re.MULTILINE))
+    retire_module = plain_cuda_imports > 0 and len(re.findall(r"\btorch\.cuda\b", code)) == plain_cuda_imports
+    if not unused and not retire_module:
         return code
     body = []
     changed = False
@@ -317,8 +320,14 @@ def _remove_unused_cuda_imports(ctx: PyContext, module: cst.Module, code: str) -
             smalls = []
             for small in stmt.body:
                 if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
-                    keep = [alias for alias in small.names if _bound_name(alias) not in unused]
-                    if len(keep) != len(small.names):
+                    keep = []
+                    for alias in small.names:
+                        if _bound_name(alias) in unused and not (isinstance(small, cst.Import) and alias.asname is None):
+                            continue
+                        if retire_module and isinstance(small, cst.Import) and alias.asname is None and alias.evaluated_name.startswith(_CUDA_MODULE_PREFIXES[0]):
+                            alias = alias.with_changes(name=cst.Name("torch"))
+                        keep.append(alias)
+                    if keep != list(small.names):
                         changed = True
                         if not keep:
                             continue

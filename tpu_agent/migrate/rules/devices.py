@@ -111,6 +111,8 @@ FAMILY.rule(
 _CUDA_DEVICE_RE = re.compile(r"cuda(?::\d+)?")
 _DEVICE_VAR_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
 _AVAILABILITY_CHECKS = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
+# functions whose first positional argument is a device
+_DEVICE_FIRST = frozenset({"torch.set_default_device", "torch.get_device_module", "torch.Generator"})
 
 
 def cuda_device_code(ctx: PyContext, node: cst.CSTNode) -> str | None:
@@ -227,7 +229,10 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
     changed = False
     for i, arg in enumerate(original.args):
         name = arg.keyword.value if arg.keyword is not None else None
-        if name is None and i == 0 and isinstance(func, cst.Attribute) and func.attr.value == "to":
+        if name is None and i == 0 and (
+            (isinstance(func, cst.Attribute) and func.attr.value == "to" and qualname is None)
+            or qualname in _DEVICE_FIRST
+        ):
             form = "value"
         elif name in ("device", "map_location"):
             form = "value"
