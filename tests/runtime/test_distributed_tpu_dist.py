@@ -49,6 +49,8 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         assert "only GLOO supports monitored barrier" in errors["monitored_barrier"]
         assert "asymmetric input buffer sizes across ranks are not supported on TPU." in errors["uneven"]
         assert "device_ids" in errors["barrier_device_ids"]
+        assert "ranks issued different collectives" in errors["desync"]
+        assert "rank 0 broadcast, rank 1 all_reduce" in errors["desync"]
         assert (tmp_path / f"hook-rank{rank}").read_text() == "ok"
     # identical on both ranks, and equal to the mean of the per-rank CPU gradients (so they were all-reduced)
     assert ranks[0]["ddp_grads"] == ranks[1]["ddp_grads"]

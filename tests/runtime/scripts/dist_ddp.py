@@ -64,6 +64,8 @@ def main() -> None:
             "monitored_barrier": error_of(lambda: group.monitored_barrier()),
             "uneven": error_of(lambda: dist.all_reduce(torch.ones(3 + rank, device="tpu"))),
             "barrier_device_ids": error_of(lambda: dist.barrier(device_ids=[1])),
+            # rank 0 broadcasts while rank 1 all-reduces: both must get an error, not a hang
+            "desync": error_of(lambda: dist.broadcast(t, 0) if rank == 0 else dist.all_reduce(t)),
         },
     }
     avg = torch.full((2,), float(rank + 1), device="tpu")

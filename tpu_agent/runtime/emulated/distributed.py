@@ -215,7 +215,6 @@ class ProcessGroupTpu(dist.ProcessGroup):
         tensors: Sequence[torch.Tensor],
         signature: int,
         body: Callable[[_Staged], list[torch.Tensor]],
-        asymmetric: str = ASYMMETRIC_INPUT,
     ) -> _DoneWork:
         """Flush, agree with the other ranks, run ``body`` on staged CPU tensors, emit the event."""
         _flush_if_tpu(tensors)
@@ -224,7 +223,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         start = time.perf_counter_ns()
         self._progress.set(str(self.rank()), f"{seq}:{op}")
         try:
-            self._agree(op, seq, signature, asymmetric)
+            self._agree(op, seq, signature)
             staged = _Staged()
             result = body(staged)
             staged.finish()
@@ -243,7 +242,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
             )
         return _DoneWork(result)
 
-    def _agree(self, op: str, seq: int, signature: int, asymmetric: str) -> None:
+    def _agree(self, op: str, seq: int, signature: int) -> None:
         """All-gather (op, size, seq) so every rank sees a mismatch and raises the same error."""
         if self.size() == 1:
             return
@@ -258,7 +257,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         sizes = {row[1] for row in rows}
         if signature != _ANY_SIZE and len(sizes) > 1:
             numels = ", ".join(f"rank {ranks[i]}: {row[1]}" for i, row in enumerate(rows))
-            raise RuntimeError(f"{asymmetric} ({op}, elements per rank: {numels})")
+            raise RuntimeError(f"{ASYMMETRIC_INPUT} ({op}, elements per rank: {numels})")
 
     def _hang_message(self, op: str, seq: int) -> str:
         ranks = self._global_ranks()
