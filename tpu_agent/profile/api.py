@@ -176,10 +176,18 @@ def report_dict(diagnosis: Diagnosis) -> dict[str, Any]:
             "requested_warmup": config.requested_warmup,
             "window": {"first_step": window[0].index, "last_step": window[-1].index} if window else None,
             "xplane_files": [str(p) for p in diagnosis.xplane_paths],
+            "warnings": sorted({w for r in model.ranks.values() for w in r.warnings}),
         },
         "step_time": _step_stats(model),
         "steps": [
-            {"rank": r.rank, "index": s.index, "start_ns": s.start_ns, "duration_ms": _ms(s.duration_ns), "in_window": s in r.steps_in_window()}
+            {
+                "rank": r.rank,
+                "index": s.index,
+                "start_ns": s.start_ns,
+                "duration_ms": _ms(s.duration_ns),
+                "in_window": s in r.steps_in_window(),
+                "peak_bytes": r.step_peaks.get(s.index),
+            }
             for r in model.ranks.values()
             for s in r.steps
         ],

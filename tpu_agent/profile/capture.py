@@ -129,7 +129,8 @@ class _Capture:
         self.emulated = bool(emulation is not None and emulation.is_active())
         self.window = (warmup, warmup + steps - 1)
         self.prof: Any = None
-        self.trace_written = False
+        self.profiler_tried = False
+        self.warnings: list[str] = []
         self._advance_profiler()
 
     # -- torch.profiler ---------------------------------------------------------------------------
@@ -139,11 +140,21 @@ class _Capture:
         ``profile.step()`` is not used: the runtime treats it as the user's own step marker.
         """
         first, last = self.window
-        if self.prof is None and not self.trace_written and self.step >= max(first - 1, 0):
+        if self.prof is None and not self.profiler_tried and self.step >= max(first - 1, 0):
+            from torch.autograd import profiler as autograd_profiler
             from torch.profiler import ProfilerActivity, profile
 
-            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)
-            self.prof.start()
+            self.profiler_tried = True  # one attempt: on failure the window stays without an op trace
+            if autograd_profiler._is_profiler_enabled:
+                self.warnings.append("the script runs its own torch.profiler: no op trace was recorded")
+                return
+            prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)
+            try:
+                prof.start()
+            except RuntimeError as error:
+                self.warnings.append(f"torch.profiler could not start: {error}")
+                return
+            self.prof = prof
         elif self.prof is not None and self.step > last:
             self._stop_profiler()
 
@@ -153,7 +164,6 @@ class _Capture:
             return
         prof.stop()
         prof.export_chrome_trace(str(self.out_dir / TRACE_FILE.format(rank=self.rank)))
-        self.trace_written = True
 
     # -- steps ------------------------------------------------------------------------------------
     def _marks(self, source: str) -> bool:
@@ -401,6 +411,7 @@ class _Capture:
             "memory": self.memory,
             "dataloaders": self.dataloaders,
             "data_waits": self.data_waits,
+            "warnings": self.warnings,
         }
         (self.out_dir / CAPTURE_FILE.format(rank=self.rank)).write_text(json.dumps(record), encoding="utf-8")
         self.log.flush()

@@ -68,8 +68,23 @@ def _assign_steps(rank: RankProfile) -> None:
         op.step = rank.step_of(op.start_ns)
 
 
+def _step_peaks(rank: RankProfile, samples: list[ev.MemorySample]) -> dict[int, int]:
+    """Peak bytes per step: the runtime's per-step samples, else the highest allocation the op trace saw."""
+    peaks: dict[int, int] = {}
+    for sample in samples:
+        if sample.step is not None:
+            peaks[sample.step] = max(peaks.get(sample.step, 0), sample.peak_bytes)
+    if not peaks:
+        for point in rank.memory_timeline:
+            step = rank.step_of(point.time_ns)
+            if step is not None:
+                peaks[step] = max(peaks.get(step, 0), point.allocated_bytes)
+    return peaks
+
+
 def _memory(rank: RankProfile, state: dict[str, int] | None) -> MemoryBreakdown | None:
     samples = [e for e in rank.events if isinstance(e, ev.MemorySample)]
+    rank.step_peaks = _step_peaks(rank, samples)
     window = rank.steps_in_window()
     peak = 0
     if samples:
@@ -110,6 +125,7 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
             DataLoaderInfo(d["batch_size"], d["num_workers"], d["drop_last"], d["dataset_len"], _site(d.get("site")))
             for d in record.get("dataloaders", [])
         ]
+        rank.warnings.extend(record.get("warnings", []))
         rank.data_waits = [DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"]) for w in record.get("data_waits", [])]
     trace_path = directory / TRACE_FILE.format(rank=rank_id)
     if trace_path.exists():

@@ -206,6 +206,7 @@ class RankProfile:
     events: list[Event] = field(default_factory=list)
     memory: MemoryBreakdown | None = None
     memory_timeline: list[MemoryPoint] = field(default_factory=list)
+    step_peaks: dict[int, int] = field(default_factory=dict)  # step index -> peak allocated bytes in it
     dataloaders: list[DataLoaderInfo] = field(default_factory=list)
     data_waits: list[DataWait] = field(default_factory=list)
     weights: list[Weight] = field(default_factory=list)

@@ -35,6 +35,10 @@ def estimate_lines(estimate: dict[str, Any]) -> list[str]:
     return lines
 
 
+def capture_warnings(data: dict[str, Any]) -> list[str]:
+    return [f"capture warning: {w}" for w in data["capture"].get("warnings", [])]
+
+
 def headline(data: dict[str, Any]) -> str:
     summary, capture, steps = data["summary"], data["capture"], data["step_time"]
     step_text = f"median step {steps['median_ms']:.2f} ms over {steps['count']} steps" if steps.get("count") else "no steps measured"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from tpu_agent.profile.report._common import estimate_lines, headline, human_bytes, location_text
+from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, location_text
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#1d1d1f;padding:0 1em}
@@ -132,6 +132,7 @@ def render_html(data: dict[str, Any]) -> str:
         "ms",
         [s["in_window"] for s in steps],
     )
+    warnings = "".join(f'<p class="sev-warning">{escape(w)}</p>' for w in capture_warnings(data))
     findings = "".join(_finding_html(f) for f in data["findings"]) or "<p>No findings.</p>"
     estimate = "".join(f"<p>{escape(line)}</p>" for line in estimate_lines(data["estimate"]))
     assumptions = "".join(f"<li>{escape(a)}</li>" for a in data["estimate"].get("assumptions", []))
@@ -142,7 +143,7 @@ def render_html(data: dict[str, Any]) -> str:
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>tpu-agent profile report</title><style>{_CSS}</style></head><body>"
-        f"<h1>tpu-agent profile report</h1><p id=\"headline\">{escape(headline(data))}</p>"
+        f"<h1>tpu-agent profile report</h1><p id=\"headline\">{escape(headline(data))}</p>{warnings}"
         f"<h2>Findings</h2><section id=\"findings\">{findings}</section>"
         f"<h2>Step time</h2>{step_chart}"
         f"<h2>Time by op</h2>{_op_chart(data['ops'])}"

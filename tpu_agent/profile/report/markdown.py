@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpu_agent.profile.report._common import estimate_lines, headline, human_bytes, location_text
+from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, location_text
 
 
 def _cell(text: str) -> str:
@@ -12,7 +12,7 @@ def _cell(text: str) -> str:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    out = ["# tpu-agent profile report", "", headline(data), ""]
+    out = ["# tpu-agent profile report", "", headline(data), ""] + [f"> {w}" for w in capture_warnings(data)]
     out += ["## Findings", ""]
     if not data["findings"]:
         out += ["No findings.", ""]

@@ -9,7 +9,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tpu_agent.profile.report._common import estimate_lines, headline, human_bytes, location_text
+from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, location_text
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -17,6 +17,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def renderables(data: dict[str, Any]) -> list[RenderableType]:
     """The report as rich renderables (the CLI prints them with colour)."""
     parts: list[RenderableType] = [Text(headline(data), style="bold")]
+    parts += [Text(line, style="yellow") for line in capture_warnings(data)]
     findings = Table(title="Findings", show_lines=True, expand=True)
     for column in ("rule", "severity", "finding", "where", "saving", "fix"):
         findings.add_column(column, overflow="fold")
