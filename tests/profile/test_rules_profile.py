@@ -147,3 +147,14 @@ def test_recompiles_after_warmup_are_errors_with_the_guard() -> None:
     co1 = next(f for f in findings if f.rule_id == "CO-1")
     assert co1.severity.value == "error" and "size mismatch" in co1.title and co1.locations[0].line == 8
     assert "pad or bucket" in co1.suggestion
+
+
+def test_rediagnosis_rewrites_its_own_session_and_drops_stale_xprof_caches(tmp_path: Path) -> None:
+    write_capture(tmp_path, steps=10)
+    first = diagnose(tmp_path).xplane_paths
+    session = first[0].parent
+    (session / "ALL_HOSTS.op_stats_v2.pb").write_bytes(b"stale")
+    second = diagnose(tmp_path, chip="v6e").xplane_paths
+    assert first == second and [p.name for p in session.parent.iterdir()] == [session.name]
+    assert not (session / "ALL_HOSTS.op_stats_v2.pb").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "tpu-agent"]

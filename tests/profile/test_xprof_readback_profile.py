@@ -69,3 +69,16 @@ def test_xprof_tools_overview_op_stats_and_trace_viewer(captures: Captures) -> N
     assert finding["args"]["severity"] == "warning"
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     assert min(s["ts"] for s in steps) <= finding["ts"] <= max(s["ts"] + s["dur"] for s in steps)
+
+
+def test_xprof_cli_reads_the_session(captures: Captures) -> None:
+    import subprocess
+    import sys
+
+    _, report, _ = captures.get("host_sync.py")
+    session = Path(_xplanes(report)[0]).parent
+    xprof = Path(sys.executable).with_name("xprof")
+    result = subprocess.run([str(xprof), "get_overview", str(session)], capture_output=True, text=True, timeout=120, check=True)
+    overview = json.loads(result.stdout)
+    assert overview["capture"]["files_used"] == [Path(_xplanes(report)[0]).name.removesuffix(".xplane.pb")]
+    assert float(overview["performance_summary"]["steptime_ms_average"]) > 0

@@ -232,13 +232,23 @@ def _analyse(logdir: Path, model: ProfileModel) -> Diagnosis:
     return Diagnosis(logdir=logdir, model=model, findings=findings, outcomes=outcomes, estimate=estimate(model))
 
 
+XPROF_CACHES = ("ALL_HOSTS.*", ".cached_tools.json", "cache_version.txt")
+
+
+def _drop_xprof_caches(session: Path) -> None:
+    """XProf caches tool results next to the xplane; they would describe the xplane we are about to replace."""
+    for pattern in XPROF_CACHES:
+        for path in session.glob(pattern):
+            path.unlink()
+
+
 def _diagnose_own(logdir: Path, chip: str | None) -> Diagnosis:
     model = load_raw(raw_dir(logdir))
     if chip:
         model.config.chip = get_chip(chip)
     diagnosis = _analyse(logdir, model)
-    own = [s for s in _sessions(logdir) if not s.name.endswith(ANNOTATED_SUFFIX)]
-    session = own[-1] if own else logdir / "plugins" / "profile" / xplane.session_name()
+    session = logdir / "plugins" / "profile" / (model.config.session or xplane.session_name())
+    _drop_xprof_caches(session)
     diagnosis.xplane_paths = xplane.write_session(session, model.ranks.values(), diagnosis.findings, model.config.world_size)
     return diagnosis
 
@@ -327,6 +337,7 @@ def _prepare_logdir(logdir: Path, target: LaunchTarget, options: ProfileOptions)
         "eager_mode": options.eager_mode,
         "cwd": os.getcwd(),
         "started": time.time(),
+        "session": xplane.session_name(),
     }
     atomic_write_text(raw / OPTIONS_FILE, json.dumps(record, indent=2))
     return raw

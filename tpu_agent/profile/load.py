@@ -172,5 +172,6 @@ def load_raw(directory: Path) -> ProfileModel:
         requested_steps=options.get("steps"),
         requested_warmup=options.get("warmup"),
         source="tpu-agent",
+        session=options.get("session"),
     )
     return ProfileModel(config=config, ranks=ranks)

@@ -258,6 +258,7 @@ class RunConfig:
     requested_steps: int | None = None
     requested_warmup: int | None = None
     source: str = "tpu-agent"  # tpu-agent | xspace
+    session: str | None = None  # the XProf session directory name this capture writes to
 
 
 @dataclass

@@ -92,6 +92,6 @@ def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, b
         "data_waits": [],
     }
     (raw / CAPTURE_FILE.format(rank=0)).write_text(json.dumps(record), encoding="utf-8")
-    options = {"script": script_path, "steps": steps - warmup, "warmup": warmup, "chip": "v5e", "nproc": 1}
+    options = {"script": script_path, "steps": steps - warmup, "warmup": warmup, "chip": "v5e", "nproc": 1, "session": "2026_01_01_00_00_00"}
     (raw / OPTIONS_FILE).write_text(json.dumps(options), encoding="utf-8")
     return raw
