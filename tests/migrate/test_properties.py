@@ -104,3 +104,26 @@ def test_generated_programs(parts, newline: str, target: Target, unsafe: bool, a
         second = build_plan([path], options).files[0]
         assert second.migrated_bytes is None
         assert all(not f.fixed for f in second.findings)
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=program, newline=st.sampled_from(["\n", "\r\n"]), annotate=st.booleans())
+def test_spliced_output_equals_full_code_generation(parts, newline: str, annotate: bool) -> None:  # noqa: ANN001
+    """The engine writes untouched statements from the original text; that must equal libcst's own output."""
+    import libcst as cst
+
+    from tpu_agent.migrate.engine import pypass
+    from tpu_agent.migrate.engine.context import PyContext
+    from tpu_agent.migrate.engine.worker import dispatch
+    from tpu_agent.migrate.rules import ALL_RULES
+
+    source, _ = render(parts, newline)
+    module = cst.parse_module(source)
+    ctx = PyContext.for_source(source, MigrateOptions(annotate=annotate), ALL_RULES)
+    transformer = pypass._Pass(ctx, dispatch())
+    transformer.inert = pypass.inert_statements(module, source)
+    new = module.visit(transformer)
+    if transformer.top_removed or not (transformer.dirty or transformer.inserted[1]):
+        return
+    _, spans = pypass.positions(module, [], list(module.body))
+    assert pypass._splice(source, module, new, spans, transformer) == new.code

@@ -88,6 +88,9 @@ class _Pass(cst.CSTTransformer):
         self.dispatch = dispatch
         self.removed: set[int] = set()  # ids of (updated) statement lines left empty by a rule
         self.inert: set[int] = set()  # ids of statements whose text has no trigger: not descended into
+        self.dirty: set[int] = set()  # indexes of top-level statements something changed in
+        self.inserted: tuple[int, int] = (0, 0)  # (index, count) of statements added to the module body
+        self.top_removed = False  # a whole top-level statement was removed
 
     # libcst calls these for every field of every node to look up visit_<Node>_<field> methods; none exist.
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
@@ -182,7 +185,12 @@ class _Pass(cst.CSTTransformer):
         elif kind is cst.IndentedBlock:
             result = self._strip_removed(result, "footer")
         elif kind is cst.Module:
-            result = self._strip_removed(_finish_module(ctx, original, result), "footer")
+            finished, self.inserted = _finish_module(ctx, original, result)
+            result = self._strip_removed(finished, "footer")
+            self.top_removed = len(result.body) != len(original.body) + self.inserted[1]
+            return result
+        if result is not updated:
+            self.dirty.add(ctx.top_index)
         return result
 
     def _strip_removed(self, block: Any, footer_field: str) -> Any:
@@ -275,11 +283,14 @@ def _insertion_index(ctx: PyContext, body: list[cst.BaseStatement]) -> int:
     return index
 
 
-def _finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> cst.Module:
-    """Add ``import torch`` and the device resolver when the rewrites need them and the file lacks them."""
+def _finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> tuple[cst.Module, tuple[int, int]]:
+    """Add ``import torch`` and the device resolver when the rewrites need them and the file lacks them.
+
+    Returns the module and (index, count) of the statements added.
+    """
     need_resolver = ctx.needs_device and ctx.target is Target.ACCELERATOR and not ctx.resolver_exists
     if not (need_resolver or ctx.needs_torch):
-        return module
+        return module, (0, 0)
     body = list(module.body)
     index = _insertion_index(ctx, list(original.body))
     new: list[cst.BaseStatement] = []
@@ -297,8 +308,8 @@ def _finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> 
             resolver.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(RESOLVER_COMMENT))])
         )
     if not new:
-        return module
-    return module.with_changes(body=[*body[:index], *new, *body[index:]])
+        return module, (0, 0)
+    return module.with_changes(body=[*body[:index], *new, *body[index:]]), (index, len(new))
 
 
 def _remove_unused_cuda_imports(ctx: PyContext, module: cst.Module, code: str) -> str:
@@ -432,19 +443,25 @@ def inert_statements(module: cst.Module, source: str) -> set[int]:
 class _PositionState(CodegenState):
     """Code generation that emits nothing and records start/end of a few wanted nodes only."""
 
-    def __init__(self, module: cst.Module, wanted: set[int]) -> None:
+    def __init__(self, module: cst.Module, wanted: set[int], tops: set[int]) -> None:
         super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
         self.wanted = wanted
+        self.tops = tops
         self.line = 1
         self.column = 0
+        self.offset = 0
         self.found: dict[int, tuple[int, int, int, int]] = {}
+        self.spans: dict[int, tuple[int, int]] = {}
         self._starts: list[tuple[int, int]] = []
+        self._top_start = 0
 
     def add_indent_tokens(self) -> None:
         for token in self.indent_tokens:
             self.column += len(token)
+            self.offset += len(token)
 
     def add_token(self, value: str) -> None:
+        self.offset += len(value)
         if "\n" in value or "\r" in value:
             segments = re.split(r"\r\n?|\n", value)
             self.line += len(segments) - 1
@@ -456,11 +473,16 @@ class _PositionState(CodegenState):
         pass
 
     def before_codegen(self, node: cst.CSTNode) -> None:
-        if id(node) in self.wanted:
+        key = id(node)
+        if key in self.wanted:
             self._starts.append((self.line, self.column))
+        if key in self.tops:
+            self._top_start = self.offset
 
     def after_codegen(self, node: cst.CSTNode) -> None:
         key = id(node)
+        if key in self.tops:
+            self.spans[key] = (self._top_start, self.offset)
         if key in self.wanted:
             start = self._starts.pop()
             if key not in self.found:  # a syntactic position (without leading whitespace) wins
@@ -489,11 +511,40 @@ class _Recorder:
         self.state.found[self.key] = (*self.start, self.state.line, self.state.column)
 
 
-def positions(module: cst.Module, nodes: list[cst.CSTNode]) -> dict[int, tuple[int, int, int, int]]:
-    """1-based line, 0-based column start and end of each node, keyed by ``id(node)``."""
-    state = _PositionState(module, {id(node) for node in nodes})
+def positions(
+    module: cst.Module, nodes: list[cst.CSTNode], tops: list[cst.CSTNode] = ()  # type: ignore[assignment]
+) -> tuple[dict[int, tuple[int, int, int, int]], dict[int, tuple[int, int]]]:
+    """1-based line, 0-based column start and end of each node, and the source offsets each of ``tops``
+    (top-level statements, with their leading lines) spans; both keyed by ``id(node)``."""
+    state = _PositionState(module, {id(node) for node in nodes}, {id(node) for node in tops})
     module._codegen(state)
-    return state.found
+    return state.found, state.spans
+
+
+def _same_lines(a: Sequence[cst.EmptyLine], b: Sequence[cst.EmptyLine]) -> bool:
+    return len(a) == len(b) and all(x.deep_equals(y) for x, y in zip(a, b))
+
+
+def _splice(
+    source: str, original: cst.Module, new: cst.Module, spans: dict[int, tuple[int, int]], transformer: _Pass
+) -> str:
+    """The new module's code from the original text of every untouched top-level statement plus the code of
+    the changed and added ones: the same text as ``new.code``, without generating what did not change."""
+    index, count = transformer.inserted
+    parts = [source[: spans[id(original.body[0])][0]]] if original.body else [source]
+    for position, stmt in enumerate(new.body):
+        if index <= position < index + count:
+            parts.append(new.code_for_node(stmt))
+            continue
+        old = position - count if position >= index + count else position
+        if old in transformer.dirty:
+            parts.append(new.code_for_node(stmt))
+        else:
+            start, end = spans[id(original.body[old])]
+            parts.append(source[start:end])
+    if original.body:
+        parts.append(source[spans[id(original.body[-1])][1] :])
+    return "".join(parts)
 
 
 @dataclass
@@ -525,11 +576,23 @@ def _migrate_source(source: str, options: MigrateOptions, rules: Mapping[str, Ru
     transformer = _Pass(ctx, dispatch)
     transformer.inert = inert_statements(module, source)
     new_module = module.visit(transformer)
-    found = positions(module, [f.node for f in ctx.findings]) if ctx.findings else {}
+    changed = bool(transformer.dirty or transformer.inserted[1] or transformer.top_removed)
+    splice = (
+        changed
+        and not transformer.top_removed
+        and bool(module.body)
+        and module.has_trailing_newline
+        and _same_lines(module.header, new_module.header)
+        and _same_lines(module.footer, new_module.footer)
+    )
+    tops = list(module.body) if splice else []
+    found, spans = positions(module, [f.node for f in ctx.findings], tops) if ctx.findings or tops else ({}, {})
     ordered = sorted(
         ((f, found.get(id(f.node), (1, 0, 1, 0))) for f in ctx.findings), key=lambda item: (item[1][:2], item[0].code)
     )
-    code = new_module.code
+    if not changed:
+        return PyOutcome(None, ordered)
+    code = _splice(source, module, new_module, spans, transformer) if splice else new_module.code
     if code != source:
         code = _remove_unused_cuda_imports(ctx, new_module, code)
     return PyOutcome(code if code != source else None, ordered)
