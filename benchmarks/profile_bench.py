@@ -75,7 +75,10 @@ def overhead(repeats: int, train_steps: int, profile_steps: int) -> tuple[float,
             plain.append(timed([*CLI, "run", *script], project))
             logdir = Path(tmp) / f"logs-{index}"
             profiled.append(
-                timed([*CLI, "profile", "--logdir", str(logdir), "--steps", str(profile_steps), "--warmup", "2", "--format", "json", *script], project)
+                timed(
+                    [*CLI, "profile", "--logdir", str(logdir), "--steps", str(profile_steps), "--warmup", "2", "--format", "json", *script],
+                    project,
+                )
             )
             print(f"  run {index + 1}: plain {plain[-1]:.2f} s, profiled {profiled[-1]:.2f} s", flush=True)
         return statistics.median(plain), statistics.median(profiled)

@@ -18,7 +18,9 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subpro
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("TPU_AGENT_EVENTS_DIR", None)
     env.pop("TPU_AGENT_HOOKS", None)
-    return subprocess.run([sys.executable, "-m", "tpu_agent", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_agent", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env, timeout=timeout
+    )
 
 
 def seed_line(script: Path, rule_id: str) -> int:
@@ -41,7 +43,20 @@ class Captures:
         key = (script, *options, "--", *args)
         if key not in self.cache:
             logdir = self.root / f"{Path(script).stem}-{len(self.cache)}"
-            result = run_cli("profile", "--logdir", str(logdir), "--steps", "5", "--warmup", "2", "--format", "json", *options, str(SCRIPTS / script), *args)
+            result = run_cli(
+                "profile",
+                "--logdir",
+                str(logdir),
+                "--steps",
+                "5",
+                "--warmup",
+                "2",
+                "--format",
+                "json",
+                *options,
+                str(SCRIPTS / script),
+                *args,
+            )
             assert result.stdout.strip(), result.stderr[-3000:]
             self.cache[key] = (logdir, json.loads(result.stdout), result)
         return self.cache[key]

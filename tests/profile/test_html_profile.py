@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from profile_helpers import Captures
 
 FLAGS = [
@@ -40,7 +39,10 @@ def test_html_report_renders_plots_and_findings(captures: Captures, tmp_path: Pa
 
     dom = subprocess.run(
         [browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     step_chart = re.search(r'<svg id="step-chart".*?</svg>', dom, re.S)
     assert step_chart and step_chart.group(0).count("<rect") == len([s for s in report["steps"] if s["rank"] == 0])
@@ -48,12 +50,16 @@ def test_html_report_renders_plots_and_findings(captures: Captures, tmp_path: Pa
     assert re.search(r'<svg id="memory-chart".*?<polyline', dom, re.S)
     for finding in report["findings"]:
         assert f'data-rule="{finding["rule_id"]}"' in dom
-    assert "with torch.autocast(&quot;tpu&quot;, dtype=torch.bfloat16):" in dom or 'with torch.autocast("tpu", dtype=torch.bfloat16):' in dom
+    assert (
+        "with torch.autocast(&quot;tpu&quot;, dtype=torch.bfloat16):" in dom or 'with torch.autocast("tpu", dtype=torch.bfloat16):' in dom
+    )
 
     shot = tmp_path / "report.png"
     subprocess.run(
         [browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri()],
-        capture_output=True, timeout=120, check=True,
+        capture_output=True,
+        timeout=120,
+        check=True,
     )
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

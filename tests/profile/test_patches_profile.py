@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tpu_agent.profile import patches
 
-SOURCE = '''import torch
+SOURCE = """import torch
 from torch.utils.data import DataLoader
 
 loader = DataLoader(
@@ -24,7 +24,7 @@ for x in loader:
 @decorated
 def step():
     pass
-'''
+"""
 
 
 def _apply(tmp_path: Path, diff: str) -> str:

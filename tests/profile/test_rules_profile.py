@@ -18,8 +18,27 @@ from tpu_agent.profile.rules.sh_mxu_alignment import waste
 from tpu_agent.profile.synthetic import write_capture
 
 EXPECTED_IDS = {
-    "CAP-1", "CAP-2", "CAP-3", "CAP-6", "HS-1", "HS-2", "EM-1", "EM-2", "EM-3", "EM-4", "CO-1", "CO-2",
-    "SH-1", "SH-2", "SH-3", "PR-1", "PR-2", "IP-1", "SD-1", "SD-2", "SD-6",
+    "CAP-1",
+    "CAP-2",
+    "CAP-3",
+    "CAP-6",
+    "HS-1",
+    "HS-2",
+    "EM-1",
+    "EM-2",
+    "EM-3",
+    "EM-4",
+    "CO-1",
+    "CO-2",
+    "SH-1",
+    "SH-2",
+    "SH-3",
+    "PR-1",
+    "PR-2",
+    "IP-1",
+    "SD-1",
+    "SD-2",
+    "SD-6",
 }
 
 
@@ -139,8 +158,18 @@ def test_recompiles_after_warmup_are_errors_with_the_guard() -> None:
 
     site = ev.Site("train.py", 8, "step_fn")
     records = [
-        ev.Compile(step * 1_000_000 + 5, 0, step, function="step_fn", graph_id=step, graph_ops=10, is_recompile=step > 0,
-                   reason="tensor 'x' size mismatch at index 1. expected 32, actual 39" if step else "first call", duration_ns=10, site=site)
+        ev.Compile(
+            step * 1_000_000 + 5,
+            0,
+            step,
+            function="step_fn",
+            graph_id=step,
+            graph_ops=10,
+            is_recompile=step > 0,
+            reason="tensor 'x' size mismatch at index 1. expected 32, actual 39" if step else "first call",
+            duration_ns=10,
+            site=site,
+        )
         for step in range(6)
     ]
     findings, _ = run_rules(_model(_rank_with(records), "DEFER_NEVER"))

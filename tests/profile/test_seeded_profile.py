@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from profile_helpers import SCRIPTS, Captures, seed_line
 
 SEEDED = [

@@ -74,7 +74,9 @@ def _emit(diagnosis: object, output_format: OutputFormat, output: Path | None) -
     from tpu_agent.profile.report.text import renderables
 
     if output_format not in REPORT_FORMATS:
-        raise TpuAgentError("bad-format", f"profile reports are text, json, markdown or html, not {output_format.value}", "use --format json")
+        raise TpuAgentError(
+            "bad-format", f"profile reports are text, json, markdown or html, not {output_format.value}", "use --format json"
+        )
     if output is not None:
         atomic_write_text(output, render(diagnosis, output_format.value))  # type: ignore[arg-type]
         console_err.print(f"report written to {output}", highlight=False)
@@ -115,9 +117,8 @@ def profile(
         timeout_s=timeout,
     )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
-    with _script_output_to_stderr(output is None and output_format != OutputFormat.text):
-        with console_err.status("profiling...") as status:
-            result = run_profile(target, options, progress=lambda message: status.update(message))
+    with _script_output_to_stderr(output is None and output_format != OutputFormat.text), console_err.status("profiling...") as status:
+        result = run_profile(target, options, progress=lambda message: status.update(message))
     _emit(result.report, output_format, output)
     if result.exit_code != 0:
         console_err.print(f"[yellow]note[/]: {command[0]} exited with code {result.exit_code}; the report covers what ran.")

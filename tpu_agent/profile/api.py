@@ -26,7 +26,7 @@ from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.profile import capture, xplane
 from tpu_agent.profile.estimate import Estimate, estimate
 from tpu_agent.profile.load import OPTIONS_FILE, REPORT_DIR, load_raw, raw_dir
-from tpu_agent.profile.model import Finding, ProfileModel, RunConfig, RuleOutcome, Severity, Status
+from tpu_agent.profile.model import Finding, ProfileModel, RuleOutcome, RunConfig, Severity, Status
 from tpu_agent.profile.rules import run_rules
 from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
 
@@ -387,7 +387,9 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
                 ExitCode.FINDINGS,
             ) from error
         raise
-    return ProfileResult(logdir=logdir, exit_code=exit_code, xplane_paths=diagnosis.xplane_paths, findings=diagnosis.findings, report=diagnosis)
+    return ProfileResult(
+        logdir=logdir, exit_code=exit_code, xplane_paths=diagnosis.xplane_paths, findings=diagnosis.findings, report=diagnosis
+    )
 
 
 __all__ = ["Diagnosis", "ProfileOptions", "ProfileResult", "diagnose", "profile", "render", "SCHEMA_VERSION"]

@@ -259,9 +259,7 @@ class _Capture:
             for group in optimizer.param_groups:
                 params.update((id(p), p) for p in group["params"])
             for state in optimizer.state.values():
-                optimizer_tensors.update(
-                    (id(v), v) for v in state.values() if isinstance(v, self.torch.Tensor) and v.dim() > 0
-                )
+                optimizer_tensors.update((id(v), v) for v in state.values() if isinstance(v, self.torch.Tensor) and v.dim() > 0)
         self.memory = {
             "param_bytes": _tensor_bytes(params.values()),
             "grad_bytes": _tensor_bytes(p.grad for p in params.values() if p.grad is not None),
@@ -275,7 +273,6 @@ class _Capture:
         self.restore.append(lambda: setattr(owner, name, original))
 
     def _install_patches(self) -> None:
-        torch = self.torch
         from torch.utils.data import dataloader as dl
 
         def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:

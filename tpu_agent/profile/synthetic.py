@@ -74,10 +74,20 @@ def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, b
         if index >= warmup:
             trace_events.extend(_step_ops(start, batch, hidden, out))
             trace_events.append(
-                {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": (start + 200_000 - BASE_NS) / 1000, "args": {"Total Allocated": 2 << 20}}
+                {
+                    "ph": "i",
+                    "cat": "cpu_instant_event",
+                    "name": "[memory]",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": (start + 200_000 - BASE_NS) / 1000,
+                    "args": {"Total Allocated": 2 << 20},
+                }
             )
     (raw / ev.EVENTS_FILE_PATTERN.format(rank=0)).write_text("\n".join(ev.to_json(r) for r in records) + "\n", encoding="utf-8")
-    (raw / TRACE_FILE.format(rank=0)).write_text(json.dumps({"baseTimeNanoseconds": BASE_NS, "traceEvents": trace_events}), encoding="utf-8")
+    (raw / TRACE_FILE.format(rank=0)).write_text(
+        json.dumps({"baseTimeNanoseconds": BASE_NS, "traceEvents": trace_events}), encoding="utf-8"
+    )
     weight = {"module": "fc1", "module_type": "Linear", "shape": [hidden, hidden], "dtype": "float32", "site": asdict(site["weight"])}
     record = {
         "rank": 0,
@@ -92,6 +102,13 @@ def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, b
         "data_waits": [],
     }
     (raw / CAPTURE_FILE.format(rank=0)).write_text(json.dumps(record), encoding="utf-8")
-    options = {"script": script_path, "steps": steps - warmup, "warmup": warmup, "chip": "v5e", "nproc": 1, "session": "2026_01_01_00_00_00"}
+    options = {
+        "script": script_path,
+        "steps": steps - warmup,
+        "warmup": warmup,
+        "chip": "v5e",
+        "nproc": 1,
+        "session": "2026_01_01_00_00_00",
+    }
     (raw / OPTIONS_FILE).write_text(json.dumps(options), encoding="utf-8")
     return raw

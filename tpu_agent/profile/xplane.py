@@ -92,7 +92,7 @@ class _PlaneBuilder:
             end = max(end, item.start_ns + item.duration_ns)
             for key, value in item.stats.items():
                 stat = event.stats.add(metadata_id=self._stat_id(key))
-                if isinstance(value, bool) or isinstance(value, int):
+                if isinstance(value, (bool, int)):
                     stat.int64_value = int(value)
                 elif isinstance(value, float):
                     stat.double_value = value
@@ -132,16 +132,32 @@ def runtime_events(rank: RankProfile) -> list[TimelineEvent]:
         site = getattr(event, "site", None)
         stats: dict[str, str | int | float] = {"source": _site_text(site)} if site else {}
         if isinstance(event, ev.Flush):
-            items.append(TimelineEvent(f"flush ({event.cause})", event.time_ns - event.duration_ns, max(event.duration_ns, 1000), {**stats, "graph_ops": event.graph_ops, "graph_hash": event.graph_hash}))
+            items.append(
+                TimelineEvent(
+                    f"flush ({event.cause})",
+                    event.time_ns - event.duration_ns,
+                    max(event.duration_ns, 1000),
+                    {**stats, "graph_ops": event.graph_ops, "graph_hash": event.graph_hash},
+                )
+            )
         elif isinstance(event, ev.HostSync):
             items.append(TimelineEvent(f"host sync ({event.op})", event.time_ns, 1000, stats))
         elif isinstance(event, ev.Compile):
             name = "recompile" if event.is_recompile else "compile"
-            items.append(TimelineEvent(f"{name} {event.function}", event.time_ns - event.duration_ns, max(event.duration_ns, 1000), {**stats, "reason": event.reason}))
+            items.append(
+                TimelineEvent(
+                    f"{name} {event.function}",
+                    event.time_ns - event.duration_ns,
+                    max(event.duration_ns, 1000),
+                    {**stats, "reason": event.reason},
+                )
+            )
         elif isinstance(event, ev.GraphBreak):
             items.append(TimelineEvent("graph break", event.time_ns, 1000, {**stats, "reason": event.reason}))
         elif isinstance(event, ev.Collective):
-            items.append(TimelineEvent(event.op, event.time_ns - event.duration_ns, max(event.duration_ns, 1000), {**stats, "bytes": event.bytes}))
+            items.append(
+                TimelineEvent(event.op, event.time_ns - event.duration_ns, max(event.duration_ns, 1000), {**stats, "bytes": event.bytes})
+            )
         elif isinstance(event, ev.FallbackOp):
             items.append(TimelineEvent(f"cpu fallback {event.op}", event.time_ns, 1000, stats))
     for wait in rank.data_waits:
@@ -232,7 +248,11 @@ def read_xspace(path: Path, rank_id: int = 0) -> RankProfile:
             for event in line.events:
                 meta = plane.event_metadata.get(event.metadata_id)
                 name = meta.name if meta is not None else ""
-                stats = {plane.stat_metadata[s.metadata_id].name: _stat_value(s, plane) for s in event.stats if s.metadata_id in plane.stat_metadata}
+                stats = {
+                    plane.stat_metadata[s.metadata_id].name: _stat_value(s, plane)
+                    for s in event.stats
+                    if s.metadata_id in plane.stat_metadata
+                }
                 start = line.timestamp_ns + event.offset_ps // 1000
                 duration = event.duration_ps // 1000
                 if "step_num" in stats and (is_device or stats.get("_r") == 1 or name.startswith("ProfilerStep#")):

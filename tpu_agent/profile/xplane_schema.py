@@ -82,9 +82,7 @@ def _add_field(message: descriptor_pb2.DescriptorProto, spec: tuple[str, int, in
 
 
 def _build_file() -> descriptor_pb2.FileDescriptorProto:
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="tpu_agent/profile/xplane.proto", package=_PACKAGE, syntax="proto3"
-    )
+    proto = descriptor_pb2.FileDescriptorProto(name="tpu_agent/profile/xplane.proto", package=_PACKAGE, syntax="proto3")
     for name, specs in _MESSAGES.items():
         message = proto.message_type.add(name=name)
         for oneof_name in _ONEOFS.get(name, []):

@@ -28,11 +28,11 @@ def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str]
     and drawn hatched-red, so a start-up step of seconds does not flatten the steps that matter."""
     if not values:
         return f'<p id="{chart_id}" class="muted">{escape(title)}: no data.</p>'
-    measured = [v for v, h in zip(values, highlight) if h]
+    measured = [v for v, h in zip(values, highlight, strict=True) if h]
     top = (max(measured) * 1.25 if measured else max(values)) or 1.0
     width = (_W - 2 * _PAD) / len(values)
     bars = []
-    for i, (value, label) in enumerate(zip(values, labels)):
+    for i, (value, label) in enumerate(zip(values, labels, strict=True)):
         h = (_H - 2 * _PAD) * min(value, top) / top
         x = _PAD + i * width
         fill = "#d93025" if value > top else "#1a73e8" if highlight[i] else "#b0c4de"
@@ -50,10 +50,7 @@ def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str]
         f'<text x="{_PAD}" y="16" font-weight="600">{escape(title)}</text>'
         f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#888"/>'
         f'<text x="{_PAD - 4}" y="{_PAD}" text-anchor="end">{top:.2f}</text><text x="{_PAD - 4}" y="{_H - _PAD}" text-anchor="end">0</text>'
-        f'<text x="{_PAD - 4}" y="{_PAD + 14}" text-anchor="end">{escape(unit)}</text>'
-        + "".join(bars)
-        + step_labels
-        + "</svg>"
+        f'<text x="{_PAD - 4}" y="{_PAD + 14}" text-anchor="end">{escape(unit)}</text>' + "".join(bars) + step_labels + "</svg>"
     )
 
 
@@ -140,15 +137,15 @@ def render_html(data: dict[str, Any]) -> str:
         f"<tr><td>{escape(r['rule_id'])}</td><td>{escape(r['status'])}</td><td>{escape(r['reason'])}</td></tr>" for r in data["rules"]
     )
     return (
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>tpu-agent profile report</title><style>{_CSS}</style></head><body>"
-        f"<h1>tpu-agent profile report</h1><p id=\"headline\">{escape(headline(data))}</p>{warnings}"
-        f"<h2>Findings</h2><section id=\"findings\">{findings}</section>"
+        f'<h1>tpu-agent profile report</h1><p id="headline">{escape(headline(data))}</p>{warnings}'
+        f'<h2>Findings</h2><section id="findings">{findings}</section>'
         f"<h2>Step time</h2>{step_chart}"
         f"<h2>Time by op</h2>{_op_chart(data['ops'])}"
         f"<h2>Memory</h2>{_memory_chart(data['memory'])}"
-        f"<h2>TPU estimate</h2><section id=\"estimate\">{estimate}<ul class=\"muted\">{assumptions}</ul></section>"
-        f"<h2>Rules</h2><table id=\"rules\"><tr><th>rule</th><th>status</th><th>reason</th></tr>{rules}</table>"
+        f'<h2>TPU estimate</h2><section id="estimate">{estimate}<ul class="muted">{assumptions}</ul></section>'
+        f'<h2>Rules</h2><table id="rules"><tr><th>rule</th><th>status</th><th>reason</th></tr>{rules}</table>'
         "</body></html>\n"
     )

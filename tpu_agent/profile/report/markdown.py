@@ -34,10 +34,18 @@ def render_markdown(data: dict[str, Any]) -> str:
                 out += ["```diff", change["diff"].rstrip("\n"), "```", ""]
     steps = data["step_time"]
     if steps.get("count"):
-        out += ["## Step time", "", f"median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f} ms, max {steps['max_ms']:.3f} ms over {steps['count']} steps", ""]
+        out += [
+            "## Step time",
+            "",
+            f"median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f} ms, max {steps['max_ms']:.3f} ms over {steps['count']} steps",
+            "",
+        ]
     if data["ops"]:
         out += ["## Top ops", "", "| op | calls | total ms | share | dtypes |", "|---|---:|---:|---:|---|"]
-        out += [f"| `{r['name']}` | {r['calls']} | {r['total_ms']:.3f} | {r['share']:.1%} | {_cell(','.join(r['dtypes']))} |" for r in data["ops"][:15]]
+        out += [
+            f"| `{r['name']}` | {r['calls']} | {r['total_ms']:.3f} | {r['share']:.1%} | {_cell(','.join(r['dtypes']))} |"
+            for r in data["ops"][:15]
+        ]
         out.append("")
     memory = data["memory"]
     if "param_bytes" in memory:

@@ -38,7 +38,9 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
     steps = data["step_time"]
     if steps.get("count"):
         parts.append(
-            Text(f"Step time: median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f}, max {steps['max_ms']:.3f} ({steps['count']} steps)")
+            Text(
+                f"Step time: median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f}, max {steps['max_ms']:.3f} ({steps['count']} steps)"
+            )
         )
     ops = Table(title="Top ops in the measured steps (host time)")
     for column in ("op", "calls", "total ms", "share", "dtypes"):

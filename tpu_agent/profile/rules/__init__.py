@@ -36,9 +36,7 @@ _MODULES = (
     "sd_data_parallel",
 )
 
-ALL_RULES: dict[str, DiagnosticRule] = {
-    rule.id: rule for rule in (import_module(f"{__name__}.{name}").RULE for name in _MODULES)
-}
+ALL_RULES: dict[str, DiagnosticRule] = {rule.id: rule for rule in (import_module(f"{__name__}.{name}").RULE for name in _MODULES)}
 
 _DATA_HINTS = {
     "steps": "no step boundaries were recorded",

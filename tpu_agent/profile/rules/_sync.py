@@ -52,7 +52,13 @@ def sync_findings(rule: DiagnosticRule, model: ProfileModel, ops: frozenset[str]
             rule.finding(
                 f"{what} `{'/'.join(kinds)}` {per_step:.1f}x per step at {patches.display_path(site.file)}:{site.line}"
                 + (f": {code}" if code else ""),
-                Evidence("host syncs per step", round(per_step, 2), PER_STEP_THRESHOLD, "per step", tuple(sorted({e.step for e in events if e.step is not None}))),
+                Evidence(
+                    "host syncs per step",
+                    round(per_step, 2),
+                    PER_STEP_THRESHOLD,
+                    "per step",
+                    tuple(sorted({e.step for e in events if e.step is not None})),
+                ),
                 [Location.from_site(site, share_of_step=round(saving / 100, 4))],
                 "Each read waits for all queued TPU work and leaves the TPU idle until the host catches up; in "
                 "DeferAndFuse it also cuts the fused graph. Keep values on the device and read them rarely.",

@@ -34,7 +34,13 @@ def _check(model: ProfileModel) -> list[Finding]:
     return [
         RULE.finding(
             f"{len(recompiles)} recompilation(s) of {', '.join(functions)} after warm-up: {top_reason}",
-            Evidence("recompiles per step", round(per_step, 2), PER_STEP_ERROR, "per step", tuple(sorted({e.step for e in recompiles if e.step is not None}))),
+            Evidence(
+                "recompiles per step",
+                round(per_step, 2),
+                PER_STEP_ERROR,
+                "per step",
+                tuple(sorted({e.step for e in recompiles if e.step is not None})),
+            ),
             [Location.from_site(site) for site in list(sites)[:3]],
             _advice(top_reason) + " Each recompile costs seconds to minutes on a TPU.",
             severity=Severity.error if per_step >= PER_STEP_ERROR else Severity.warning,

@@ -49,7 +49,7 @@ def _check(model: ProfileModel) -> list[Finding]:
             severity=Severity.info,
             agent_change=AgentChange(
                 f"Wrap {region} in {COMPILE}"
-                + ("" if diff else " (e.g. `model = torch.compile(model, backend=\"tpu\")` after the model is built)."),
+                + ("" if diff else ' (e.g. `model = torch.compile(model, backend="tpu")` after the model is built).'),
                 diff,
             ),
             saving_pct=0.0,
@@ -64,7 +64,7 @@ RULE = DiagnosticRule(
     name="region to compile",
     category="compile",
     severity=Severity.info,
-    rationale="torch.compile(backend=\"tpu\") turns the step into one XLA program; TorchTPU recommends it over eager.",
+    rationale='torch.compile(backend="tpu") turns the step into one XLA program; TorchTPU recommends it over eager.',
     before="def train_step(x, y):",
     after='@torch.compile(backend="tpu")\ndef train_step(x, y):',
     reference="profiling_anchors.md §3.3 EM-3; torchtpu_api.md §3.3",

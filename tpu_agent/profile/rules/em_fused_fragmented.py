@@ -40,7 +40,7 @@ def _check(model: ProfileModel) -> list[Finding]:
             Evidence("flushes per step", round(per_step, 2), FLUSHES_THRESHOLD, "per step", tuple(steps)),
             locations,
             f"Each flush ends a fused graph. Remove the host reads at {where or 'the flush sites'} from the step; "
-            "then consider torch.compile(backend=\"tpu\") for the whole step.",
+            'then consider torch.compile(backend="tpu") for the whole step.',
             agent_change=change or AgentChange(f"Remove or defer the reads that flush at {where}."),
             saving_pct=min((per_step - 1) * FLUSH_COST_NS / median * 100, 60.0),
             confidence=0.65,

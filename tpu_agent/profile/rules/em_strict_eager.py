@@ -33,7 +33,7 @@ def _check(model: ProfileModel) -> list[Finding]:
             Evidence("ops per step", count, OPS_THRESHOLD, "ops", tuple(s.index for s in rank.steps_in_window())),
             [Location.from_site(site)] if site else [],
             "Switch to Fused eager (DeferAndFuse) so XLA fuses the step's ops into a few executions; then wrap the "
-            "training step in torch.compile(backend=\"tpu\") for one graph per step.",
+            'training step in torch.compile(backend="tpu") for one graph per step.',
             agent_change=AgentChange(
                 f"Set `{SET_FUSED}` right after `import torch` (or export TORCH_TPU_DEFER_AND_FUSE=1); next, compile the step.",
                 diff,

@@ -38,7 +38,7 @@ def _check(model: ProfileModel) -> list[Finding]:
             f"{fp32_share:.0%} of matmul FLOPs run in fp32",
             Evidence("fp32 share of matmul FLOPs", round(fp32_share, 3), FP32_SHARE_THRESHOLD, "fraction"),
             locations,
-            "TPUs compute natively in bf16. Run the forward pass under autocast(\"tpu\", dtype=torch.bfloat16); keep "
+            'TPUs compute natively in bf16. Run the forward pass under autocast("tpu", dtype=torch.bfloat16); keep '
             "fp32 master weights and optimizer state (no GradScaler is needed with bf16).",
             agent_change=AgentChange(f"Run the model's forward (and loss) under `with {AUTOCAST}:`.", diff),
             saving_pct=saving,

@@ -20,8 +20,10 @@ def _check(model: ProfileModel) -> list[Finding]:
         op
         for op in kernels
         if op.name in CAST_OPS
-        and op.input_dtypes[:1] and op.input_dtypes[0] in LOW_PRECISION
-        and len(op.concrete_inputs) > 1 and op.concrete_inputs[1] == FLOAT32
+        and op.input_dtypes[:1]
+        and op.input_dtypes[0] in LOW_PRECISION
+        and len(op.concrete_inputs) > 1
+        and op.concrete_inputs[1] == FLOAT32
     ]
     moved = sum(op.bytes for op in upcasts)
     if not total or moved / total < BYTES_SHARE_THRESHOLD:

@@ -41,8 +41,10 @@ def _check(model: ProfileModel) -> list[Finding]:
         return []
     degree, checkpoint = plan_shards(memory, hbm)
     world = model.config.world_size
-    mesh = f'init_device_mesh("tpu", ({degree},))' if degree <= 8 or degree >= world else (
-        f'init_device_mesh("tpu", ({max(world // degree, 1)}, {degree}), mesh_dim_names=("replicate", "shard"))'
+    mesh = (
+        f'init_device_mesh("tpu", ({degree},))'
+        if degree <= 8 or degree >= world
+        else (f'init_device_mesh("tpu", ({max(world // degree, 1)}, {degree}), mesh_dim_names=("replicate", "shard"))')
     )
     plan = (
         f"from torch.distributed.fsdp import fully_shard\n"

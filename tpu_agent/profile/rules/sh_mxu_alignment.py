@@ -49,7 +49,11 @@ def _check(model: ProfileModel) -> list[Finding]:
         first = members[0]
         saving = matmul_share * param_share * extra / (1 + extra) * 100
         out_dim, in_dim = shape[0], math.prod(shape[1:])
-        names = first.module if len(members) == 1 else f"{first.module} and {len(members) - 1} more ({', '.join(m.module for m in members[1:4])}{', ...' if len(members) > 4 else ''})"
+        names = (
+            first.module
+            if len(members) == 1
+            else f"{first.module} and {len(members) - 1} more ({', '.join(m.module for m in members[1:4])}{', ...' if len(members) > 4 else ''})"
+        )
         code = patches.line_text(first.site.file, first.site.line) if first.site else ""
         findings.append(
             RULE.finding(
