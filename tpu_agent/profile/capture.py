@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import linecache
 import logging
 import os
 import re
@@ -212,7 +213,7 @@ class _Capture:
             if self.depth == 0:
                 self._first_activity()
                 self.roots.setdefault(id(module), module)
-                self.forward_site = self.forward_site or ev.user_call_site(2)
+                self.forward_site = self.forward_site or _statement_site()
             self.depth += 1
 
         def post(module: Any, args: Any, output: Any) -> None:
@@ -291,10 +292,15 @@ class _Capture:
                 try:
                     return original(it)
                 finally:
-                    end = time.time_ns()
-                    self.data_waits.append(
-                        {"step": self.log.step, "duration_ns": end - start, "time_ns": start, "site": _site_dict(ev.user_call_site(2))}
-                    )
+                    if self.step <= self.window[1]:  # only the steps the analysis reads, however long the run
+                        self.data_waits.append(
+                            {
+                                "step": self.log.step,
+                                "duration_ns": time.time_ns() - start,
+                                "time_ns": start,
+                                "site": _site_dict(ev.user_call_site(2)),
+                            }
+                        )
 
             return __next__
 
@@ -412,6 +418,23 @@ class _Capture:
         }
         (self.out_dir / CAPTURE_FILE.format(rank=self.rank)).write_text(json.dumps(record), encoding="utf-8")
         self.log.flush()
+
+
+def _statement_site() -> ev.Site | None:
+    """The innermost user frame whose current line is a statement.
+
+    A compiled function's frame reports its decorator or ``def`` line while Dynamo runs it; the useful line
+    is then its caller's.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not ev._is_library_file(filename):
+            text = linecache.getline(filename, frame.f_lineno).strip()
+            if not text.startswith(("@", "def ", "async def ")):
+                return ev.Site(file=filename, line=frame.f_lineno, function=frame.f_code.co_name)
+        frame = frame.f_back
+    return None
 
 
 def _site_dict(site: ev.Site | None) -> dict[str, Any] | None:
