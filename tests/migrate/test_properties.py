@@ -25,6 +25,8 @@ NEUTRAL = [
     "flag = not a",
     "del value",
     "assert a == 1, 'a must be one'",
+    "# a comment line",
+    "",
 ]
 # Statements with CUDA references, each a single line; rules may rewrite, remove, guard or report them.
 CUDA = [
@@ -68,9 +70,12 @@ def render(parts: list[tuple[str, list[tuple[str, str]]]], newline: str) -> tupl
             lines.append("if a:")
             indent = "    "
         for category, text in statements:
-            lines.append(indent + text)
+            line = indent + text if text else ""
+            lines.append(line)
             if category == "neutral":
-                neutral.append(indent + text)
+                neutral.append(line)
+        if indent:
+            lines.append(indent + "pass")  # a block of comments alone would not parse
     return newline.join(lines) + newline, neutral
 
 
@@ -121,9 +126,13 @@ def test_spliced_output_equals_full_code_generation(parts, newline: str, annotat
     module = cst.parse_module(source)
     ctx = PyContext.for_source(source, MigrateOptions(annotate=annotate), ALL_RULES)
     transformer = pypass._Pass(ctx, dispatch())
-    transformer.inert = pypass.inert_statements(module, source)
+    statements = pypass.statement_map(module, source)
+    transformer.inert = statements.inert
     new = module.visit(transformer)
+    # the statement layout read off line numbers is the one libcst's code generation produces
+    _, spans = pypass.positions(module, [], list(module.body))
+    layout = pypass._layout(module, source, statements.begins)  # type: ignore[arg-type]
+    assert layout is not None and layout.spans == spans
     if transformer.top_removed or not (transformer.dirty or transformer.inserted[1]):
         return
-    _, spans = pypass.positions(module, [], list(module.body))
     assert pypass._splice(source, module, new, spans, transformer) == new.code

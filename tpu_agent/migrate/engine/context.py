@@ -45,6 +45,7 @@ class PendingFinding:
     message: str
     safety: Safety
     fixed: bool
+    top: int = -1  # index of the top-level statement it is in
 
 
 @dataclass
@@ -208,7 +209,7 @@ class PyContext:
             return False
         rule = self.rules[code]
         text = message or rule.summary
-        self.findings.append(PendingFinding(code, node, text, rule.safety, fixed))
+        self.findings.append(PendingFinding(code, node, text, rule.safety, fixed, self.top_index))
         if not fixed and self.options.annotate and self.stmt_stack:
             self.todos.setdefault(id(self.stmt_stack[-1]), []).append(todo_comment(code, text))
         return fixed

@@ -394,8 +394,17 @@ def _cuda_aliases(tree: ast.Module) -> list[str]:
     return names
 
 
-def inert_statements(module: cst.Module, source: str) -> set[int]:
-    """Top-level statements (and methods of top-level classes) whose text holds no trigger for any rule.
+@dataclass
+class StatementMap:
+    """What the stdlib parser tells about the libcst statements of one module."""
+
+    inert: set[int]  # ids of statements with no trigger for any rule
+    begins: list[int] | None  # first line (1-based, decorators included) of each top-level statement
+
+
+def statement_map(module: cst.Module, source: str) -> StatementMap:
+    """Top-level statements (and methods of top-level classes) whose text holds no trigger for any rule,
+    and the first line of every top-level statement.
 
     The stdlib parser gives each statement's line span; the libcst statements are matched to it one to one
     (a ``SimpleStatementLine`` covers as many ast statements as it has small statements). Statements that
@@ -405,15 +414,16 @@ def inert_statements(module: cst.Module, source: str) -> set[int]:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return set()
+        return StatementMap(set(), None)
     aliases = _cuda_aliases(tree)
     gate = CUDA_TOKENS
     if aliases:
         gate = re.compile(CUDA_TOKENS.pattern + b"|\\b(?:" + "|".join(map(re.escape, aliases)).encode() + b")\\b", re.IGNORECASE)
     starts = [0] + [m.end() for m in _NEWLINE_RE.finditer(source)]
     inert: set[int] = set()
+    begins: list[int] = []
 
-    def walk(cst_body: Sequence[cst.CSTNode], ast_body: list[ast.stmt]) -> bool:
+    def walk(cst_body: Sequence[cst.CSTNode], ast_body: list[ast.stmt], top: bool) -> bool:
         index = 0
         for stmt in cst_body:
             count = len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
@@ -426,6 +436,8 @@ def inert_statements(module: cst.Module, source: str) -> set[int]:
             first = group[0]
             decorators = getattr(first, "decorator_list", None) or []
             begin = min([first.lineno, *(d.lineno for d in decorators)])
+            if top:
+                begins.append(begin)
             end = group[-1].end_lineno or first.lineno
             text = source[starts[begin - 1] : starts[end] if end < len(starts) else len(source)]
             if _IMPORT_RE.search(text):
@@ -433,11 +445,13 @@ def inert_statements(module: cst.Module, source: str) -> set[int]:
             if not gate.search(text.encode("utf-8", "surrogatepass")):
                 inert.add(id(stmt))
             elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
-                if not walk(stmt.body.body, group[0].body):  # type: ignore[attr-defined]
+                if not walk(stmt.body.body, group[0].body, False):  # type: ignore[attr-defined]
                     return False
         return index == len(ast_body)
 
-    return inert if walk(module.body, tree.body) else set()
+    if not walk(module.body, tree.body, True):
+        return StatementMap(set(), None)
+    return StatementMap(inert, begins)
 
 
 class _PositionState(CodegenState):
@@ -521,6 +535,51 @@ def positions(
     return state.found, state.spans
 
 
+@dataclass
+class _Layout:
+    """Where each top-level statement of the original module lies in its text, from line numbers alone."""
+
+    spans: dict[int, tuple[int, int]]  # id(statement) -> (start, end) offsets, leading lines included
+    first_lines: list[int]  # 1-based line of each statement's first leading line
+
+
+def _layout(module: cst.Module, source: str, begins: list[int]) -> _Layout | None:
+    """Top-level statements are whole lines: each starts ``len(leading_lines)`` lines above its first token
+    line (which the stdlib parser gave) and ends where the next starts; the footer is whole lines at the end."""
+    if not module.body or not module.has_trailing_newline or len(begins) != len(module.body):
+        return None
+    line_starts = [0] + [m.end() for m in _NEWLINE_RE.finditer(source)]
+    first_lines = [begin - len(stmt.leading_lines) for begin, stmt in zip(begins, module.body)]
+    lines = len(line_starts) - 1
+    end_line = lines - len(module.footer)  # last line of the last statement
+    if any(b <= a for a, b in zip(first_lines, first_lines[1:])) or first_lines[0] < 1 or end_line < first_lines[-1]:
+        return None
+    bounds = [line_starts[line - 1] for line in first_lines] + [line_starts[end_line]]
+    spans = {id(stmt): (bounds[i], bounds[i + 1]) for i, stmt in enumerate(module.body)}
+    return _Layout(spans, first_lines)
+
+
+def _statement_positions(
+    module: cst.Module, layout: _Layout, findings: list[PendingFinding]
+) -> tuple[dict[int, tuple[int, int, int, int]], dict[int, int]]:
+    """Positions of the findings, generating code only for the top-level statements that hold them; also the
+    generated length of each such statement (to check the layout against)."""
+    by_top: dict[int, list[int]] = {}
+    for finding in findings:
+        by_top.setdefault(finding.top, []).append(id(finding.node))
+    found: dict[int, tuple[int, int, int, int]] = {}
+    lengths: dict[int, int] = {}
+    for top, wanted in by_top.items():
+        if not 0 <= top < len(module.body):
+            continue
+        state = _PositionState(module, set(wanted), set())
+        state.line = layout.first_lines[top]
+        module.body[top]._codegen(state)
+        found.update(state.found)
+        lengths[top] = state.offset
+    return found, lengths
+
+
 def _same_lines(a: Sequence[cst.EmptyLine], b: Sequence[cst.EmptyLine]) -> bool:
     return len(a) == len(b) and all(x.deep_equals(y) for x, y in zip(a, b))
 
@@ -574,25 +633,41 @@ def _migrate_source(source: str, options: MigrateOptions, rules: Mapping[str, Ru
         raise ParseFailure(exc.message, exc.raw_line, exc.raw_column + 1) from exc
     ctx = PyContext.for_source(source, options, rules)
     transformer = _Pass(ctx, dispatch)
-    transformer.inert = inert_statements(module, source)
+    statements = statement_map(module, source)
+    transformer.inert = statements.inert
     new_module = module.visit(transformer)
     changed = bool(transformer.dirty or transformer.inserted[1] or transformer.top_removed)
-    splice = (
-        changed
-        and not transformer.top_removed
-        and bool(module.body)
-        and module.has_trailing_newline
-        and _same_lines(module.header, new_module.header)
-        and _same_lines(module.footer, new_module.footer)
-    )
-    tops = list(module.body) if splice else []
-    found, spans = positions(module, [f.node for f in ctx.findings], tops) if ctx.findings or tops else ({}, {})
+    layout = _layout(module, source, statements.begins) if statements.begins is not None else None
+    found: dict[int, tuple[int, int, int, int]] = {}
+    code: str | None = None
+    if layout is not None:
+        found, lengths = _statement_positions(module, layout, ctx.findings)
+        splice = (
+            changed
+            and not transformer.top_removed
+            and _same_lines(module.header, new_module.header)
+            and _same_lines(module.footer, new_module.footer)
+        )
+        if splice:
+            for top in transformer.dirty:  # the layout must match what libcst generates for every changed one
+                start, end = layout.spans[id(module.body[top])]
+                length = lengths.get(top)
+                if length is None:
+                    length = len(module.code_for_node(module.body[top]))
+                if length != end - start:
+                    splice = False
+                    break
+        if splice:
+            code = _splice(source, module, new_module, layout.spans, transformer)
+    elif ctx.findings:
+        found, _ = positions(module, [f.node for f in ctx.findings])
     ordered = sorted(
         ((f, found.get(id(f.node), (1, 0, 1, 0))) for f in ctx.findings), key=lambda item: (item[1][:2], item[0].code)
     )
     if not changed:
         return PyOutcome(None, ordered)
-    code = _splice(source, module, new_module, spans, transformer) if splice else new_module.code
+    if code is None:
+        code = new_module.code
     if code != source:
         code = _remove_unused_cuda_imports(ctx, new_module, code)
     return PyOutcome(code if code != source else None, ordered)
