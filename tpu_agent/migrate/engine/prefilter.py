@@ -11,7 +11,7 @@ import re
 
 CUDA_TOKENS = re.compile(
     rb"cuda|nccl|cudnn|cublas|tf32|triton|flash_attn|xformers|apex|bitsandbytes|cupy|deepspeed|nvtx|nvidia|nvcr|"
-    rb"pynvml|gputil|gradscaler|load_inline|cpp_extension|load_library|torch\.compile|inductor|device_ids|nproc.per.node",
+    rb"pynvml|gputil|gradscaler|load_inline|cpp_extension|load_library|torch\.compile|inductor|device_ids|nproc.per.node|dataparallel",
     re.IGNORECASE,
 )
 

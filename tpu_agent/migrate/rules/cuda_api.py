@@ -149,6 +149,18 @@ FAMILY.rule(
     "migration_anchors.md §3, D29",
 )
 
+FAMILY.rule(
+    "TPU212",
+    "profiler-cuda-activity",
+    Safety.MANUAL,
+    "torch.profiler.ProfilerActivity.CUDA.",
+    "There is no device-agnostic profiler activity; TorchTPU traces through ProfilerActivity.PrivateUse1 with "
+    "its own profiler config, and tpu-agent profile captures an XProf trace without code changes.",
+    "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
+    "activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]  # or run tpu-agent profile",
+    "torchtpu_api.md §5.2, §7; migration_anchors.md S11",
+)
+
 _MEMORY = {
     "empty_cache": "empty_cache",
     "memory_allocated": "memory_allocated",
@@ -250,6 +262,18 @@ def cuda_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.Ba
         original,
         f"{qualname} has no device-agnostic equivalent in torch 2.13: remove it, or use "
         "torch.get_device_module(DEVICE) where the backend provides the same function",
+    )
+    return updated
+
+
+@FAMILY.reference("torch.profiler.ProfilerActivity.CUDA", "torch.autograd.profiler.ProfilerActivity.CUDA")
+def profiler_activity_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
+    ctx.report(
+        "TPU212",
+        original,
+        "ProfilerActivity.CUDA: on TPU trace ProfilerActivity.PrivateUse1 (TorchTPU), or capture with tpu-agent profile",
     )
     return updated
 

@@ -89,6 +89,19 @@ FAMILY.rule(
     "torchtpu_api.md §4.3; migration_anchors.md X10",
 )
 
+FAMILY.rule(
+    "TPU406",
+    "data-parallel",
+    Safety.MANUAL,
+    "torch.nn.DataParallel (single-process, multi-GPU).",
+    "DataParallel replicates a module over CUDA devices in one process; TorchTPU runs one device per process, so "
+    "the TPU path is DistributedDataParallel (or FSDP2) launched with one process per chip.",
+    "model = nn.DataParallel(model, device_ids=[0, 1])",
+    "model = DDP(model)  # launched with torchrun / tpu-agent run --nproc N",
+    "torchtpu_api.md §4.1; migration_anchors.md X15",
+)
+
+_DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel")
 _INITS = frozenset(
     {
         "torch.distributed.init_process_group",
@@ -279,6 +292,12 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
 def backend_nccl_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
     new = ctx.fix("TPU402", original, lambda: ctx.default_backend(), lambda n: f"Backend.NCCL -> {source(n)}")
     return new if new is not None else updated
+
+
+@FAMILY.reference(*_DATA_PARALLEL)
+def data_parallel_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+    ctx.report("TPU406", original, "DataParallel: use DistributedDataParallel with one process per TPU chip")
+    return updated
 
 
 # ---- launch scripts and configs -----------------------------------------------------------------------
