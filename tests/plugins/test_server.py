@@ -234,6 +234,19 @@ async def test_scan_plan_apply_apply_again_and_stale(modern: Client, example: Pa
     assert not (example / ".git").exists() or _tree(example / ".git")  # nothing created under .git/
 
 
+async def test_uncommitted_files_need_the_users_consent(modern: Client, example: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(example)], check=True)
+    plan = (await modern.call_tool("tpu_plan_migration", {"paths": ["train.py"]})).structured_content
+    refused = _error(await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"]}))
+    assert refused["code"] == "dirty-worktree" and "allow_dirty=true" in refused["hint"]
+    assert "--allow-dirty" not in refused["hint"]
+    applied = (await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"], "allow_dirty": True})).structured_content
+    assert applied["files_written"] == ["train.py"]
+    assert not any((example / ".git").rglob("*.tpu-agent-tmp"))
+
+
 async def test_run_status_and_cancel(modern: Client, example: Path) -> None:
     progress: list[str | None] = []
 

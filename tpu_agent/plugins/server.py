@@ -527,7 +527,16 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
         stored = load_plan(plan_id, ws)
         from tpu_agent.migrate import api as migrate_api
 
-        result = await _in_thread(lambda: migrate_api.apply(stored.plan, allow_dirty=allow_dirty))
+        try:
+            result = await _in_thread(lambda: migrate_api.apply(stored.plan, allow_dirty=allow_dirty))
+        except TpuAgentError as error:
+            if error.code == "dirty-worktree":  # the API's hint names the CLI flag; say it in tool terms
+                error = dataclasses.replace(
+                    error,
+                    hint="Ask the user to commit (or stash) those files so the rewrite can be reviewed and undone "
+                    "with git; only if they decline, call tpu_apply_plan again with allow_dirty=true.",
+                )
+            raise error from None
         written = sorted(ws.relative(p) for p in result.written)
         return models.ApplyResult(
             plan_id=plan_id,
