@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,3 @@ def example(tmp_path: Path) -> Path:
     target = tmp_path / "cuda_ddp"
     shutil.copytree(EXAMPLE, target)
     return target
-
-
-def server_env(**extra: str) -> dict[str, str]:
-    """The environment a host hands the stdio server: the SDK passes only an allow-list plus this."""
-    env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    env.update(extra)
-    return env
-
-
-PYTHON = sys.executable
