@@ -69,10 +69,8 @@ def matmul_dims(op: Op) -> tuple[int, int, int, int] | None:
 
 def _shape(dims: object) -> list[int]:
     """An input's dims; a tensor list (``[[2, 3], [2, 3]]``) becomes one flat shape of its total size."""
-    if not isinstance(dims, list):
-        return []
-    if all(isinstance(d, int) for d in dims):
-        return list(dims)
+    if not isinstance(dims, list) or not dims or type(dims[0]) is int:
+        return dims if isinstance(dims, list) else []
     return [sum(_numel(_shape(d)) for d in dims if isinstance(d, list))]
 
 
