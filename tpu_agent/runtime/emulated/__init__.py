@@ -40,9 +40,10 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
 
             modes.apply_mode(mode)
         return
-    from tpu_agent.runtime.emulated import autocast, compile, device, modes, telemetry
+    from tpu_agent.runtime.emulated import attention, autocast, compile, device, modes, telemetry
 
     device.register()
+    attention.install()
     state.chip = chosen
     autocast.register()
     compile.install()

@@ -28,6 +28,8 @@ MXU_OPERANDS: dict[torch._ops.OpOverload, tuple[int, ...]] = {
     aten.addr.default: (1, 2),
     aten.convolution.default: (0, 1),
     aten.convolution_backward.default: (0, 1, 2),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: (0, 1, 2),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (0, 1, 2, 3),
 }
 
 # Matmul-family ops whose two operands must share a dtype; TorchTPU checks this itself (reference §8.2).

@@ -83,6 +83,9 @@ def step_boundary(source: str) -> None:
 
 
 def _optimizer_post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    from tpu_agent.runtime.emulated import tensor
+
+    tensor.clear_rounding_cache()  # weights changed; release the step's rounded operands
     step_boundary("optimizer")
 
 

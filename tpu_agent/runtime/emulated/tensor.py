@@ -15,6 +15,7 @@ in-place write through the view is visible in the base.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -265,8 +266,7 @@ def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make
 def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
     """An f32 tensor rounded to ``bits`` explicit significand bits (round to nearest even), still f32.
 
-    Integer arithmetic on the bit pattern: several times faster on CPU than a bf16 round trip through
-    ``.to()``, and bit-identical to it for ``bits=7``.
+    Integer arithmetic on the bit pattern; for ``bits=7`` it is bit-identical to a bf16 round trip.
     """
     drop = 23 - bits
     i = t.view(torch.int32)
@@ -277,13 +277,67 @@ def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
     return r.view(torch.float32)
 
 
-def mxu_operand(t: Any, precision: state.Precision) -> Any:
-    """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH)."""
+def _round_dense(t: torch.Tensor, precision: state.Precision) -> torch.Tensor:
+    if precision is state.Precision.DEFAULT:
+        return t.to(torch.bfloat16).to(torch.float32)  # vectorised conversions: the cheapest RNE on CPU
+    return round_mantissa(t, 16)
+
+
+# Rounded copies of MXU operands, per base tpu tensor and version: a weight feeds the forward and the
+# backward matmul, an activation the forward and the weight-gradient matmul, a gradient two backward matmuls
+# (once transposed), so each base is rounded once and every view of it is cut from the rounded copy. The
+# wrapper's version counter is shared by all its views, so any in-place write invalidates the entry.
+# Parameters are held strongly (they live all run; weakrefs would block ``Module.to``'s tensor swap),
+# other bases weakly, so the cache never keeps activations alive. Cleared at every optimizer step.
+_rounded: dict[tuple[int, state.Precision], tuple[Any, int, torch.Tensor, bool]] = {}
+ROUNDED_CACHE_ENTRIES = 1024
+
+
+def clear_rounding_cache() -> None:
+    _rounded.clear()
+
+
+def _evict(key: tuple[int, state.Precision]) -> Any:
+    return lambda _ref: _rounded.pop(key, None)
+
+
+def _round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) -> torch.Tensor:
+    """``elem`` (the CPU data of tpu tensor ``operand``) rounded for the MXU, reusing its base's rounding."""
+    base = operand._base if operand._base is not None else operand
+    base_elem = base._elem if type(base) is TpuTensor else None
+    if (
+        base_elem is None
+        or base_elem.storage_offset() != 0
+        or not base_elem.is_contiguous()
+        or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
+    ):
+        return _round_dense(elem, precision)
+    key = (id(base), precision)
+    version = base._version
+    entry = _rounded.get(key)
+    if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
+        rounded_base = entry[2]
+    else:
+        rounded_base = _round_dense(base_elem, precision)
+        if len(_rounded) >= ROUNDED_CACHE_ENTRIES:
+            _rounded.clear()
+        strong = base.is_leaf and base.requires_grad
+        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong)
+    if elem is base_elem:
+        return rounded_base
+    return rounded_base.as_strided(elem.shape, elem.stride(), elem.storage_offset())
+
+
+def mxu_operand(t: Any, precision: state.Precision, operand: Any = None) -> Any:
+    """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH).
+    ``operand`` is the tpu tensor ``t`` came from, when known (enables the rounding cache)."""
     if not isinstance(t, _Tensor):
         return t
     dtype = t.dtype
     if dtype is torch.float32:
-        return round_mantissa(t, 7 if precision is state.Precision.DEFAULT else 16)
+        if type(operand) is TpuTensor:
+            return _round_operand(operand, t, precision)
+        return _round_dense(t, precision)
     if dtype is torch.float16 and precision is state.Precision.DEFAULT:
         return t.to(torch.bfloat16).to(torch.float16)
     return t
@@ -303,8 +357,9 @@ def check_operands(func: Any, cargs: list) -> None:
         )
 
 
-def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision) -> Any:
-    """Execute one op on CPU data as the TPU would: MXU operand rounding, then the CPU kernel."""
+def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None) -> Any:
+    """Execute one op on CPU data as the TPU would: MXU operand rounding, then the CPU kernel.
+    ``args`` are the op's original (tpu) arguments, parallel to ``cargs``."""
     positions = ops.MXU_OPERANDS.get(func)
     if positions is not None:
         check_operands(func, cargs)
@@ -312,11 +367,8 @@ def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision
             cargs = list(cargs)
             for p in positions:
                 if p < len(cargs):
-                    cargs[p] = mxu_operand(cargs[p], precision)
+                    cargs[p] = mxu_operand(cargs[p], precision, args[p] if args is not None else None)
     return func(*cargs, **ckwargs)
-
-
-_PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
 
 def sync_metadata(t: Any, source: torch.Tensor) -> None:
@@ -344,10 +396,10 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return run_on_cpu(func, cargs, ckwargs, state.effective_precision())
+            return run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     else:
         ckwargs = kwargs
-    out = run_on_cpu(func, cargs, ckwargs, state.effective_precision())
+    out = run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
