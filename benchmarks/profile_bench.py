@@ -87,16 +87,17 @@ def overhead(repeats: int, train_steps: int, profile_steps: int) -> dict[str, tu
             plain.append(timed([*CLI, "run", *script], project))
             logdir = Path(tmp) / f"logs-{index}"
             profiled.append(
-                timed([*CLI, "profile", "--logdir", str(logdir), "--steps", str(profile_steps), "--warmup", "2", "--format", "json", *script], project)
+                timed(
+                    [*CLI, "profile", "--logdir", str(logdir), "--steps", str(profile_steps), "--warmup", "2", "--format", "json", *script],
+                    project,
+                )
             )
             print(
                 f"  run {index + 1}: plain {plain[-1][0]:.2f} s wall / {plain[-1][1]:.2f} s cpu, "
                 f"profiled {profiled[-1][0]:.2f} s wall / {profiled[-1][1]:.2f} s cpu",
                 flush=True,
             )
-        return {
-            measure: (min(p[i] for p in plain), min(p[i] for p in profiled)) for i, measure in enumerate(("wall", "cpu"))
-        }
+        return {measure: (min(p[i] for p in plain), min(p[i] for p in profiled)) for i, measure in enumerate(("wall", "cpu"))}
 
 
 def analysis(steps: int) -> tuple[float, float, int]:
@@ -125,7 +126,9 @@ def main() -> None:
     for measure, (plain, profiled) in results.items():
         ratio = profiled / plain
         verdict = "OK" if ratio <= OVERHEAD_TARGET else "OVER TARGET"
-        print(f"  {measure}: best plain {plain:.2f} s, profiled {profiled:.2f} s: ratio {ratio:.3f}x (target <= {OVERHEAD_TARGET}x) {verdict}")
+        print(
+            f"  {measure}: best plain {plain:.2f} s, profiled {profiled:.2f} s: ratio {ratio:.3f}x (target <= {OVERHEAD_TARGET}x) {verdict}"
+        )
 
     write_s, analyse_s, findings = analysis(args.analysis_steps)
     verdict = "OK" if analyse_s < ANALYSIS_TARGET_S else "OVER TARGET"

@@ -46,6 +46,7 @@ class Location:
     line: int
     function: str
     share_of_step: float | None = None
+    code: str = ""  # the source line, filled in by the rule engine
 
     @classmethod
     def from_site(cls, site: Site, share_of_step: float | None = None) -> Location:

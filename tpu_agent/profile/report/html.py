@@ -103,12 +103,18 @@ def _memory_chart(memory: dict[str, Any]) -> str:
 def _finding_html(f: dict[str, Any]) -> str:
     change = f.get("agent_change") or {}
     evidence = f["evidence"]
+    code = "".join(
+        f'<pre class="source">{escape(loc["file"])}:{loc["line"]}\n    {escape(loc["code"])}</pre>'
+        for loc in f["locations"][:3]
+        if loc.get("code")
+    )
     parts = [
         f'<div class="finding" data-rule="{escape(f["rule_id"])}">',
         f'<h3><span class="sev-{escape(f["severity"])}">{escape(f["severity"].upper())}</span> {escape(f["rule_id"])}: {escape(f["title"])}</h3>',
         f"<p><b>Where:</b> <code>{escape(location_text(f))}</code> &middot; <b>Estimated saving:</b> "
         f"{f['estimated_saving_pct']:.1f}% of step &middot; <b>Confidence:</b> {f['confidence']:.0%}</p>",
         f"<p><b>Evidence:</b> {escape(evidence['metric'])} = {evidence['value']} (threshold {evidence['threshold']} {escape(evidence['unit'])})</p>",
+        code,
         f"<p>{escape(f['suggestion'])}</p>",
     ]
     if change:

@@ -20,7 +20,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         out += [
             f"### {f['rule_id']} ({f['severity']}): {f['title']}",
             "",
-            f"- where: `{location_text(f)}`",
+            f"- where: `{location_text(f)}`"
+            + (f": `{f['locations'][0]['code']}`" if f["locations"] and f["locations"][0].get("code") else ""),
             f"- evidence: {f['evidence']['metric']} = {f['evidence']['value']} (threshold {f['evidence']['threshold']} {f['evidence']['unit']})",
             f"- estimated saving: {f['estimated_saving_pct']:.1f}% of step, confidence {f['confidence']:.0%}",
             "",

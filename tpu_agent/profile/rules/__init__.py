@@ -6,10 +6,12 @@ Every rule runs on every capture and leaves a :class:`RuleOutcome`: ``ok``, ``fi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import import_module
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile.model import Finding, ProfileModel, RuleOutcome, Status
+from tpu_agent.profile.patches import line_text
 from tpu_agent.profile.rules._base import DiagnosticRule, Insufficient, available
 
 _MODULES = (
@@ -71,6 +73,8 @@ def run_rules(model: ProfileModel) -> tuple[list[Finding], list[RuleOutcome]]:
         except Insufficient as why:
             outcomes.append(RuleOutcome(rule.id, Status.insufficient_data, str(why)))
             continue
+        for finding in found:
+            finding.locations = [replace(loc, code=loc.code or line_text(loc.file, loc.line)) for loc in finding.locations]
         findings.extend(found)
         outcomes.append(RuleOutcome(rule.id, Status.finding if found else Status.ok, "", len(found)))
     findings.sort(key=lambda f: (f.category != "capture", f.severity.rank, -f.estimated_saving_pct, f.rule_id))
