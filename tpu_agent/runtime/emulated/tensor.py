@@ -307,6 +307,8 @@ def _round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision)
     base_elem = base._elem if type(base) is TpuTensor else None
     if (
         base_elem is None
+        or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
+        or type(base_elem) is not _Tensor
         or base_elem.storage_offset() != 0
         or not base_elem.is_contiguous()
         or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
