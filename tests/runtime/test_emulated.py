@@ -128,6 +128,10 @@ def test_default_precision_rounds_matmul_inputs_to_bf16() -> None:
     assert out["tpu"] != out["cpu"]
     for tpu_loss, cpu_loss in zip(out["tpu"], out["cpu"], strict=True):
         assert abs(tpu_loss - cpu_loss) <= 1.6e-2 * abs(cpu_loss) + 1e-5
+    # deferral changes when ops run, never what they compute
+    strict = run_script("emulated_train.py", "foreach", "medium")["tpu"]
+    for env in ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, {"TORCH_TPU_LAUNCH_BLOCKING": "1"}):
+        assert run_script("emulated_train.py", "foreach", "medium", env=env)["tpu"] == strict
 
 
 def test_autocast_policy() -> None:

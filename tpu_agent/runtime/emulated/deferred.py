@@ -77,7 +77,8 @@ class CpuExecutor:
             try:
                 cargs = tt.unwrap_args(node.func, node.args)
                 ckwargs, _ = tt.unwrap_kwargs(node.func, node.kwargs) if node.kwargs else (node.kwargs, False)
-                out = tt.run_on_cpu(node.func, cargs, ckwargs, node.precision, node.args)
+                # no tpu args: the rounding cache keys on version counters, which recording has already advanced
+                out = tt.run_on_cpu(node.func, cargs, ckwargs, node.precision)
             except Exception as error:
                 where = f" recorded at {node.site}" if node.site else ""
                 raise DeferredExecutionError(
