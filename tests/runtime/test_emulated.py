@@ -77,6 +77,13 @@ def test_views_alias_and_device_errors(basics: tuple[dict, Path]) -> None:
     assert out["repr"] == "tensor([1.5000, 2.0000], device='tpu:0')"
 
 
+def test_inplace_shape_ops_device_context_and_fused_attention(basics: tuple[dict, Path]) -> None:
+    out, _ = basics
+    assert out["inplace_meta"] == [[1, 3], [1, 3], [3, 2], [1, 3]]
+    assert out["device_context"] == "tpu:0"
+    assert out["sdpa_bf16_inputs"] is True  # fused attention sees bf16-rounded q/k/v at default precision
+
+
 def test_memory_stats_track_allocations(basics: tuple[dict, Path]) -> None:
     out, _ = basics
     assert out["memory_delta"] == 4 * 1024 * 1024

@@ -66,4 +66,15 @@ out["amp_dtypes"] = len(torch.tpu.get_amp_supported_dtype())
 out["eager_mode"] = torch.tpu.eager_mode.name
 out["unsupported"] = error_of(lambda: torch.linalg.eig(torch.randn(3, 3).to("tpu")))
 out["complex32"] = error_of(lambda: x.to(torch.complex32))
+grown = torch.randn(3).to("tpu")
+grown.unsqueeze_(0)
+flipped = torch.randn(2, 3).to("tpu").t_()
+out["inplace_meta"] = [list(grown.shape), list(grown.cpu().shape), list(flipped.shape), list(flipped.stride())]
+with torch.device("tpu"):
+    built = torch.nn.Linear(2, 2)
+out["device_context"] = str(built.weight.device)
+q = torch.randn(2, 4, 16, 8)
+attention = torch.nn.functional.scaled_dot_product_attention
+rounded = q.to(torch.bfloat16).float()
+out["sdpa_bf16_inputs"] = torch.equal(attention(q.to("tpu"), q.to("tpu"), q.to("tpu"), is_causal=True).cpu(), attention(rounded, rounded, rounded, is_causal=True))
 print(json.dumps(out))

@@ -373,6 +373,9 @@ def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision
     return func(*cargs, **ckwargs)
 
 
+_PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+
+
 def sync_metadata(t: Any, source: torch.Tensor) -> None:
     """After an in-place shape/stride change (``unsqueeze_``, ``t_``, ``resize_``...), restride the tpu
     tensor itself to match ``source`` (its CPU or meta data)."""
