@@ -168,9 +168,13 @@ def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
 
 
 def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
-    """The CPU tensor behind a tpu tensor (materialising pending deferred work first); CPU tensors pass through."""
+    """The CPU tensor behind a tpu tensor (materialising pending deferred work first); CPU tensors pass through.
+
+    Callers may write to the result (collectives reduce in place), bypassing the tensor's version counter, so
+    the MXU rounding cache is dropped."""
     if type(t) is not TpuTensor:
         return t
+    _rounded.clear()
     elem = t._elem
     if elem is None:
         flush_pending(cause)
