@@ -106,7 +106,15 @@ class PyContext:
     not_references: set[int] = field(default_factory=set)
     claimed: set[int] = field(default_factory=set)
     bare_positions: set[int] = field(default_factory=set)
+    # names assigned an accelerator-availability check (``use_cuda = torch.cuda.is_available()``): an ``if``
+    # on them guards accelerator calls as well as the check itself
+    available_names: set[str] = field(default_factory=set)
+    # id of an original ``if`` -> a condition a rule ANDs into its test on the way up, with a comment
+    extra_tests: dict[int, tuple[cst.BaseExpression, str]] = field(default_factory=dict)
+    # the CPU-fallback expressions the rules built (by id), dropped again inside an enclosing check
+    cpu_fallbacks: dict[int, cst.CSTNode] = field(default_factory=dict)
     _qualnames: dict[int, str | None] = field(default_factory=dict)
+    fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
 
     @classmethod
     def for_source(cls, source: str, options: MigrateOptions, rules: Mapping[str, Rule]) -> PyContext:
@@ -271,6 +279,12 @@ class PyContext:
         return cst.Call(
             func=self.torch_attr("distributed.get_default_backend_for_device"), args=[cst.Arg(self._use_device())]
         )
+
+    def string(self, value: str) -> cst.SimpleString:
+        """A new string literal that is valid where the pass is: inside a ``"``-quoted f-string (whose
+        expressions cannot reuse its quote before Python 3.12) it takes single quotes."""
+        quote = "'" if '"' in self.fstring_quotes else '"'
+        return cst.SimpleString(f"{quote}{value}{quote}")
 
     def todo_comments(self, statement: cst.CSTNode) -> list[str]:
         return self.todos.get(id(statement), [])

@@ -86,7 +86,11 @@ class _Pass(cst.CSTTransformer):
         super().__init__()
         self.ctx = ctx
         self.dispatch = dispatch
-        self.removed: set[int] = set()  # ids of (updated) statement lines left empty by a rule
+        # (updated) statement lines left empty by a rule, and blocks that hold only the ``pass`` removal put
+        # there; by id, holding the nodes so that no other node can take a freed one's id
+        self.removed: dict[int, cst.CSTNode] = {}
+        self.emptied: dict[int, cst.CSTNode] = {}
+        self.elifs: set[int] = set()  # ids of original ``If`` nodes that are the ``elif`` of another
         self.inert: set[int] = set()  # ids of statements whose text has no trigger: not descended into
         self.dirty: set[int] = set()  # indexes of top-level statements something changed in
         self.inserted: tuple[int, int] = (0, 0)  # (index, count) of statements added to the module body
@@ -122,6 +126,8 @@ class _Pass(cst.CSTTransformer):
                 return False  # no CUDA-ish token in it: nothing for any rule
             if kind is cst.If or kind is cst.While:
                 ctx.bare_positions.add(id(node.test))
+                if kind is cst.If and isinstance(node.orelse, cst.If):
+                    self.elifs.add(id(node.orelse))
             elif kind is cst.FunctionDef:
                 ctx.not_references.add(id(node.name))
             elif kind is cst.ClassDef:
@@ -143,6 +149,8 @@ class _Pass(cst.CSTTransformer):
             ctx.not_references.add(id(node.name))
         elif kind is cst.Global or kind is cst.Nonlocal:
             return False
+        elif kind is cst.FormattedString:
+            ctx.fstring_quotes.append(node.end)
         elif kind is cst.BooleanOperation:
             ctx.bare_positions.add(id(node.left))
             ctx.bare_positions.add(id(node.right))
@@ -170,18 +178,23 @@ class _Pass(cst.CSTTransformer):
                 handler = self.dispatch.reference_handler(qualname)
                 if handler is not None:
                     result = handler(ctx, original, result, qualname)
-        if kind in _STATEMENTS:
+        if kind is cst.FormattedString:
+            ctx.fstring_quotes.pop()
+        elif kind in _STATEMENTS:
             ctx.stmt_stack.pop()
             if kind is cst.ClassDef:
                 ctx.class_stack.pop()
-            if kind is cst.SimpleStatementLine and isinstance(result, cst.SimpleStatementLine) and not result.body:
-                result = result.with_changes(body=[cst.Pass()])
-                self.removed.add(id(result))
             todos = ctx.todo_comments(original)
             if todos and not isinstance(result, cst.RemovalSentinel):
                 result = _with_todos(result, todos)
+            if kind is cst.SimpleStatementLine and isinstance(result, cst.SimpleStatementLine) and not result.body:
+                result = result.with_changes(body=[cst.Pass()])
+                self.removed[id(result)] = result
+            elif kind is cst.If and isinstance(result, cst.If):
+                result = self._drop_empty_branches(original, result)
         elif kind is cst.SimpleStatementSuite and not result.body:
             result = result.with_changes(body=[cst.Pass()])
+            self.emptied[id(result)] = result
         elif kind is cst.IndentedBlock:
             result = self._strip_removed(result, "footer")
         elif kind is cst.Module:
@@ -212,11 +225,83 @@ class _Pass(cst.CSTTransformer):
             body.append(stmt)
         if not body:
             # keep one statement so the block stays valid: a bare ``pass`` with the comments above it
-            return block.with_changes(body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)])
+            emptied = block.with_changes(body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)])
+            self.emptied[id(emptied)] = emptied
+            return emptied
         changes: dict[str, Any] = {"body": body}
         if carried:
             changes[footer_field] = [*carried, *getattr(block, footer_field)]
         return block.with_changes(**changes)
+
+    def _drop_empty_branches(self, original: cst.If, result: cst.If) -> cst.BaseStatement:
+        """An ``if`` whose rewrites left a branch holding nothing but ``pass``: an empty ``else`` goes; an
+        empty body with no ``else`` and a test without side effects takes the whole ``if`` with it (marked
+        removed, so the enclosing block drops it in turn, keeping its comments)."""
+        orelse = result.orelse
+        if isinstance(orelse, cst.Else) and id(orelse.body) in self.emptied:
+            result = result.with_changes(orelse=None)
+        if (
+            result.orelse is not None
+            or id(result.body) not in self.emptied
+            or id(original) in self.elifs
+            or not is_pure(self.ctx, original.test)
+        ):
+            return result
+        carried = list(result.leading_lines)
+        body = result.body
+        header_comment = body.header.comment if isinstance(body, cst.IndentedBlock) else body.trailing_whitespace.comment
+        if header_comment is not None:
+            carried.append(cst.EmptyLine(comment=header_comment))
+        if isinstance(body, cst.IndentedBlock):
+            carried.extend(line for stmt in body.body for line in stmt.leading_lines if line.comment is not None)
+            carried.extend(line for line in body.footer if line.comment is not None)
+        marker = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)
+        self.removed[id(marker)] = marker
+        return marker
+
+
+# Calls that only read state; an ``if`` testing nothing else can go once its body is gone.
+PURE_CALLS = frozenset(
+    {
+        "torch.cuda.is_available",
+        "torch.cuda.device_count",
+        "torch.accelerator.is_available",
+        "torch.accelerator.device_count",
+        "torch.distributed.is_available",
+        "torch.distributed.is_initialized",
+        "torch.distributed.get_backend",
+        "torch.distributed.get_rank",
+        "torch.distributed.get_world_size",
+        "os.environ.get",
+        "os.getenv",
+    }
+)
+_PURE_BUILTINS = frozenset({"len", "isinstance", "hasattr", "bool"})
+_PURE_LEAVES = (cst.Name, cst.SimpleString, cst.Integer, cst.Float, cst.Imaginary)
+
+
+def is_pure(ctx: PyContext, node: cst.CSTNode) -> bool:
+    """True when evaluating the expression ``node`` (an original node) changes nothing: names, attribute
+    reads, literals, comparisons, ``and``/``or``/``not`` and calls of :data:`PURE_CALLS` with pure arguments."""
+    if isinstance(node, _PURE_LEAVES):
+        return True
+    if isinstance(node, cst.Attribute):
+        return is_pure(ctx, node.value)
+    if isinstance(node, cst.Comparison):
+        return is_pure(ctx, node.left) and all(is_pure(ctx, target.comparator) for target in node.comparisons)
+    if isinstance(node, cst.BooleanOperation):
+        return is_pure(ctx, node.left) and is_pure(ctx, node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return is_pure(ctx, node.expression)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(isinstance(el, cst.Element) and is_pure(ctx, el.value) for el in node.elements)
+    if isinstance(node, cst.Call):
+        func = node.func
+        known = ctx.qualname(func) in PURE_CALLS or (
+            isinstance(func, cst.Name) and func.value in _PURE_BUILTINS and func.value not in ctx.aliases
+        )
+        return known and all(not arg.star and is_pure(ctx, arg.value) for arg in node.args)
+    return False
 
 
 def _with_todos(statement: Any, todos: list[str]) -> Any:

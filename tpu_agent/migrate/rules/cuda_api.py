@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety
+from tpu_agent.migrate.model import Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, source
 
@@ -25,14 +25,22 @@ FAMILY.rule(
     "TPU201",
     "cuda-device-api",
     Safety.SAFE,
-    "torch.cuda device queries: is_available, device_count, current_device, set_device, device(i).",
+    "torch.cuda device queries: is_available, device_count, current_device, set_device, device(i), "
+    "get_device_name, get_device_properties.",
     "TorchTPU implements the torch.accelerator API (its own torch.tpu twins raise when called from user code); "
-    "torch.accelerator works on CUDA builds too; for the accelerator target, calls that need a device are "
-    "guarded with torch.accelerator.is_available() (statements) or get their CPU value (expressions) so "
-    "CPU-only runs keep working.",
-    "torch.cuda.set_device(local_rank)\nn = torch.cuda.device_count()",
-    "torch.accelerator.set_device_index(local_rank)\nn = torch.accelerator.device_count()",
-    "torchtpu_api.md §1.4; migration_anchors.md §3, D07-D12",
+    "torch.accelerator works on CUDA builds too. TorchTPU binds one device per process and rejects "
+    "set_device_index with any other index, so set_device is deleted for the tpu target and, for the "
+    "accelerator target, still binds the CUDA device of each rank but is skipped on TPU. The device name and "
+    "properties come from the device's own module (torch.tpu on TPU). For the accelerator target, calls that "
+    "need a device are guarded with torch.accelerator.is_available() (statements) or get their CPU value "
+    "(expressions) so CPU-only runs keep working.",
+    "torch.cuda.set_device(local_rank)\nn = torch.cuda.device_count()\nname = torch.cuda.get_device_name()",
+    'if torch.accelerator.is_available() and DEVICE.type != "tpu":  # TorchTPU binds one device per process\n'
+    "    torch.accelerator.set_device_index(local_rank)\n"
+    "n = torch.accelerator.device_count()\n"
+    'name = torch.get_device_module(DEVICE).get_device_name() if torch.accelerator.is_available() else "cpu"\n'
+    "# --target tpu: the set_device line is deleted; name = torch.tpu.get_device_name()",
+    "torchtpu_api.md §1.2, §1.3, §1.4, §5.2; migration_anchors.md §3, D07-D12",
     since_torch="2.8",
 )
 FAMILY.rule(
@@ -107,8 +115,7 @@ FAMILY.rule(
     "TPU208",
     "cuda-capability-check",
     Safety.MANUAL,
-    "GPU capability and identity checks: get_device_capability, get_device_properties, get_device_name, "
-    "is_bf16_supported, get_arch_list, torch.version.cuda.",
+    "GPU capability checks: get_device_capability, is_bf16_supported, get_arch_list, torch.version.cuda.",
     "There is no device-agnostic capability query (TorchTPU's compute capability is an empty string); gates on "
     "(major, minor) usually protect bf16/flash/TF32 paths, and bf16 is always native on TPU.",
     "if torch.cuda.get_device_capability()[0] >= 8:\n    dtype = torch.bfloat16",
@@ -199,6 +206,12 @@ RENAMES: dict[str, tuple[str, str]] = {
     **{f"torch.cuda.memory.{old}": ("TPU203", f"accelerator.{new}") for old, new in _MEMORY.items()},
 }
 
+# qualified name -> the function of the device's own module (torch.tpu on TPU) that answers it
+DEVICE_MODULE: dict[str, str] = {
+    "torch.cuda.get_device_name": "get_device_name",
+    "torch.cuda.get_device_properties": "get_device_properties",
+}
+
 _PROFILE = "use tpu-agent profile (XProf memory view) or torch.tpu._hbm_usage_summary() on TPU"
 # qualified name -> (rule, what to do)
 MANUAL: dict[str, tuple[str, str]] = {
@@ -206,8 +219,6 @@ MANUAL: dict[str, tuple[str, str]] = {
     "torch.cuda.nvtx.range_pop": ("TPU207", "close the torch.profiler.record_function block that replaces the push"),
     "torch.cuda.nvtx.mark": ("TPU207", "use a short torch.profiler.record_function range"),
     "torch.cuda.get_device_capability": ("TPU208", "no capability tuple on TPU; gate on an explicit option (bf16 is native on TPU)"),
-    "torch.cuda.get_device_properties": ("TPU208", "torch.accelerator.get_memory_info()[1] gives total memory; other fields have no TPU meaning"),
-    "torch.cuda.get_device_name": ("TPU208", "torch.get_device_module(DEVICE).get_device_name() where the backend has it (TorchTPU: 'TPU v6e')"),
     "torch.cuda.is_bf16_supported": ("TPU208", "bf16 is always native on TPU; make the check an explicit option"),
     "torch.cuda.get_arch_list": ("TPU208", "CUDA architectures have no TPU meaning; remove the check"),
     "torch.version.cuda": ("TPU208", "guard CUDA-version logic with `if torch.version.cuda:` or remove it"),
@@ -252,6 +263,10 @@ def cuda_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.Ba
         code, path = rename
         new = ctx.fix(code, original, lambda: ctx.torch_attr(path), lambda n: f"{qualname} -> {source(n)}")
         return keep_parens(original, new) if new is not None else updated
+    function = DEVICE_MODULE.get(qualname)
+    if function is not None:
+        new = ctx.fix("TPU201", original, lambda: _device_module_function(ctx, function), lambda n: f"{qualname} -> {source(n)}")
+        return keep_parens(original, new) if new is not None else updated
     manual = _lookup(MANUAL, qualname)
     if manual is not None:
         code, advice = manual
@@ -264,6 +279,14 @@ def cuda_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.Ba
         "torch.get_device_module(DEVICE) where the backend provides the same function",
     )
     return updated
+
+
+def _device_module_function(ctx: PyContext, function: str) -> cst.Attribute:
+    """``torch.tpu.<function>`` for the tpu target, ``torch.get_device_module(DEVICE).<function>`` otherwise."""
+    if ctx.target is Target.TPU:
+        return ctx.torch_attr(f"tpu.{function}")  # type: ignore[return-value]
+    module = cst.Call(func=ctx.torch_attr("get_device_module"), args=[cst.Arg(ctx.device_value())])
+    return cst.Attribute(value=module, attr=cst.Name(function))
 
 
 @FAMILY.reference("torch.profiler.ProfilerActivity.CUDA", "torch.autograd.profiler.ProfilerActivity.CUDA")
@@ -303,33 +326,72 @@ _CPU_VALUES = {
     "memory_stats": "{}",
     "get_memory_info": "(0, 0)",
 }
+_CPU_NAME = "cpu"  # what get_device_name() reads without an accelerator (get_device_properties has no CPU value)
 _AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
+_ONE_DEVICE = "# TorchTPU binds one device per process"
 
 
-def _accelerator_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
-    """``X`` when ``node`` is the rewritten ``torch.accelerator.X`` (spelled with the file's torch alias)."""
+def _device_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
+    """``X`` when ``node`` is the rewritten ``torch.accelerator.X`` or ``torch.get_device_module(DEVICE).X``
+    (spelled with the file's torch alias)."""
+    if not isinstance(node, cst.Attribute):
+        return None
+    owner = node.value
+    if isinstance(owner, cst.Call) and not owner.args[1:]:
+        owner = owner.func
+        expected = "get_device_module"
+    else:
+        expected = "accelerator"
     if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Attribute)
-        and node.value.attr.value == "accelerator"
-        and isinstance(node.value.value, cst.Name)
-        and node.value.value.value == ctx.torch_name
+        isinstance(owner, cst.Attribute)
+        and owner.attr.value == expected
+        and isinstance(owner.value, cst.Name)
+        and owner.value.value == ctx.torch_name
     ):
         return node.attr.value
     return None
 
 
-def _already_guarded(ctx: PyContext) -> bool:
-    for statement in ctx.stmt_stack:
-        if isinstance(statement, cst.If):
-            test = statement.test
-            if isinstance(test, cst.Call) and ctx.qualname(test) in _AVAILABLE:
-                return True
+def is_availability_test(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """True when ``node`` (an original node) is only true with an accelerator present: the check itself, a
+    name assigned from it, or an ``and`` with one of those."""
+    if isinstance(node, cst.Call):
+        return not node.args and ctx.qualname(node) in _AVAILABLE
+    if isinstance(node, cst.Name):
+        return node.value in ctx.available_names
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+        return is_availability_test(ctx, node.left) or is_availability_test(ctx, node.right)
     return False
+
+
+@FAMILY.visit(cst.Assign)
+def _availability_name(ctx: PyContext, node: cst.Assign) -> None:
+    # use_cuda = torch.cuda.is_available(): `if use_cuda:` guards what it holds
+    if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and is_availability_test(ctx, node.value):
+        ctx.available_names.add(node.targets[0].target.value)
+
+
+def _already_guarded(ctx: PyContext) -> bool:
+    return any(isinstance(statement, cst.If) and is_availability_test(ctx, statement.test) for statement in ctx.stmt_stack)
 
 
 def _available(ctx: PyContext) -> cst.Call:
     return cst.Call(func=ctx.torch_attr("accelerator.is_available"))
+
+
+def _guarded(test: cst.BaseExpression, statement: cst.SimpleStatementLine, comment: str | None = None) -> cst.If:
+    """``if test:`` around ``statement``, which hands its leading lines to the ``if``."""
+    return cst.If(
+        test=test,
+        body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=[])], header=_header(comment)),
+        leading_lines=statement.leading_lines,
+    )
+
+
+def _header(comment: str | None) -> cst.TrailingWhitespace:
+    if comment is None:
+        return cst.TrailingWhitespace()
+    return cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment))
 
 
 @FAMILY.leave(cst.SimpleStatementLine)
@@ -342,10 +404,87 @@ def guard_statement(ctx: PyContext, original: cst.SimpleStatementLine, updated: 
     qualname = ctx.qualname(before.value) if isinstance(before.value, cst.Call) else None
     if qualname is None or not qualname.startswith("torch.cuda."):
         return updated
-    if _accelerator_function(ctx, small.value.func) not in _GUARDED_STATEMENTS or _already_guarded(ctx):
+    function = _device_function(ctx, small.value.func)
+    if function == "set_device_index":
+        return _bind_per_rank(ctx, original, updated)
+    if function not in _GUARDED_STATEMENTS or _already_guarded(ctx):
         return updated
-    inner = updated.with_changes(leading_lines=[])
-    return cst.If(test=_available(ctx), body=cst.IndentedBlock(body=[inner]), leading_lines=updated.leading_lines)
+    return _guarded(_available(ctx), updated)
+
+
+def _bind_per_rank(ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+    """``set_device_index(i)`` binds rank i's GPU on CUDA, but TorchTPU binds one device per process and
+    rejects any other index: run it only off TPU, merging into an enclosing ``if`` that holds nothing else
+    rather than nesting."""
+    parent = ctx.stmt_stack[-2] if len(ctx.stmt_stack) > 1 else None
+    if _sole_statement(parent, original):
+        _merge_into(ctx, parent)  # type: ignore[arg-type]
+        return updated
+    return _guarded(_off_tpu(ctx), updated, _ONE_DEVICE)
+
+
+def _off_tpu(ctx: PyContext) -> cst.BaseExpression:
+    """``DEVICE.type != "tpu"``, behind ``torch.accelerator.is_available() and`` unless already checked."""
+    not_tpu = cst.Comparison(
+        left=ctx.device_type(),
+        comparisons=[cst.ComparisonTarget(operator=cst.NotEqual(), comparator=cst.SimpleString('"tpu"'))],
+    )
+    if _already_guarded(ctx):
+        return not_tpu
+    return cst.BooleanOperation(left=_available(ctx), operator=cst.And(), right=not_tpu)
+
+
+def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """True when ``node`` is all there is in the body of the ``if`` ``parent``, which has no ``else``."""
+    if not isinstance(parent, cst.If) or parent.orelse is not None:
+        return False
+    body = parent.body.body
+    return len(body) == 1 and body[0] is node
+
+
+def _merge_into(ctx: PyContext, statement: cst.If) -> None:
+    ctx.extra_tests[id(statement)] = (_off_tpu(ctx), _ONE_DEVICE)
+
+
+_LOOSE_TESTS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
+
+
+@FAMILY.leave(cst.If)
+def merge_test(ctx: PyContext, original: cst.If, updated: cst.If) -> cst.If:
+    extra = ctx.extra_tests.pop(id(original), None)
+    if extra is None:
+        return updated
+    condition, comment = extra
+    test = updated.test
+    loose = isinstance(test, _LOOSE_TESTS) or (isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or))
+    if loose and not test.lpar:
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    body = updated.body
+    if isinstance(body, cst.IndentedBlock) and body.header.comment is None:
+        body = body.with_changes(header=_header(comment))
+    elif isinstance(body, cst.SimpleStatementSuite) and body.trailing_whitespace.comment is None:
+        body = body.with_changes(trailing_whitespace=_header(comment))
+    return updated.with_changes(test=cst.BooleanOperation(left=test, operator=cst.And(), right=condition), body=body)
+
+
+@FAMILY.visit(cst.Expr)
+def _set_device_statement(ctx: PyContext, node: cst.Expr) -> None:
+    if not (isinstance(node.value, cst.Call) and ctx.qualname(node.value) == "torch.cuda.set_device"):
+        return
+    if ctx.target is Target.TPU:
+        ctx.claim(node.value.func)  # deleted below instead of renamed
+    elif ctx.options.rule_enabled("TPU201") and ctx.stmt_stack and _sole_statement(ctx.stmt_stack[-1], node):
+        _merge_into(ctx, ctx.stmt_stack[-1])  # type: ignore[arg-type]  # `if c: torch.cuda.set_device(i)`
+
+
+@FAMILY.leave(cst.Expr)
+def delete_set_device(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr | cst.RemovalSentinel:
+    call = original.value
+    if not (isinstance(call, cst.Call) and ctx.is_claimed(call.func) and ctx.qualname(call) == "torch.cuda.set_device"):
+        return updated
+    if ctx.report("TPU201", original, f"deleted `{source(original)}`: TorchTPU binds one device per process"):
+        return cst.RemovalSentinel.REMOVE
+    return updated
 
 
 @FAMILY.leave(cst.Call)
@@ -355,13 +494,44 @@ def cpu_value(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Base
     qualname = ctx.qualname(original)
     if qualname is None or not qualname.startswith("torch.cuda."):
         return updated
-    default = _CPU_VALUES.get(_accelerator_function(ctx, updated.func) or "")
-    if default is None or _already_guarded(ctx):
+    function = _device_function(ctx, updated.func)
+    if function == "get_device_name":
+        default: cst.BaseExpression = ctx.string(_CPU_NAME)
+    elif function in _CPU_VALUES:
+        default = cst.parse_expression(_CPU_VALUES[function])
+    else:
         return updated
-    guarded: cst.BaseExpression = cst.IfExp(test=_available(ctx), body=updated, orelse=cst.parse_expression(default))
+    if _already_guarded(ctx):
+        return updated
+    guarded: cst.BaseExpression = cst.IfExp(test=_available(ctx), body=updated, orelse=default)
     if not ctx.is_bare(original):
         guarded = guarded.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    ctx.cpu_fallbacks[id(guarded)] = guarded
     return guarded
+
+
+@FAMILY.leave(cst.IfExp)
+def drop_inner_fallbacks(ctx: PyContext, original: cst.IfExp, updated: cst.IfExp) -> cst.IfExp:
+    """``torch.cuda.get_device_name() if use_cuda else "cpu"`` needs no CPU value of its own."""
+    if not ctx.cpu_fallbacks or not is_availability_test(ctx, original.test):
+        return updated
+    return updated.with_changes(body=updated.body.visit(_DropFallbacks(ctx)))
+
+
+class _DropFallbacks(cst.CSTTransformer):
+    def __init__(self, ctx: PyContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        test = updated_node.test
+        if (
+            id(original_node) in self.ctx.cpu_fallbacks
+            and isinstance(test, cst.Call)
+            and _device_function(self.ctx, test.func) == "is_available"
+        ):
+            return updated_node.body
+        return updated_node
 
 
 def _is_expression_statement(line: cst.CSTNode, call: cst.Call) -> bool:
