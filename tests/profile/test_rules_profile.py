@@ -187,3 +187,15 @@ def test_rediagnosis_rewrites_its_own_session_and_drops_stale_xprof_caches(tmp_p
     assert first == second and [p.name for p in session.parent.iterdir()] == [session.name]
     assert not (session / "ALL_HOSTS.op_stats_v2.pb").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "tpu-agent"]
+
+
+def test_debug_mode_left_on_is_a_capture_error_ranked_first(tmp_path: Path) -> None:
+    write_capture(tmp_path, steps=10)
+    model = load_raw(raw_dir(tmp_path))
+    model.config.eager_mode = "DEFER_NEVER_AND_LAUNCH_BLOCKING"
+    model.config.env = {"XLA_FLAGS": "--xla_dump_to=/tmp/hlo"}
+    findings, _ = run_rules(model)
+    assert findings[0].rule_id == "CAP-6" and findings[0].severity.value == "error"
+    assert "DEFER_NEVER_AND_LAUNCH_BLOCKING" in findings[0].title and "--xla_dump_to" in findings[0].title
+    model.config.eager_mode, model.config.env = "DEFER_NEVER", {}
+    assert "CAP-6" not in {f.rule_id for f in run_rules(model)[0]}

@@ -113,29 +113,28 @@ def cost(op: Op) -> tuple[float, float]:
 
 
 def _mark_nesting(ops: list[Op]) -> None:
-    """Set ``top_level`` and ``costed`` per thread from interval nesting (ops are sorted by start).
+    """Set ``top_level`` and ``costed`` per thread from interval nesting (ops are sorted by thread, start).
 
     Costed ops are the kernels a device would run: matmuls/convolutions (their helper children such as
     ``aten::copy_`` belong to them) and leaf ops outside any matmul.
     """
-    by_thread: dict[int, list[Op]] = {}
+    stack: list[tuple[Op, bool]] = []  # (op, whether it or an ancestor is a matmul)
+    thread = None
     for op in ops:
-        by_thread.setdefault(op.thread, []).append(op)
-    for thread_ops in by_thread.values():
-        stack: list[Op] = []
-        has_child: set[int] = set()
-        inside: dict[int, bool] = {}
-        for op in thread_ops:
-            while stack and stack[-1].start_ns + stack[-1].duration_ns <= op.start_ns:
-                stack.pop()
-            op.top_level = not stack
-            if stack:
-                has_child.add(id(stack[-1]))
-            inside[id(op)] = any(parent.name in MATMUL_OPS or parent.name in CONV_OPS for parent in stack)
-            stack.append(op)
-        for op in thread_ops:
-            is_matmul = op.name in MATMUL_OPS or op.name in CONV_OPS
-            op.costed = not inside[id(op)] and (is_matmul or id(op) not in has_child)
+        if op.thread != thread:
+            stack, thread = [], op.thread
+        while stack and stack[-1][0].start_ns + stack[-1][0].duration_ns <= op.start_ns:
+            stack.pop()
+        is_matmul = op.name in MATMUL_OPS or op.name in CONV_OPS
+        inside = bool(stack) and stack[-1][1]
+        op.top_level = not stack
+        if stack and stack[-1][0].name not in MATMUL_OPS and stack[-1][0].name not in CONV_OPS:
+            stack[-1][0].costed = False  # has a child: its children are the kernels
+        op.costed = not inside
+        stack.append((op, inside or is_matmul))
+
+
+_CONCRETE_NEEDED = CONV_OPS | {"aten::_to_copy", "aten::to"}
 
 
 def read_trace(path: Path) -> KinetoTrace:
@@ -156,9 +155,9 @@ def read_trace(path: Path) -> KinetoTrace:
                     start_ns=start,
                     duration_ns=int(float(event.get("dur", 0)) * 1000),
                     thread=int(event.get("tid", 0)),
-                    input_shapes=[_shape(d) for d in args.get("Input Dims", [])],
-                    input_dtypes=list(args.get("Input type", [])),
-                    concrete_inputs=[str(c) for c in args.get("Concrete Inputs", [])],
+                    input_shapes=[_shape(d) for d in args.get("Input Dims", ())],
+                    input_dtypes=args.get("Input type", []),
+                    concrete_inputs=[str(c) for c in args.get("Concrete Inputs", ())] if event["name"] in _CONCRETE_NEEDED else [],
                 )
             )
         elif cat == "user_annotation" and ph == "X" and str(event.get("name", "")).startswith("ProfilerStep#"):

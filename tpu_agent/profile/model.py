@@ -127,7 +127,7 @@ class Step:
         return self.end_ns - self.start_ns
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     """One host-dispatched operator instance (an aten op from torch.profiler, or an XSpace host event)."""
 

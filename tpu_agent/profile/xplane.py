@@ -103,16 +103,15 @@ class _PlaneBuilder:
 
 
 def _op_events(ops: Iterable[Op]) -> dict[int, list[TimelineEvent]]:
+    """Ops by thread; kernels (``Op.costed``) also carry their shapes, dtypes and FLOPs as trace-viewer args."""
     by_thread: dict[int, list[TimelineEvent]] = {}
     for op in ops:
-        short = op.name.split("::")[-1]
-        stats: dict[str, str | int | float] = {"tf_op": f"{op.name}:{short}"}
-        if op.input_shapes:
+        stats: dict[str, str | int | float] = {"tf_op": f"{op.name}:{op.name.rpartition('::')[2]}"}
+        if op.costed and op.input_shapes:
             stats["shapes"] = str(op.input_shapes)
-        if op.input_dtypes:
             stats["dtypes"] = ",".join(t for t in op.input_dtypes if t)
-        if op.flops:
-            stats["flops"] = int(op.flops)
+            if op.flops:
+                stats["flops"] = int(op.flops)
         by_thread.setdefault(op.thread, []).append(TimelineEvent(op.name, op.start_ns, op.duration_ns, stats))
     return by_thread
 
