@@ -109,6 +109,8 @@ class PyContext:
     # names assigned an accelerator-availability check (``use_cuda = torch.cuda.is_available()``): an ``if``
     # on them guards accelerator calls as well as the check itself
     available_names: set[str] = field(default_factory=set)
+    # ids of the original ``if`` statements the pass is in the ``else``/``elif`` branch of: they guard nothing there
+    in_orelse: set[int] = field(default_factory=set)
     # id of an original ``if`` -> a condition a rule ANDs into its test on the way up, with a comment
     extra_tests: dict[int, tuple[cst.BaseExpression, str]] = field(default_factory=dict)
     # the CPU-fallback expressions the rules built (by id), dropped again inside an enclosing check

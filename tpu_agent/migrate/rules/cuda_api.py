@@ -372,7 +372,33 @@ def _availability_name(ctx: PyContext, node: cst.Assign) -> None:
 
 
 def _already_guarded(ctx: PyContext) -> bool:
-    return any(isinstance(statement, cst.If) and is_availability_test(ctx, statement.test) for statement in ctx.stmt_stack)
+    return any(
+        isinstance(statement, cst.If) and id(statement) not in ctx.in_orelse and is_availability_test(ctx, statement.test)
+        for statement in ctx.stmt_stack
+    )
+
+
+def _owner_of_orelse(ctx: PyContext, node: cst.CSTNode) -> int | None:
+    """The id of the ``if`` whose ``else`` or ``elif`` ``node`` is (an ``elif`` is on the statement stack by now)."""
+    stack = ctx.stmt_stack if isinstance(node, cst.Else) else ctx.stmt_stack[:-1]
+    owner = stack[-1] if stack else None
+    return id(owner) if isinstance(owner, cst.If) and owner.orelse is node else None
+
+
+@FAMILY.visit(cst.Else)
+@FAMILY.visit(cst.If)
+def _enter_orelse(ctx: PyContext, node: cst.Else | cst.If) -> None:
+    owner = _owner_of_orelse(ctx, node)
+    if owner is not None:
+        ctx.in_orelse.add(owner)
+
+
+@FAMILY.leave(cst.Else)
+def _leave_else(ctx: PyContext, original: cst.Else, updated: cst.Else) -> cst.Else:
+    owner = _owner_of_orelse(ctx, original)
+    if owner is not None:
+        ctx.in_orelse.discard(owner)
+    return updated
 
 
 def _available(ctx: PyContext) -> cst.Call:
@@ -451,6 +477,9 @@ _LOOSE_TESTS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
 
 @FAMILY.leave(cst.If)
 def merge_test(ctx: PyContext, original: cst.If, updated: cst.If) -> cst.If:
+    owner = _owner_of_orelse(ctx, original)  # an elif: its ``if`` guards again past it
+    if owner is not None:
+        ctx.in_orelse.discard(owner)
     extra = ctx.extra_tests.pop(id(original), None)
     if extra is None:
         return updated
