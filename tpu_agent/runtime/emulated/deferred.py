@@ -121,10 +121,6 @@ _pending = Graph()
 _lock = threading.RLock()
 
 
-def pending_ops() -> int:
-    return len(_pending)
-
-
 def flush(cause: str, site: events.Site | None = None) -> None:
     """Execute the pending graph (no-op when empty) and log a Flush record with ``cause``."""
     global _pending
