@@ -29,7 +29,7 @@ from tpu_agent.runtime.envvars import (
     eager_mode_env,
     tpu_launch_env,
 )
-from tpu_agent.runtime.select import BackendChoice, select_backend
+from tpu_agent.runtime.select import BackendChoice, select_backend, torch_tpu_importable
 
 TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns, so shell scripts read it the same way
 # The agent's own shutdown waits up to 30 s for workers before SIGKILLing them; give it that and a margin.
@@ -101,7 +101,7 @@ def build_env(choice: BackendChoice, options: RunOptions) -> dict[str, str]:
     env[CHIP_ENV] = get_chip(options.chip).key
     if options.eager_mode is not None:
         apply_env(eager_mode_env(options.eager_mode), env)
-    if choice.name == "emulated" and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:
+    if choice.name == "emulated" and torch_tpu_importable() and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:
         # An installed torch_tpu would otherwise autoload on `import torch`: it installs its own device-less
         # torch.tpu module, which the emulation has to own, and without libtpu it aborts the interpreter.
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
