@@ -41,8 +41,6 @@ def test_script_sees_plain_python_argv_main_path_and_cwd(tmp_path: Path) -> None
     result = tpu_agent("run", "--backend", "emulated", "--eager-mode", "debug", "--chip", "v5e", "../sub/probe.py", "--lr", "3", "-m", "x", cwd=workdir)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
-    plain = subprocess.run([sys.executable, "../sub/probe.py", "--lr", "3", "-m", "x"], cwd=workdir, capture_output=True, text=True)
-    # plain python cannot create tpu tensors; compare everything that does not depend on the device
     assert seen["argv"] == ["../sub/probe.py", "--lr", "3", "-m", "x"]
     assert seen["name"] == "__main__" and seen["is_main"]
     assert seen["file"] == str(tmp_path / "sub" / "probe.py")
@@ -53,7 +51,6 @@ def test_script_sees_plain_python_argv_main_path_and_cwd(tmp_path: Path) -> None
     assert "DEFER_NEVER_AND_LAUNCH_BLOCKING" in seen["eager_mode"]
     assert seen["chip"] == "v5e"
     assert seen["world_size"] is None  # one process: no rendezvous variables, as under plain python
-    assert "RuntimeError" in plain.stderr  # the same probe under plain python has no tpu device
 
 
 def test_python_dash_m_tpu_agent_runtime_runs_a_module_as_python_dash_m_does(tmp_path: Path) -> None:
