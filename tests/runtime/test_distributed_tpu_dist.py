@@ -43,6 +43,7 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         assert len(seen["slicebuilder"].split(",")) == 2
         assert seen["objects"] == [{"rank": 0}, {"rank": 1}]
         assert seen["avg"] == [1.5, 1.5]
+        assert seen["received"] == [7.0, 7.0, 7.0]
         errors = seen["errors"]
         assert "does not support reduce" in errors["reduce"]
         assert "'premul_sum' reduction is not supported" in errors["premul_sum"]
@@ -61,7 +62,7 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
     for rank in (0, 1):
         assert [e.world_size for e in iter_kind(events[rank], RunInfo)] == [2]
         ops = {e.op for e in iter_kind(events[rank], Collective)}
-        assert {"all_reduce", "broadcast"} <= ops
+        assert {"all_reduce", "broadcast", "send" if rank == 0 else "recv"} <= ops
 
 
 def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(tmp_path: Path) -> None:

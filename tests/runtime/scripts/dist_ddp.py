@@ -68,6 +68,9 @@ def main() -> None:
             "desync": error_of(lambda: dist.broadcast(t, 0) if rank == 0 else dist.all_reduce(t)),
         },
     }
+    message = torch.full((3,), 7.0, device="tpu") if rank == 0 else torch.zeros(3, device="tpu")
+    dist.send(message, 1) if rank == 0 else dist.recv(message, 0)
+    results["received"] = message.cpu().tolist()
     avg = torch.full((2,), float(rank + 1), device="tpu")
     dist.all_reduce(avg, op=dist.ReduceOp.AVG)
     results["avg"] = avg.cpu().tolist()

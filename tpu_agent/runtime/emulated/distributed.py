@@ -231,16 +231,19 @@ class ProcessGroupTpu(dist.ProcessGroup):
             if "timed out" in str(error).lower() or "timeout" in str(error).lower():
                 raise RuntimeError(f"{self._hang_message(op, seq)} [{error}]") from None
             raise
+        self._emit(op, tensors, start)
+        return _DoneWork(result)
+
+    def _emit(self, op: str, tensors: Sequence[torch.Tensor], start_ns: int) -> None:
         if events.get_log().enabled:
             events.emit(
                 events.Collective,
                 op=op,
                 bytes=_nbytes(tensors),
                 group_size=self.size(),
-                duration_ns=time.perf_counter_ns() - start,
+                duration_ns=time.perf_counter_ns() - start_ns,
                 site=events.user_call_site(),
             )
-        return _DoneWork(result)
 
     def _agree(self, op: str, seq: int, signature: int) -> None:
         """All-gather (op, size, seq) so every rank sees a mismatch and raises the same error."""
@@ -492,15 +495,18 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _DoneWork:
         _flush_if_tpu(tensors)
-        staged = _Staged()
-        self._gloo.send(staged.cpus(tensors), dst, tag).wait()
+        start = time.perf_counter_ns()
+        self._gloo.send(_Staged().cpus(tensors), dst, tag).wait()
+        self._emit("send", tensors, start)
         return _DoneWork(tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _DoneWork:
         _flush_if_tpu(tensors)
+        start = time.perf_counter_ns()
         staged = _Staged()
         self._gloo.recv(staged.cpus(tensors), src, tag).wait()
         staged.finish()
+        self._emit("recv", tensors, start)
         return _DoneWork(tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _DoneWork:
