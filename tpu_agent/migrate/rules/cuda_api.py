@@ -337,7 +337,7 @@ def _device_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
     if not isinstance(node, cst.Attribute):
         return None
     owner = node.value
-    if isinstance(owner, cst.Call) and not owner.args[1:]:
+    if isinstance(owner, cst.Call) and len(owner.args) == 1:
         owner = owner.func
         expected = "get_device_module"
     else:
