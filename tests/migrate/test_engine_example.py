@@ -112,6 +112,38 @@ def test_migrated_training_still_runs_on_cpu(migrated: tuple[Plan, Plan]) -> Non
     assert re.search(r"^step 1 loss \d+\.\d{6}$", run.stdout, re.MULTILINE), run.stdout
 
 
+# Imports the migrated train.py and runs only its distributed setup, which is where one-device-per-process bites.
+_SETUP_ONLY = """\
+import torch.distributed as dist
+import train
+
+rank, local_rank, world = train.setup_distributed()
+print(f"rank {rank} of {world} on {train.DEVICE} via {dist.get_backend()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_migrated_setup_runs_on_every_rank_of_the_tpu_runtime(migrated: tuple[Plan, Plan]) -> None:
+    """TorchTPU binds one device per process: rank 1 must get through the migrated set_device (which runs
+    off TPU only), and no emptied ``if`` is left behind."""
+    _, second = migrated
+    train = next(f.path for f in second.files if f.path.name == "train.py")
+    text = train.read_text()
+    assert 'DEVICE.type != "tpu"' in text and "pass\n" not in text
+    driver = train.parent / "setup_only.py"
+    driver.write_text(_SETUP_ONLY)
+    run = subprocess.run(
+        [sys.executable, "-m", "tpu_agent", "run", "--nproc", "2", "--backend", "emulated", str(driver)],
+        cwd=train.parent,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0 of 2 on tpu via tpu_dist", "rank 1 of 2 on tpu via tpu_dist"], run.stdout
+
+
 def test_tpu_target_and_unsafe_fixes_also_converge(tmp_path: Path) -> None:
     options = MigrateOptions(target=Target.TPU, unsafe_fixes=True, jobs=1)
     first, second = _migrate(tmp_path, options)
@@ -119,6 +151,8 @@ def test_tpu_target_and_unsafe_fixes_also_converge(tmp_path: Path) -> None:
     train = next(f for f in second.files if f.path.name == "train.py").path.read_text()
     assert "GradScaler" in train and "enabled=False" in train
     assert 'backend="tpu_dist"' in train or "backend='tpu_dist'" in train
+    assert "set_device" not in train and "pass\n" not in train  # one device per process; no emptied if left
+    assert "torch.tpu.get_device_name()" in train
     for result in second.files:
         if result.kind is FileKind.PYTHON:
             ast.parse(result.path.read_bytes())
