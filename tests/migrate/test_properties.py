@@ -46,6 +46,8 @@ CUDA = [
     "torch.cuda.ipc_collect()",
     "model = torch.compile(model, mode='max-autotune')",
     "device = 'cuda' if torch.cuda.is_available() else 'cpu'",
+    "torch.cuda.set_device(a)",
+    "name = torch.cuda.get_device_name(a)",
 ]
 HEADER = ["import os", "import torch", "import torch.distributed as dist", "model = None"]
 
@@ -54,7 +56,13 @@ statement = st.one_of(
     st.tuples(st.just("cuda"), st.sampled_from(CUDA)),
 )
 block = st.lists(statement, min_size=1, max_size=6)
-program = st.lists(st.tuples(st.sampled_from(["top", "def", "if"]), block), min_size=1, max_size=5)
+cuda_block = st.lists(st.tuples(st.just("cuda"), st.sampled_from(CUDA)), min_size=1, max_size=3)
+# "guard" blocks hold CUDA statements only, with no `pass` after them: rules may empty them
+program = st.lists(
+    st.one_of(st.tuples(st.sampled_from(["top", "def", "if"]), block), st.tuples(st.just("guard"), cuda_block)),
+    min_size=1,
+    max_size=5,
+)
 
 
 def render(parts: list[tuple[str, list[tuple[str, str]]]], newline: str) -> tuple[str, list[str]]:
@@ -69,12 +77,15 @@ def render(parts: list[tuple[str, list[tuple[str, str]]]], newline: str) -> tupl
         elif kind == "if":
             lines.append("if a:")
             indent = "    "
+        elif kind == "guard":
+            lines.append("if torch.cuda.is_available():")
+            indent = "    "
         for category, text in statements:
             line = indent + text if text else ""
             lines.append(line)
             if category == "neutral":
                 neutral.append(line)
-        if indent:
+        if indent and kind != "guard":
             lines.append(indent + "pass")  # a block of comments alone would not parse
     return newline.join(lines) + newline, neutral
 
