@@ -20,7 +20,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.runtime.emulated import memory, modes, state, tensor, tpu_module
+from tpu_agent.runtime.emulated import memory, modes, state, streams, tensor, tpu_module
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive for the process
@@ -95,10 +95,10 @@ def _patch_accelerator() -> None:
     acc = torch.accelerator
 
     def synchronize(device: Any = None, /) -> None:
-        tpu_module._synchronize_device()
+        streams.synchronize_device("synchronize")
 
     def set_device_index(device: Any, /) -> None:
-        tpu_module.check_device_index(tpu_module._index_of(device))
+        state.check_device_index(state.index_of(device))
 
     def memory_stats(device_index: Any = None, /) -> Any:
         return memory.stats()
@@ -191,5 +191,6 @@ def register() -> None:
     tensor.DEVICE = torch.device("tpu", 0)
     _register_kernels()
     _patch_accelerator()
+    streams.install()
     _patch_serialization()
     _patch_precision()

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import enum
 import os
+from typing import Any
+
+import torch
 
 from tpu_agent.chips import Chip
 
@@ -96,3 +99,27 @@ def debug_checks_from_env(mode: EagerMode) -> bool:
     if value is not None:
         return value == "1"
     return mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+
+
+def index_of(device: Any) -> int:
+    """The device index a ``torch.tpu``/``torch.accelerator`` argument names (None, int, "tpu:N" or a device)."""
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        return 0 if device.index is None else device.index
+    raise TypeError(f"Invalid device type {type(device).__name__}; expected int, str or torch.device")
+
+
+def check_device_index(index: int) -> None:
+    """One device per process: any index other than the bound one is refused (reference §1.2)."""
+    if index != 0:
+        raise ValueError(
+            f"Cannot set TPU device to index {index}, current process is bound to device index 0. "
+            "Changing the active TPU device within a process is not supported."
+        )

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import os
 import sys
-import time
 import types
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,12 +23,12 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from tpu_agent.runtime.emulated import memory, modes, state, telemetry
-from tpu_agent.runtime.emulated.state import EagerMode, Precision
+from tpu_agent.runtime.emulated import memory, modes, state
+from tpu_agent.runtime.emulated.state import EagerMode, Precision, check_device_index, index_of
+from tpu_agent.runtime.emulated.streams import TpuEvent, TpuStream, synchronize_device
 
 F = TypeVar("F", bound=Callable[..., Any])
 _ALLOWED_CALLER_PREFIXES = ("torch", "torch_tpu", "tpu_agent")
-_STREAMS_MESSAGE = "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
 _warned: set[str] = set()
 
 AMP_SUPPORTED_DTYPES = [
@@ -107,114 +106,12 @@ def experimental(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _index_of(device: Any) -> int:
-    if device is None:
-        return 0
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "tpu":
-            raise ValueError(f"Expected a tpu device, but got: {device}")
-        return 0 if device.index is None else device.index
-    raise TypeError(f"Invalid device type {type(device).__name__}; expected int, str or torch.device")
-
-
-def check_device_index(index: int) -> None:
-    """One device per process: any index other than the bound one is refused (reference §1.2)."""
-    if index != 0:
-        raise ValueError(
-            f"Cannot set TPU device to index {index}, current process is bound to device index 0. "
-            "Changing the active TPU device within a process is not supported."
-        )
-
-
 class TpuDeviceProperties(NamedTuple):
     """``torch.tpu.get_device_properties()``: HBM per device; TorchTPU has no FLOP/s field."""
 
     name: str
     total_memory: int
     multi_processor_count: int = 1
-
-
-class TpuStream(torch.Stream):
-    """A placeholder stream (XLA orders work itself); exists so FSDP-style code runs."""
-
-    def __new__(cls, device: Any = None, priority: int = 0, stream_id: int | None = None, **kwargs: Any) -> TpuStream:
-        return super().__new__(cls, stream_id=stream_id or 0, device_index=_index_of(device), device_type=int(torch._C._autograd.DeviceType.PrivateUse1))
-
-    def wait_event(self, event: Any) -> None:
-        event.wait()
-
-    def wait_stream(self, stream: Any) -> None:
-        return None
-
-    def record_event(self, event: Any = None) -> TpuEvent:
-        event = event if event is not None else TpuEvent()
-        event.record(self)
-        return event
-
-    def synchronize(self) -> None:
-        _synchronize_device()
-
-    def query(self) -> bool:
-        raise NotImplementedError(_STREAMS_MESSAGE)
-
-    def priority_range(self) -> Any:
-        raise NotImplementedError(_STREAMS_MESSAGE)
-
-    @property
-    def is_sparse(self) -> bool:
-        return False
-
-    @property
-    def is_dense(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "<torch.tpu.TpuStream>"
-
-
-class TpuEvent:
-    """``torch.tpu.Event``: host-timed; ``record`` snapshots pending work, ``synchronize`` waits for it."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, external: bool = False, device: Any = None) -> None:
-        self.enable_timing = enable_timing
-        self._time_ns: int | None = None
-
-    def record(self, stream: Any = None) -> None:
-        self._time_ns = time.perf_counter_ns()
-
-    def synchronize(self) -> None:
-        if self._time_ns is not None:
-            _synchronize_device()
-
-    def query(self) -> bool:
-        return True
-
-    def wait(self, stream: Any = None) -> None:
-        return None
-
-    def elapsed_time(self, end_event: TpuEvent) -> float:
-        if self._time_ns is None or end_event._time_ns is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._time_ns - self._time_ns) / 1e6
-
-    def ipc_handle(self) -> Any:
-        raise NotImplementedError(_STREAMS_MESSAGE)
-
-    @classmethod
-    def from_ipc_handle(cls, device: Any, handle: Any) -> Any:
-        raise NotImplementedError(_STREAMS_MESSAGE)
-
-
-def _synchronize_device() -> None:
-    """Wait for pending work: in DeferAndFuse that means run the pending graph."""
-    telemetry.host_sync("synchronize")
-    from tpu_agent.runtime.emulated import deferred
-
-    deferred.flush("synchronize")
 
 
 class _CacheEntryStats(NamedTuple):
@@ -283,12 +180,12 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.set_device_index")
     def set_device(device: Any) -> None:
-        check_device_index(_index_of(device))
+        check_device_index(index_of(device))
 
     @staticmethod
     @internal("torch.accelerator.synchronize")
     def synchronize(device: Any = None) -> None:
-        _synchronize_device()
+        synchronize_device("synchronize")
 
     @staticmethod
     @internal("torch.accelerator.current_stream")
@@ -308,7 +205,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.random.get_rng_state")
     def get_rng_state(device: Any = "tpu") -> torch.Tensor:
-        check_device_index(_index_of(device))
+        check_device_index(index_of(device))
         return torch.get_rng_state()
 
     class device:  # noqa: N801 - TorchTPU's name
@@ -316,7 +213,7 @@ class TpuModule(types.ModuleType):
 
         @internal("torch.accelerator.device_index")
         def __init__(self, device: Any) -> None:
-            self.index = _index_of(device) if device is not None else -1
+            self.index = index_of(device) if device is not None else -1
 
         def __enter__(self) -> None:
             if self.index >= 0:
@@ -352,14 +249,14 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @experimental
     def get_device_name(device: Any = None) -> str:
-        _index_of(device)
+        index_of(device)
         assert state.chip is not None
         return state.chip.device_name
 
     @staticmethod
     @experimental
     def get_device_properties(device: Any = None) -> TpuDeviceProperties:
-        _index_of(device)
+        index_of(device)
         assert state.chip is not None
         return TpuDeviceProperties(name=state.chip.device_name, total_memory=state.chip.hbm_bytes_per_device)
 
@@ -382,7 +279,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @experimental
     def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
-        check_device_index(_index_of(device))
+        check_device_index(index_of(device))
         torch.set_rng_state(new_state)
 
     @property
