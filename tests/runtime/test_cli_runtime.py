@@ -14,7 +14,7 @@ def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
     # "--" ends tpu-agent's options; everything after SCRIPT, options and "--" included, is the script's
     result = tpu_agent("run", "--backend", "emulated", "--env", "EXTRA=yes", "--chip", "v5p", "--", "echo.py", "--nproc", "4", "--", "-x", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "['--nproc', '4', '--', '-x'] yes v5p"
+    assert result.stdout.strip().splitlines()[-1] == "['--nproc', '4', '--', '-x'] yes v5p"
 
 
 def test_bad_options_are_usage_errors(tmp_path: Path) -> None:

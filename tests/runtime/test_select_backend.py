@@ -107,7 +107,7 @@ def test_real_torch_tpu_wheel_without_a_tpu_falls_back_to_the_emulation(torch_tp
     (tmp_path / "probe.py").write_text("import torch\nprint(torch.ones(2, device='tpu').device, 'torch_tpu' in __import__('sys').modules)\n")
     run = tpu_agent("run", "probe.py", cwd=tmp_path, env=clean_env(PYTHONPATH=str(torch_tpu_dir)))
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["tpu:0", "False"]
+    assert run.stdout.strip().splitlines()[-1].split() == ["tpu:0", "False"]
     assert "backend emulated: torch_tpu 0.2.0 is installed but no TPU device is visible" in flat(run.stderr)
 
     doctor = tpu_agent("doctor", "--format", "json", env=clean_env(PYTHONPATH=str(torch_tpu_dir)))
