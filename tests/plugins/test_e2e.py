@@ -67,7 +67,9 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
         assert profile["profile_dir"].startswith(".tpu-agent/profiles/") and any((example / profile["profile_dir"]).iterdir())
 
         diagnosis = await _call(client, "tpu_diagnose", {"job_id": profile["job_id"]})
-        assert diagnosis["report"]
+        assert diagnosis["report"] and diagnosis["findings"]
+        # The example prints loss.item() every step: a host sync the diagnosis must pin to its line.
+        assert any(loc.startswith("train.py:") for f in diagnosis["findings"] for loc in f["locations"])
         for finding in diagnosis["findings"]:
             assert finding["rule"] and finding["suggested_change"], finding
         assert diagnosis["logdir"] == profile["profile_dir"]
