@@ -313,3 +313,6 @@ async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     error = _error(await modern.call_tool("tpu_diagnose", {"job_id": run_job["job_id"]}))
     assert error["code"] == "not-a-profile-job"
     await modern.call_tool("tpu_job_cancel", {"job_id": run_job["job_id"]})
+    busy = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "wait_s": 0})).structured_content
+    assert _error(await modern.call_tool("tpu_diagnose", {"job_id": busy["job_id"]}))["code"] == "job-running"
+    await modern.call_tool("tpu_job_cancel", {"job_id": busy["job_id"]})

@@ -312,6 +312,12 @@ def _profile_dir_of(state: ServerState, ws: Workspace, job_id: str | None, logdi
                 f"job {job_id!r} is a {job.kind} job and has no profile",
                 "Call tpu_profile first, then pass its job_id.",
             )
+        if not job.done:
+            raise TpuAgentError(
+                "job-running",
+                f"profile job {job_id!r} is still running ({job.elapsed_s:.0f} s so far)",
+                f"Call tpu_job_status with job_id={job_id!r} and wait_s=30 until it finishes, then diagnose.",
+            )
         return job.artefact_dir
     if logdir:
         return ws.resolve(logdir, for_write=True)  # diagnosing writes reports next to the capture
