@@ -8,7 +8,8 @@ Two halves:
   marks steps (optimizer step, else the user's ``with tpu_agent.profile.step():``), times DataLoader waits,
   records DataLoader settings, the weights of the modules that ran and the memory they hold, and, when the
   emulated device is not handling them (plain CPU tensors), host syncs and Dynamo graph breaks/recompiles.
-  At exit it writes ``trace-rank<R>.json`` (Kineto) and ``capture-rank<R>.json`` next to the event log.
+  At exit it writes ``ops-rank<R>.json`` (the profiler's op records, compact) and ``capture-rank<R>.json``
+  next to the event log.
 
 Everything written goes to the raw directory ``<logdir>/tpu-agent/raw``; :mod:`tpu_agent.profile.load`
 reads it back into the :class:`~tpu_agent.profile.model.ProfileModel`.
@@ -37,7 +38,7 @@ PROFILE_DIR_ENV = "TPU_AGENT_PROFILE_DIR"
 PROFILE_STEPS_ENV = "TPU_AGENT_PROFILE_STEPS"
 PROFILE_WARMUP_ENV = "TPU_AGENT_PROFILE_WARMUP"
 HOOK_SPEC = "tpu_agent.profile.capture:install"
-TRACE_FILE = "trace-rank{rank}.json"
+OPS_FILE = "ops-rank{rank}.json"
 CAPTURE_FILE = "capture-rank{rank}.json"
 
 _SYNC_METHODS = {
@@ -166,7 +167,16 @@ class _Capture:
         if prof is None:
             return
         prof.stop()
-        prof.export_chrome_trace(str(self.out_dir / TRACE_FILE.format(rank=self.rank)))
+        from tpu_agent.profile.kineto import OPS_NEEDING_CONCRETE_INPUTS
+
+        rows = []
+        for event in prof.profiler.kineto_results.events():
+            if event.is_user_annotation() or event.is_python_function():
+                continue
+            name = event.name()
+            concrete = ["" if c is None else str(c) for c in event.concrete_inputs()] if name in OPS_NEEDING_CONCRETE_INPUTS else []
+            rows.append([name, event.start_ns(), event.duration_ns(), event.start_thread_id(), event.shapes(), event.dtypes(), concrete])
+        (self.out_dir / OPS_FILE.format(rank=self.rank)).write_text(json.dumps({"ops": rows}), encoding="utf-8")
 
     # -- steps ------------------------------------------------------------------------------------
     def _marks(self, source: str) -> bool:

@@ -1,20 +1,20 @@
-"""Reading torch.profiler (Kineto) Chrome-trace JSON into :class:`~tpu_agent.profile.model.Op` records.
+"""torch.profiler op records (written by the capture hook) as :class:`~tpu_agent.profile.model.Op` s.
 
-Times: Kineto writes ``ts``/``dur`` in microseconds relative to ``baseTimeNanoseconds``; we convert to
-wall-clock nanoseconds so ops line up with the runtime event log (``time.time_ns``). FLOPs and bytes are
-computed here from the recorded input shapes (torch 2.13 does not put ``flops`` in the JSON), on leaf
-kernels only (``Op.costed``) so that ``aten::linear`` and its ``aten::addmm`` child are not counted twice.
+The hook stores, per op, what ``torch.profiler`` (Kineto) recorded: name, wall-clock start and duration in
+nanoseconds (``time.time_ns`` clock, so ops line up with the runtime event log), thread, input shapes and
+dtypes, and for the few ops whose arguments matter (convolution, dtype casts) the concrete inputs. That is
+a fraction of a Chrome trace's size. FLOPs and bytes are computed here from the shapes (torch 2.13 does not
+record them), on kernels only (``Op.costed``) so that ``aten::linear`` and its ``aten::addmm`` child are
+not counted twice.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from tpu_agent.profile.model import MemoryPoint, Op
+from tpu_agent.profile.model import Op
 
 DTYPE_BYTES: dict[str, int] = {
     "float": 4,
@@ -34,15 +34,6 @@ DTYPE_BYTES: dict[str, int] = {
 }
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 CONV_OPS = frozenset({"aten::convolution"})
-
-
-@dataclass
-class KinetoTrace:
-    """What one rank's Chrome trace holds, converted to the model's types."""
-
-    ops: list[Op]
-    memory: list[MemoryPoint]
-    profiler_steps: list[tuple[int, int, int]]  # (step number, start_ns, end_ns)
 
 
 def _numel(dims: list[int]) -> int:
@@ -134,42 +125,28 @@ def _mark_nesting(ops: list[Op]) -> None:
         stack.append((op, inside or is_matmul))
 
 
-_CONCRETE_NEEDED = CONV_OPS | {"aten::_to_copy", "aten::to"}
+OPS_NEEDING_CONCRETE_INPUTS = CONV_OPS | {"aten::_to_copy", "aten::to"}
 
 
-def read_trace(path: Path) -> KinetoTrace:
-    """Parse one Chrome trace written by ``torch.profiler`` (``export_chrome_trace``)."""
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    base = int(data.get("baseTimeNanoseconds", 0))
-    ops: list[Op] = []
-    memory: list[MemoryPoint] = []
-    steps: list[tuple[int, int, int]] = []
-    for event in data.get("traceEvents", []):
-        cat, ph = event.get("cat"), event.get("ph")
-        start = base + int(float(event.get("ts", 0)) * 1000)
-        if cat == "cpu_op" and ph == "X":
-            args = event.get("args", {})
-            ops.append(
-                Op(
-                    name=event["name"],
-                    start_ns=start,
-                    duration_ns=int(float(event.get("dur", 0)) * 1000),
-                    thread=int(event.get("tid", 0)),
-                    input_shapes=[_shape(d) for d in args.get("Input Dims", ())],
-                    input_dtypes=args.get("Input type", []),
-                    concrete_inputs=[str(c) for c in args.get("Concrete Inputs", ())] if event["name"] in _CONCRETE_NEEDED else [],
-                )
-            )
-        elif cat == "user_annotation" and ph == "X" and str(event.get("name", "")).startswith("ProfilerStep#"):
-            number = int(event["name"].split("#", 1)[1])
-            steps.append((number, start, start + int(float(event.get("dur", 0)) * 1000)))
-        elif cat == "cpu_instant_event" and event.get("name") == "[memory]":
-            memory.append(MemoryPoint(time_ns=start, allocated_bytes=int(event.get("args", {}).get("Total Allocated", 0))))
+def read_ops(path: Path) -> list[Op]:
+    """Load one rank's op records, with nesting, FLOPs and bytes filled in, sorted by start time."""
+    rows = json.loads(path.read_text(encoding="utf-8"))["ops"]
+    ops = [
+        Op(
+            name=name,
+            start_ns=start,
+            duration_ns=duration,
+            thread=thread,
+            input_shapes=[_shape(d) for d in shapes],
+            input_dtypes=dtypes,
+            concrete_inputs=concrete,
+        )
+        for name, start, duration, thread, shapes, dtypes, concrete in rows
+    ]
     ops.sort(key=lambda o: (o.thread, o.start_ns, -o.duration_ns))
     _mark_nesting(ops)
     for op in ops:
         if op.costed:
             op.flops, op.bytes = cost(op)
     ops.sort(key=lambda o: o.start_ns)
-    memory.sort(key=lambda m: m.time_ns)
-    return KinetoTrace(ops=ops, memory=memory, profiler_steps=sorted(steps))
+    return ops

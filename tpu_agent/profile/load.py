@@ -17,7 +17,7 @@ from typing import Any
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
-from tpu_agent.profile.capture import CAPTURE_FILE, TRACE_FILE
+from tpu_agent.profile.capture import CAPTURE_FILE, OPS_FILE
 from tpu_agent.profile.model import (
     DataLoaderInfo,
     DataWait,
@@ -68,31 +68,16 @@ def _assign_steps(rank: RankProfile) -> None:
         op.step = rank.step_of(op.start_ns)
 
 
-def _step_peaks(rank: RankProfile, samples: list[ev.MemorySample]) -> dict[int, int]:
-    """Peak bytes per step: the runtime's per-step samples, else the highest allocation the op trace saw."""
-    peaks: dict[int, int] = {}
+def _memory(rank: RankProfile, state: dict[str, int] | None) -> MemoryBreakdown | None:
+    """Memory from the runtime's per-step samples (timeline, peak per step) and the measured model state."""
+    samples = [e for e in rank.events if isinstance(e, ev.MemorySample)]
     for sample in samples:
         if sample.step is not None:
-            peaks[sample.step] = max(peaks.get(sample.step, 0), sample.peak_bytes)
-    if not peaks:
-        for point in rank.memory_timeline:
-            step = rank.step_of(point.time_ns)
-            if step is not None:
-                peaks[step] = max(peaks.get(step, 0), point.allocated_bytes)
-    return peaks
-
-
-def _memory(rank: RankProfile, state: dict[str, int] | None) -> MemoryBreakdown | None:
-    samples = [e for e in rank.events if isinstance(e, ev.MemorySample)]
-    rank.step_peaks = _step_peaks(rank, samples)
-    window = rank.steps_in_window()
-    peak = 0
+            rank.step_peaks[sample.step] = max(rank.step_peaks.get(sample.step, 0), sample.peak_bytes)
+    window = {s.index for s in rank.steps_in_window()}
+    peak = max((s.peak_bytes for s in samples if s.step is None or not window or s.step in window), default=0)
     if samples:
-        peak = max(s.peak_bytes for s in samples if s.step is None or not window or window[0].index <= s.step <= window[-1].index)
-        rank.memory_timeline = rank.memory_timeline or [MemoryPoint(s.time_ns, s.allocated_bytes) for s in samples]
-        rank.has_memory_trace = True
-    elif rank.memory_timeline:
-        peak = max(p.allocated_bytes for p in rank.memory_timeline)
+        rank.memory_timeline = [MemoryPoint(s.time_ns, s.allocated_bytes) for s in samples]
         rank.has_memory_trace = True
     if state is None:
         return None
@@ -127,16 +112,12 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
         ]
         rank.warnings.extend(record.get("warnings", []))
         rank.data_waits = [DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"]) for w in record.get("data_waits", [])]
-    trace_path = directory / TRACE_FILE.format(rank=rank_id)
-    if trace_path.exists():
-        trace = kineto.read_trace(trace_path)
-        rank.ops = trace.ops
-        rank.memory_timeline = trace.memory
-        rank.has_op_trace = bool(trace.ops)
-        if not rank.steps and trace.profiler_steps:
-            rank.steps = [Step(n, s, e, "profiler") for n, s, e in trace.profiler_steps]
-        if trace.ops and rank.window is not None:
-            in_trace = [s.index for s in rank.steps if s.start_ns <= trace.ops[-1].start_ns and s.end_ns >= trace.ops[0].start_ns]
+    ops_path = directory / OPS_FILE.format(rank=rank_id)
+    if ops_path.exists():
+        rank.ops = kineto.read_ops(ops_path)
+        rank.has_op_trace = bool(rank.ops)
+        if rank.ops and rank.window is not None:
+            in_trace = [s.index for s in rank.steps if s.start_ns <= rank.ops[-1].start_ns and s.end_ns >= rank.ops[0].start_ns]
             if in_trace:
                 rank.window = (max(rank.window[0], min(in_trace)), min(rank.window[1], max(in_trace)))
     _assign_steps(rank)
