@@ -198,3 +198,22 @@ def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
 
 def test_activation_refuses_a_foreign_privateuse1_backend() -> None:
     assert run_script("emulated_refuse.py", expect_json=False) == "REFUSED privateuse1-taken REFUSED"
+
+
+def test_events_and_streams_are_host_timed_flush_triggers(tmp_path: Path) -> None:
+    out = run_script("emulated_streams.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
+    assert out["classes"] == [True, True, "tpu"]
+    assert out["recorded_work_ran"] is True and out["end_work_ran"] is True
+    assert isinstance(out["elapsed"], float) and 50.0 <= out["elapsed"] < 10_000.0  # a 50 ms host sleep lies between
+    assert out["query"] is True
+    assert out["untimed"] == ["ValueError", "Both events must be created with argument 'enable_timing=True'."]
+    assert out["unrecorded"] == ["ValueError", "Both events must be recorded before calculating elapsed time."]
+    assert out["other_index"][0] == "ValueError" and "bound to device index 0" in out["other_index"][1]
+    assert out["inside"] == "<torch.tpu.TpuStream>"
+    assert out["streams"] == [True, True, True, "<torch.tpu.TpuStream>", True, True, True]
+    assert out["stream_query"][0] == "NotImplementedError"
+    events = read_events(tmp_path)[0]
+    flushes = [(e.cause, e.site.line if e.site else None) for e in events if isinstance(e, Flush)]
+    assert ("event_record", line_of("emulated_streams.py", "record")) in flushes
+    assert ("stream_synchronize", line_of("emulated_streams.py", "stream_sync")) in flushes
+    assert {"event_synchronize", "stream_synchronize"} <= {e.op for e in events if isinstance(e, HostSync)}
