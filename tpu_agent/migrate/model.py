@@ -139,6 +139,28 @@ class MigrateOptions:
     annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
     jobs: int = 0  # 0: one worker per core
 
+    def to_dict(self) -> dict[str, object]:
+        """The options as reports and stored plans record them (the JSON schema's ``options`` object)."""
+        return {
+            "select": sorted(self.select) if self.select is not None else None,
+            "ignore": sorted(self.ignore),
+            "unsafe_fixes": self.unsafe_fixes,
+            "target": self.target.value,
+            "annotate": self.annotate,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> MigrateOptions:
+        """Inverse of :meth:`to_dict` (``jobs`` is a runtime choice, not part of a plan)."""
+        select = data.get("select")
+        return cls(
+            select=frozenset(select) if isinstance(select, list) else None,
+            ignore=frozenset(data.get("ignore") or []),  # type: ignore[arg-type]
+            unsafe_fixes=bool(data.get("unsafe_fixes")),
+            target=Target(str(data.get("target", Target.ACCELERATOR.value))),
+            annotate=bool(data.get("annotate")),
+        )
+
     def rule_enabled(self, code: str) -> bool:
         if any(code.startswith(prefix) for prefix in self.ignore):
             return False

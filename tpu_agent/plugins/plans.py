@@ -25,7 +25,6 @@ from tpu_agent.migrate.model import (
     MigrateOptions,
     Plan,
     Safety,
-    Target,
     sha256_bytes,
 )
 from tpu_agent.plugins.workspace import Workspace
@@ -41,27 +40,6 @@ class StoredPlan:
     path: Path
     plan: Plan
     diff: str
-
-
-def _options_to_dict(options: MigrateOptions) -> dict[str, object]:
-    return {
-        "select": sorted(options.select) if options.select is not None else None,
-        "ignore": sorted(options.ignore),
-        "unsafe_fixes": options.unsafe_fixes,
-        "target": options.target.value,
-        "annotate": options.annotate,
-    }
-
-
-def _options_from_dict(data: dict[str, object]) -> MigrateOptions:
-    select = data.get("select")
-    return MigrateOptions(
-        select=frozenset(select) if isinstance(select, list) else None,  # type: ignore[arg-type]
-        ignore=frozenset(data.get("ignore") or []),  # type: ignore[arg-type]
-        unsafe_fixes=bool(data.get("unsafe_fixes")),
-        target=Target(str(data.get("target", Target.ACCELERATOR.value))),
-        annotate=bool(data.get("annotate")),
-    )
 
 
 def _finding_from_dict(data: dict[str, object]) -> Finding:
@@ -113,7 +91,7 @@ def _plan_to_dict(plan: Plan, workspace: Workspace) -> dict[str, object]:
         )
     return {
         "roots": sorted(workspace.relative(root) for root in plan.roots),
-        "options": _options_to_dict(plan.options),
+        "options": plan.options.to_dict(),
         "files": files,
     }
 
@@ -179,7 +157,7 @@ def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
             )
         plan = Plan(
             roots=[workspace.resolve(root, must_exist=False) for root in record["roots"]],
-            options=_options_from_dict(record["options"]),
+            options=MigrateOptions.from_dict(record["options"]),
             files=files,
         )
     except (KeyError, TypeError, ValueError) as error:

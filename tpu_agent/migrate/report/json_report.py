@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from tpu_agent import __version__
-from tpu_agent.migrate.model import ApplyResult, MigrateOptions
+from tpu_agent.migrate.model import ApplyResult
 from tpu_agent.migrate.report.stats import FileStats, Summary
 
 SCHEMA_VERSION = 1
@@ -23,16 +23,6 @@ def load_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) every ``--format json`` migrate report conforms to."""
     text = resources.files("tpu_agent.migrate.report").joinpath("schema", SCHEMA_RESOURCE).read_text(encoding="utf-8")
     return json.loads(text)
-
-
-def _options(options: MigrateOptions) -> dict[str, Any]:
-    return {
-        "select": sorted(options.select) if options.select is not None else None,
-        "ignore": sorted(options.ignore),
-        "unsafe_fixes": options.unsafe_fixes,
-        "target": options.target.value,
-        "annotate": options.annotate,
-    }
 
 
 def _file(stats: FileStats) -> dict[str, Any]:
@@ -66,7 +56,7 @@ def to_dict(summary: Summary, applied: ApplyResult | None = None) -> dict[str, A
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "tpu-agent", "version": __version__},
         "roots": [str(root) for root in summary.plan.roots],
-        "options": _options(summary.plan.options),
+        "options": summary.plan.options.to_dict(),
         "summary": {
             "files_examined": totals.files_examined,
             "files_parsed": totals.files_parsed,
