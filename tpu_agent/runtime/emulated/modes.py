@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
-
 from tpu_agent.runtime.emulated import state
 from tpu_agent.runtime.emulated.state import EagerMode, Precision
 
