@@ -173,6 +173,15 @@ def test_defer_and_fuse_flushes_with_causes_and_user_lines(tmp_path: Path) -> No
     assert {"item", "print", "cpu", "bool"} <= syncs
 
 
+def test_defer_and_fuse_inplace_writes_read_back_as_in_strict_mode() -> None:
+    out = run_script("emulated_inplace.py")
+    assert out["accumulate_into_zeros"]["strict"] == [6.0]
+    for case, values in out.items():
+        assert values["pending_ops"] > 0, f"{case}: nothing was deferred, so DeferAndFuse went untested"
+        assert values["defer_host"] == values["strict"], f"{case}: host read under DeferAndFuse differs from Strict"
+        assert values["defer_unwrap"] == values["strict"], f"{case}: unwrap() under DeferAndFuse differs from Strict"
+
+
 def test_debug_mode_names_the_op_and_line_that_made_nan() -> None:
     out = run_script("emulated_debug.py", env={"TORCH_TPU_LAUNCH_BLOCKING": "1"})
     assert out["mode"] == "DEFER_NEVER_AND_LAUNCH_BLOCKING"

@@ -45,9 +45,15 @@ class Node:
 
 @dataclass
 class Graph:
-    """The pending op sequence; ``hash`` is stable for the same step code and shapes."""
+    """The pending op sequence; ``hash`` is stable for the same step code and shapes.
+
+    ``storages`` keys the CPU storages of the materialised tensors the nodes read or write (in-place and
+    ``out=`` ops write into their argument's existing data). Such a tensor has data (``_elem``) that the flush
+    will still change, or that a node has yet to read, so anything that reads or writes that data directly must
+    flush first (see :func:`touches`)."""
 
     nodes: list[Node] = field(default_factory=list)
+    storages: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -169,9 +175,33 @@ def _meta_of(x: Any) -> Any:
     return x
 
 
+def storage_key(elem: torch.Tensor) -> int:
+    """Identifies the CPU storage behind ``elem`` (views share their base's key)."""
+    return elem.untyped_storage().data_ptr()
+
+
+def _add_storages(x: Any, storages: set[int]) -> None:
+    t = type(x)
+    if t is tt.TpuTensor:
+        elem = x._elem
+        if type(elem) is torch.Tensor:
+            storages.add(storage_key(elem))
+    elif t is list or t is tuple:
+        for y in x:
+            _add_storages(y, storages)
+
+
+def touches(elem: torch.Tensor) -> bool:
+    """Whether the pending graph reads or writes the storage of materialised data ``elem``: then its values
+    are not final (a pending in-place op) or still needed as they are (a pending reader)."""
+    storages = _pending.storages
+    return bool(storages) and type(elem) is torch.Tensor and storage_key(elem) in storages
+
+
 def _snapshot_host(x: Any) -> Any:
-    """Host tensors an op reads are captured at record time, so later host-side writes cannot leak in."""
-    if type(x) is torch.Tensor and x.dim():
+    """Host tensors an op reads are captured at record time, so later host-side writes cannot leak in
+    (0-dim ones too: ``b = a * s; s += 1`` and uploads of a host scalar tensor must see ``s`` as it was)."""
+    if type(x) is torch.Tensor:
         return x.clone()
     return x
 
@@ -203,12 +233,14 @@ def _all_materialized(args: tuple) -> bool:
 
 def _is_host_upload(func: Any, args: tuple) -> bool:
     """``cpu_tensor.to("tpu")``: TorchTPU copies host to device at once (reference §2.3), so the copy into an
-    already-allocated tpu tensor runs now instead of joining the graph."""
+    already-allocated tpu tensor runs now instead of joining the graph, unless pending nodes still read or
+    write that tensor: then the copy joins the graph, after them, as in program order."""
     return (
         func is torch.ops.aten.copy_.default
         and type(args[0]) is tt.TpuTensor
         and args[0]._elem is not None
         and type(args[1]) is not tt.TpuTensor
+        and not touches(args[0]._elem)
     )
 
 
@@ -253,6 +285,9 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
     )
     with _lock:
         _pending.nodes.append(node)
+        _add_storages(args, _pending.storages)
+        if kwargs:
+            _add_storages(tuple(kwargs.values()), _pending.storages)
         full = len(_pending) >= MAX_GRAPH_OPS
     if full:
         flush("size_limit")

@@ -170,18 +170,27 @@ def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
 def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
     """The CPU tensor behind a tpu tensor (materialising pending deferred work first); CPU tensors pass through.
 
+    A tensor with data can still have pending work: an in-place op recorded under DeferAndFuse writes into its
+    existing data at the flush (``total += x`` on a tensor from ``torch.zeros``), and a recorded reader needs
+    the data as it is now. Either way the graph runs first, so the caller sees (and may change) final values.
     Callers may write to the result (collectives reduce in place), bypassing the tensor's version counter, so
     the MXU rounding cache is dropped."""
     if type(t) is not TpuTensor:
         return t
     _rounded.clear()
     elem = t._elem
-    if elem is None:
+    if elem is None or _pending_touches(elem):
         flush_pending(cause)
         elem = t._elem
         if elem is None:
             raise RuntimeError("this tpu tensor has no data: the deferred computation that produced it failed at an earlier flush")
     return elem
+
+
+def _pending_touches(elem: torch.Tensor) -> bool:
+    from tpu_agent.runtime.emulated import deferred
+
+    return deferred.touches(elem)
 
 
 def flush_pending(cause: str, site: Any = None) -> None:
