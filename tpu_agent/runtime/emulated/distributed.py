@@ -165,12 +165,20 @@ def _same_shapes(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> bool:
     return all(t.shape == like.shape for t in tensors)
 
 
+# Every gloo group stays alive until the interpreter exits. Its destructor joins gloo's worker threads while
+# holding the GIL; a worker that is still releasing a just-finished collective's tensors needs the GIL to
+# drop their Python objects, so destroying the group right after a collective (DDP's Reducer going out of
+# scope after ``barrier()``/``destroy_process_group()``) deadlocked about one 2-rank run in three.
+_GLOO_GROUPS: list[ProcessGroupGloo] = []
+
+
 class ProcessGroupTpu(dist.ProcessGroup):
     """The emulated ``ProcessGroupTpu``: TorchTPU's collective semantics, executed by gloo on the CPU."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
         self._gloo = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
+        _GLOO_GROUPS.append(self._gloo)
         self._progress = PrefixStore("tpu_dist_progress", store)
         self._timeout = timeout
         self._seq = 0
@@ -487,11 +495,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
             if list(opts.device_ids) not in ([], [0]):
                 raise _restricted("barrier_device_ids")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
-            self._gloo.barrier().wait()
-            return []
-
-        return self._run("barrier", [], 0, body)
+        # ``_run``'s agreement all-gather already waits for every rank, so the barrier needs no gloo call of its own.
+        return self._run("barrier", [], 0, lambda staged: [])
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _DoneWork:
         _flush_if_tpu(tensors)
@@ -519,6 +524,18 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         raise _restricted("monitored_barrier")
+
+
+# Dynamo cannot trace into a Python ProcessGroup (a TorchScript object): under torch.compile (e.g. DDP's
+# buffer broadcast in a compiled module) each collective is a graph break that runs eagerly, as a C++
+# process group's call would be.
+for _name in (
+    "allreduce", "allreduce_coalesced", "broadcast", "allgather", "all_gather_single", "all_gather_single_coalesced",
+    "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced", "all_to_all_single", "alltoall",
+    "gather", "scatter", "barrier", "send", "recv",
+):
+    setattr(ProcessGroupTpu, _name, torch.compiler.disable(getattr(ProcessGroupTpu, _name)))
+del _name
 
 
 def _cpu_storage(tensor: torch.Tensor) -> torch.UntypedStorage:
