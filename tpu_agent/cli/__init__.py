@@ -51,8 +51,19 @@ def _root(
     """Move CUDA PyTorch code onto Google TPUs through TorchTPU, then tune it."""
 
 
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Command lists show each command's first help paragraph on one line, however its source wraps it."""
+    for command in typer_app.registered_commands:
+        if command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.split("\n\n", 1)[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
 for _module in (migrate_commands, runtime_commands, profile_commands, plugin_commands):
     _module.register(app)
+_one_line_summaries(app)
 
 
 def main() -> None:
