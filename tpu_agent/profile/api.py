@@ -8,10 +8,12 @@ the raw files) or any XSpace written by TorchTPU or JAX, which it annotates in a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import statistics
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from tpu_agent import __version__
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.profile import capture, xplane
+from tpu_agent.profile import capture, kineto, xplane
 from tpu_agent.profile.estimate import Estimate, estimate
 from tpu_agent.profile.load import OPTIONS_FILE, REPORT_DIR, load_raw, raw_dir
 from tpu_agent.profile.model import Finding, ProfileModel, RuleOutcome, RunConfig, Severity, Status
@@ -298,7 +300,8 @@ def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosi
     if not logdir.exists():
         raise TpuAgentError("no-logdir", f"{logdir} does not exist", "pass the --logdir of an earlier `tpu-agent profile` run")
     if raw_dir(logdir).is_dir():
-        diagnosis = _diagnose_own(logdir, chip)
+        with kineto.gc_paused():  # the op model and its XSpace: ~10^5 acyclic objects built in one go
+            diagnosis = _diagnose_own(logdir, chip)
     else:
         files = _xplane_files(logdir)
         if not files:
@@ -351,6 +354,34 @@ def _check_options(options: ProfileOptions) -> None:
     get_chip(options.chip)
 
 
+class _OpsPreloader:
+    """Parses each rank's op records as soon as its capture hook writes them (when the measured window ends),
+    while this process only waits for the script; the analysis then finds them parsed."""
+
+    def __init__(self, raw: Path) -> None:
+        self.raw = raw
+        self.seen: set[Path] = set()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tpu-agent-ops-preload", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(0.05):
+            for path in self.raw.glob(capture.OPS_FILE.format(rank="*")):
+                if path not in self.seen:
+                    self.seen.add(path)
+                    # A file this cannot parse is read (and reported) again by the analysis itself.
+                    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                        kineto.preload_ops(path)
+
+    def __enter__(self) -> _OpsPreloader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
 def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None = None) -> ProfileResult:
     """Run ``target`` on the runtime with profiling on, then diagnose the capture.
 
@@ -370,10 +401,11 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
     }
     if progress:
         progress(f"running {target.target} with profiling on ({options.nproc} rank(s), chip {options.chip})")
-    exit_code = launch(
-        target,
-        RunOptions(nproc=options.nproc, chip=options.chip, eager_mode=options.eager_mode, env=env, timeout_s=options.timeout_s),
-    )
+    with _OpsPreloader(raw):
+        exit_code = launch(
+            target,
+            RunOptions(nproc=options.nproc, chip=options.chip, eager_mode=options.eager_mode, env=env, timeout_s=options.timeout_s),
+        )
     if progress:
         progress("analysing the capture")
     try:

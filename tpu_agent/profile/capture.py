@@ -8,8 +8,8 @@ Two halves:
   marks steps (optimizer step, else the user's ``with tpu_agent.profile.step():``), times DataLoader waits,
   records DataLoader settings, the weights of the modules that ran and the memory they hold, and, when the
   emulated device is not handling them (plain CPU tensors), host syncs and Dynamo graph breaks/recompiles.
-  At exit it writes ``ops-rank<R>.json`` (the profiler's op records, compact) and ``capture-rank<R>.json``
-  next to the event log.
+  When the window ends it writes ``ops-rank<R>.json`` (the profiler's op records, compact), and at exit
+  ``capture-rank<R>.json``, next to the event log.
 
 Everything written goes to the raw directory ``<logdir>/tpu-agent/raw``; :mod:`tpu_agent.profile.load`
 reads it back into the :class:`~tpu_agent.profile.model.ProfileModel`.
@@ -32,6 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.runtime import events as ev
 
 PROFILE_DIR_ENV = "TPU_AGENT_PROFILE_DIR"
@@ -137,12 +138,13 @@ class _Capture:
 
     # -- torch.profiler ---------------------------------------------------------------------------
     def _advance_profiler(self) -> None:
-        """Start one step before the window (Kineto's start-up cost lands outside it); stop after it.
+        """Start as the first measured step begins (Kineto's start-up costs under a millisecond, and a step
+        recorded before the window would only add op records to stop, convert and analyse); stop after it.
 
         ``profile.step()`` is not used: the runtime treats it as the user's own step marker.
         """
         first, last = self.window
-        if self.prof is None and not self.profiler_tried and self.step >= max(first - 1, 0):
+        if self.prof is None and not self.profiler_tried and self.step >= first:
             from torch.autograd import profiler as autograd_profiler
             from torch.profiler import ProfilerActivity, profile
 
@@ -167,16 +169,7 @@ class _Capture:
         if prof is None:
             return
         prof.stop()
-        from tpu_agent.profile.kineto import OPS_NEEDING_CONCRETE_INPUTS
-
-        rows = []
-        for event in prof.profiler.kineto_results.events():
-            if event.is_user_annotation() or event.is_python_function():
-                continue
-            name = event.name()
-            concrete = ["" if c is None else str(c) for c in event.concrete_inputs()] if name in OPS_NEEDING_CONCRETE_INPUTS else []
-            rows.append([name, event.start_ns(), event.duration_ns(), event.start_thread_id(), event.shapes(), event.dtypes(), concrete])
-        (self.out_dir / OPS_FILE.format(rank=self.rank)).write_text(json.dumps({"ops": rows}), encoding="utf-8")
+        _write_ops(prof.profiler.kineto_results, self.out_dir / OPS_FILE.format(rank=self.rank))
 
     # -- steps ------------------------------------------------------------------------------------
     def _marks(self, source: str) -> bool:
@@ -430,6 +423,24 @@ class _Capture:
         }
         (self.out_dir / CAPTURE_FILE.format(rank=self.rank)).write_text(json.dumps(record), encoding="utf-8")
         self.log.flush()
+
+
+def _write_ops(results: Any, path: Path) -> None:
+    """Kineto's op records, compact: name, start, duration, thread, input shapes and dtypes, and the concrete
+    inputs of the few ops whose arguments the analysis reads. Written atomically: the parent may read the
+    file as soon as it appears, while the script still runs."""
+    from tpu_agent.profile.kineto import OPS_NEEDING_CONCRETE_INPUTS, gc_paused
+
+    rows = []
+    append = rows.append
+    with gc_paused():
+        for event in results.events():
+            if event.is_user_annotation() or event.is_python_function():
+                continue
+            name = event.name()
+            concrete = ["" if c is None else str(c) for c in event.concrete_inputs()] if name in OPS_NEEDING_CONCRETE_INPUTS else []
+            append([name, event.start_ns(), event.duration_ns(), event.start_thread_id(), event.shapes(), event.dtypes(), concrete])
+    atomic_write_text(path, json.dumps({"ops": rows}))
 
 
 def _statement_site() -> ev.Site | None:

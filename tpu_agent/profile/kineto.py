@@ -10,9 +10,14 @@ not counted twice.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tpu_agent.profile.model import Op
 
@@ -128,16 +133,33 @@ def _mark_nesting(ops: list[Op]) -> None:
 OPS_NEEDING_CONCRETE_INPUTS = CONV_OPS | {"aten::_to_copy", "aten::to"}
 
 
-def read_ops(path: Path) -> list[Op]:
-    """Load one rank's op records, with nesting, FLOPs and bytes filled in, sorted by start time."""
-    rows = json.loads(path.read_text(encoding="utf-8"))["ops"]
+def _parse_ops(path: Path) -> list[Op]:
+    with gc_paused():
+        return _build_ops(json.loads(path.read_text(encoding="utf-8"))["ops"])
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Tens of thousands of small containers, none of them cyclic: without this the collector would scan the
+    whole heap several times over while they are built (in a process that holds torch, a large one)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_ops(rows: list[list[Any]]) -> list[Op]:
     ops = [
         Op(
             name=name,
             start_ns=start,
             duration_ns=duration,
             thread=thread,
-            input_shapes=[_shape(d) for d in shapes],
+            # Plain tensor shapes (nearly all) as they are; only tensor lists need flattening.
+            input_shapes=[d if type(d) is list and (not d or type(d[0]) is int) else _shape(d) for d in shapes],
             input_dtypes=dtypes,
             concrete_inputs=concrete,
         )
@@ -150,3 +172,33 @@ def read_ops(path: Path) -> list[Op]:
             op.flops, op.bytes = cost(op)
     ops.sort(key=lambda o: o.start_ns)
     return ops
+
+
+_preloaded: dict[Path, tuple[tuple[int, int], list[Op]]] = {}
+_preload_lock = threading.Lock()
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+def preload_ops(path: Path) -> None:
+    """Parse one rank's op records ahead of :func:`read_ops` (``profile`` does this while the script is still
+    running: the capture hook writes the file when the measured window ends, long before the script exits)."""
+    identity = _identity(path)
+    ops = _parse_ops(path)
+    with _preload_lock:
+        _preloaded[path.resolve()] = (identity, ops)
+
+
+def read_ops(path: Path) -> list[Op]:
+    """Load one rank's op records, with nesting, FLOPs and bytes filled in, sorted by start time.
+
+    A copy parsed by :func:`preload_ops` is used (once) if the file has not changed since.
+    """
+    with _preload_lock:
+        cached = _preloaded.pop(path.resolve(), None)
+    if cached is not None and cached[0] == _identity(path):
+        return cached[1]
+    return _parse_ops(path)

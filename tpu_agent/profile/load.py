@@ -64,8 +64,13 @@ def steps_from_markers(events: list[ev.Event]) -> list[Step]:
 
 
 def _assign_steps(rank: RankProfile) -> None:
+    """``op.step`` for every op: one walk over ops and steps, both sorted by start (what ``step_of`` answers)."""
+    steps = sorted(rank.steps, key=lambda s: s.start_ns)
+    index = 0
     for op in rank.ops:
-        op.step = rank.step_of(op.start_ns)
+        while index < len(steps) and op.start_ns >= steps[index].end_ns:
+            index += 1
+        op.step = steps[index].index if index < len(steps) and op.start_ns >= steps[index].start_ns else None
 
 
 def _memory(rank: RankProfile, state: dict[str, int] | None) -> MemoryBreakdown | None:

@@ -86,18 +86,21 @@ class _PlaneBuilder:
         base = origin_ns if origin_ns is not None else ordered[0].start_ns
         line.timestamp_ns = base
         end = base
+        add_event, event_id, stat_id = line.events.add, self._event_id, self._stat_id
         for item in ordered:
-            event = line.events.add(metadata_id=self._event_id(item.name), offset_ps=(item.start_ns - base) * 1000)
-            event.duration_ps = max(item.duration_ns, 0) * 1000
-            end = max(end, item.start_ns + item.duration_ns)
+            event = add_event(
+                metadata_id=event_id(item.name), offset_ps=(item.start_ns - base) * 1000, duration_ps=max(item.duration_ns, 0) * 1000
+            )
+            if item.start_ns + item.duration_ns > end:
+                end = item.start_ns + item.duration_ns
+            add_stat = event.stats.add
             for key, value in item.stats.items():
-                stat = event.stats.add(metadata_id=self._stat_id(key))
                 if isinstance(value, (bool, int)):
-                    stat.int64_value = int(value)
+                    add_stat(metadata_id=stat_id(key), int64_value=int(value))
                 elif isinstance(value, float):
-                    stat.double_value = value
+                    add_stat(metadata_id=stat_id(key), double_value=value)
                 else:
-                    stat.str_value = str(value)
+                    add_stat(metadata_id=stat_id(key), str_value=str(value))
         line.duration_ps = (end - base) * 1000
         return line
 
@@ -105,8 +108,12 @@ class _PlaneBuilder:
 def _op_events(ops: Iterable[Op]) -> dict[int, list[TimelineEvent]]:
     """Ops by thread; kernels (``Op.costed``) also carry their shapes, dtypes and FLOPs as trace-viewer args."""
     by_thread: dict[int, list[TimelineEvent]] = {}
+    tf_ops: dict[str, str] = {}
     for op in ops:
-        stats: dict[str, str | int | float] = {"tf_op": f"{op.name}:{op.name.rpartition('::')[2]}"}
+        tf_op = tf_ops.get(op.name)
+        if tf_op is None:
+            tf_op = tf_ops[op.name] = f"{op.name}:{op.name.rpartition('::')[2]}"
+        stats: dict[str, str | int | float] = {"tf_op": tf_op}
         if op.costed and op.input_shapes:
             stats["shapes"] = str(op.input_shapes)
             stats["dtypes"] = ",".join(t for t in op.input_dtypes if t)
