@@ -140,7 +140,8 @@ def test_migrated_setup_runs_on_every_rank_of_the_tpu_runtime(migrated: tuple[Pl
         timeout=240,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    # Both ranks share the launcher's stdout, so their lines may interleave: match the reports, not lines.
+    lines = sorted(re.findall(r"rank \d+ of \d+ on \S+ via \S+?(?=rank |\n|$)", run.stdout))
     assert lines == ["rank 0 of 2 on tpu via tpu_dist", "rank 1 of 2 on tpu via tpu_dist"], run.stdout
 
 
