@@ -26,6 +26,7 @@ import torch
 
 from tpu_agent.runtime.emulated import state, telemetry
 
+# TorchTPU 0.2.0's own text: its streams are placeholders, and these members raise it on a real TPU too.
 STREAMS_MESSAGE = "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
 _TorchEvent = torch.Event
 _TorchStream = torch.Stream

@@ -308,6 +308,7 @@ class TpuModule(types.ModuleType):
             UserWarning,
             stacklevel=2,
         )
+        # Not emulated: the mesh layout depends on a physical slice's ICI coordinates, which one emulated chip lacks.
         raise NotImplementedError("topology_aware_mesh needs a physical TPU slice; the emulated device has one chip")
 
     # --- private helpers torch and the docs use ---
