@@ -128,17 +128,22 @@ class _Allocation:
             release(self.key)
 
 
-def wrap(elem: torch.Tensor) -> torch.Tensor:
-    """A tpu tensor over the CPU tensor ``elem`` (sharing its data; no copy)."""
-    r = _make_wrapper(
+def _wrapper_like(like: torch.Tensor) -> TpuTensor:
+    """An empty tpu wrapper with ``like``'s shape, strides, offset and dtype; the caller sets its data."""
+    return _make_wrapper(
         TpuTensor,
-        elem.shape,
-        strides=elem.stride(),
-        storage_offset=elem.storage_offset(),
-        dtype=elem.dtype,
+        like.shape,
+        strides=like.stride(),
+        storage_offset=like.storage_offset(),
+        dtype=like.dtype,
         device=DEVICE,
         requires_grad=False,
     )
+
+
+def wrap(elem: torch.Tensor) -> torch.Tensor:
+    """A tpu tensor over the CPU tensor ``elem`` (sharing its data; no copy)."""
+    r = _wrapper_like(elem)
     r._elem = elem
     if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
         r._free = _Allocation(memory.track(elem))
@@ -147,15 +152,7 @@ def wrap(elem: torch.Tensor) -> torch.Tensor:
 
 def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     """A deferred tpu tensor with ``meta``'s metadata; the executor fills ``_elem`` at the flush."""
-    r = _make_wrapper(
-        TpuTensor,
-        meta.shape,
-        strides=meta.stride(),
-        storage_offset=meta.storage_offset(),
-        dtype=meta.dtype,
-        device=DEVICE,
-        requires_grad=False,
-    )
+    r = _wrapper_like(meta)
     r._elem = None
     r._meta = meta
     return r
