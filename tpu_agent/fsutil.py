@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -20,6 +22,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     A symlink at ``path`` is written through to its target so the link itself survives; callers that must
     not follow links out of a tree check that before calling (see ``tpu_agent.migrate``).
     """
+
+    def write(handle: BinaryIO, _name: str) -> None:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+    _replace_atomically(path, write)
+
+
+def atomic_write_with(path: Path, write: Callable[[str], object]) -> None:
+    """Replace ``path`` atomically with what ``write`` puts into the temporary file name it is given.
+
+    For writers that insist on a file name (torch's Kineto trace export). The data is not fsynced: this is for
+    files a reader must never see half-written, not for user files that must survive a power cut.
+    """
+    _replace_atomically(path, lambda _handle, name: write(name))
+
+
+def _replace_atomically(path: Path, write: Callable[[BinaryIO, str], object]) -> None:
+    """``write`` fills the temporary file (given open, and by name) that then replaces ``path``."""
     target = Path(os.path.realpath(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -31,9 +53,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tpu-agent-tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            write(handle, tmp_name)
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, target)
     except BaseException:

@@ -226,3 +226,20 @@ def test_events_and_streams_are_host_timed_flush_triggers(tmp_path: Path) -> Non
     assert ("event_record", line_of("emulated_streams.py", "record")) in flushes
     assert ("stream_synchronize", line_of("emulated_streams.py", "stream_sync")) in flushes
     assert {"event_synchronize", "stream_synchronize"} <= {e.op for e in events if isinstance(e, HostSync)}
+
+
+def test_torch_profiler_sees_the_dispatched_ops_not_the_emulators_own() -> None:
+    """One record per op the program ran: no second aten::mm for the CPU kernel beneath it and no
+    aten::_to_copy for the bf16 rounding of its inputs, in Strict and in DeferAndFuse (whose graph runs at
+    the flush); recording works as usual around it."""
+    out = run_script("emulated_profiler.py")
+    once = {"aten::mm": 1, "aten::relu": 1, "aten::_to_copy": 0, "aten::add": 1, "aten::sum": 1, "aten::_local_scalar_dense": 1}
+    assert out["strict"] == once
+    assert out["fused"] == once
+    assert out["after"] == once
+    assert out["cpu_add"] == 1
+
+
+def test_dynamo_is_imported_only_by_runs_that_compile() -> None:
+    out = run_script("emulated_lazy_dynamo.py")
+    assert out == {"dynamo_before_compile": False, "compiled": [3.0, 3.0, 3.0, 3.0]}

@@ -64,14 +64,21 @@ class Diagnosis:
     xplane_paths: list[Path] = field(default_factory=list)
     report_paths: list[Path] = field(default_factory=list)
     exit_code: int | None = None  # the profiled script's, when this came from `profile`
+    _document: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def has_errors(self) -> bool:
         return any(f.severity == Severity.error for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON report (schema in docs/profile-json-schema.md)."""
-        return report_dict(self)
+        """The JSON report (schema in docs/profile-json-schema.md).
+
+        Built once and shared by every renderer (the report files and the CLI's output); ``profile`` and
+        ``diagnose`` first ask for it when the diagnosis is complete (exit code and XSpace paths set).
+        """
+        if self._document is None:
+            self._document = report_dict(self)
+        return self._document
 
 
 @dataclass
@@ -366,7 +373,7 @@ class _OpsPreloader:
 
     def _run(self) -> None:
         while not self.stopped.wait(0.05):
-            for path in self.raw.glob(capture.OPS_FILE.format(rank="*")):
+            for path in self.raw.glob(capture.TRACE_FILE.format(rank="*")):
                 if path not in self.seen:
                     self.seen.add(path)
                     # A file this cannot parse is read (and reported) again by the analysis itself.

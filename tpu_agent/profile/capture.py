@@ -8,8 +8,8 @@ Two halves:
   marks steps (optimizer step, else the user's ``with tpu_agent.profile.step():``), times DataLoader waits,
   records DataLoader settings, the weights of the modules that ran and the memory they hold, and, when the
   emulated device is not handling them (plain CPU tensors), host syncs and Dynamo graph breaks/recompiles.
-  When the window ends it writes ``ops-rank<R>.json`` (the profiler's op records, compact), and at exit
-  ``capture-rank<R>.json``, next to the event log.
+  When the window ends it writes ``rank<R>.pt.trace.json`` (the profiler's Chrome trace, which Perfetto and
+  chrome://tracing also open), and at exit ``capture-rank<R>.json``, next to the event log.
 
 Everything written goes to the raw directory ``<logdir>/tpu-agent/raw``; :mod:`tpu_agent.profile.load`
 reads it back into the :class:`~tpu_agent.profile.model.ProfileModel`.
@@ -32,14 +32,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.fsutil import atomic_write_text
+from tpu_agent.fsutil import atomic_write_with
 from tpu_agent.runtime import events as ev
 
 PROFILE_DIR_ENV = "TPU_AGENT_PROFILE_DIR"
 PROFILE_STEPS_ENV = "TPU_AGENT_PROFILE_STEPS"
 PROFILE_WARMUP_ENV = "TPU_AGENT_PROFILE_WARMUP"
 HOOK_SPEC = "tpu_agent.profile.capture:install"
-OPS_FILE = "ops-rank{rank}.json"
+TRACE_FILE = "rank{rank}.pt.trace.json"
 CAPTURE_FILE = "capture-rank{rank}.json"
 
 _SYNC_METHODS = {
@@ -169,7 +169,11 @@ class _Capture:
         if prof is None:
             return
         prof.stop()
-        _write_ops(prof.profiler.kineto_results, self.out_dir / OPS_FILE.format(rank=self.rank))
+        # torch writes the Chrome trace in C++ (a fraction of what converting its records in Python costs, in
+        # the middle of the user's run); the parent parses it while the script goes on. Atomic, because the
+        # parent reads the file as soon as it appears.
+        results = prof.profiler.kineto_results
+        atomic_write_with(self.out_dir / TRACE_FILE.format(rank=self.rank), results.save)
 
     # -- steps ------------------------------------------------------------------------------------
     def _marks(self, source: str) -> bool:
@@ -423,24 +427,6 @@ class _Capture:
         }
         (self.out_dir / CAPTURE_FILE.format(rank=self.rank)).write_text(json.dumps(record), encoding="utf-8")
         self.log.flush()
-
-
-def _write_ops(results: Any, path: Path) -> None:
-    """Kineto's op records, compact: name, start, duration, thread, input shapes and dtypes, and the concrete
-    inputs of the few ops whose arguments the analysis reads. Written atomically: the parent may read the
-    file as soon as it appears, while the script still runs."""
-    from tpu_agent.profile.kineto import OPS_NEEDING_CONCRETE_INPUTS, gc_paused
-
-    rows = []
-    append = rows.append
-    with gc_paused():
-        for event in results.events():
-            if event.is_user_annotation() or event.is_python_function():
-                continue
-            name = event.name()
-            concrete = ["" if c is None else str(c) for c in event.concrete_inputs()] if name in OPS_NEEDING_CONCRETE_INPUTS else []
-            append([name, event.start_ns(), event.duration_ns(), event.start_thread_id(), event.shapes(), event.dtypes(), concrete])
-    atomic_write_text(path, json.dumps({"ops": rows}))
 
 
 def _statement_site() -> ev.Site | None:

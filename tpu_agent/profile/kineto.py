@@ -1,11 +1,11 @@
-"""torch.profiler op records (written by the capture hook) as :class:`~tpu_agent.profile.model.Op` s.
+"""torch.profiler's Chrome trace (written by the capture hook) as :class:`~tpu_agent.profile.model.Op` s.
 
-The hook stores, per op, what ``torch.profiler`` (Kineto) recorded: name, wall-clock start and duration in
-nanoseconds (``time.time_ns`` clock, so ops line up with the runtime event log), thread, input shapes and
-dtypes, and for the few ops whose arguments matter (convolution, dtype casts) the concrete inputs. That is
-a fraction of a Chrome trace's size. FLOPs and bytes are computed here from the shapes (torch 2.13 does not
-record them), on kernels only (``Op.costed``) so that ``aten::linear`` and its ``aten::addmm`` child are
-not counted twice.
+From each ``cpu_op`` event of the trace torch exports (``*.pt.trace.json``) this keeps name, wall-clock
+start and duration in nanoseconds (``baseTimeNanoseconds`` plus the event's microseconds: the
+``time.time_ns`` clock, so ops line up with the runtime event log), thread, input shapes and dtypes, and
+for the few ops whose arguments matter (convolution, dtype casts) the concrete inputs. FLOPs and bytes are
+computed here from the shapes (torch 2.13 does not record them), on kernels only (``Op.costed``) so that
+``aten::linear`` and its ``aten::addmm`` child are not counted twice.
 """
 
 from __future__ import annotations
@@ -133,9 +133,32 @@ def _mark_nesting(ops: list[Op]) -> None:
 OPS_NEEDING_CONCRETE_INPUTS = CONV_OPS | {"aten::_to_copy", "aten::to"}
 
 
+# The dispatcher's record of entering a tensor subclass's __torch_dispatch__ (the emulated device's): not an op,
+# and left in it would make every device op a parent whose kernel is this empty child.
+PYTHON_DISPATCH_RECORD = "PythonSubclass"
+
+
 def _parse_ops(path: Path) -> list[Op]:
     with gc_paused():
-        return _build_ops(json.loads(path.read_text(encoding="utf-8"))["ops"])
+        return _build_ops(json.loads(path.read_text(encoding="utf-8")))
+
+
+def trace_document(ops: list[Op], base_ns: int) -> dict[str, Any]:
+    """The part of Kineto's Chrome trace format :func:`read_ops` reads, for ``ops`` (synthetic captures)."""
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": op.name,
+            "pid": 1,
+            "tid": op.thread,
+            "ts": (op.start_ns - base_ns) / 1000,
+            "dur": op.duration_ns / 1000,
+            "args": {"Input Dims": op.input_shapes, "Input type": op.input_dtypes, "Concrete Inputs": op.concrete_inputs},
+        }
+        for op in ops
+    ]
+    return {"schemaVersion": 1, "baseTimeNanoseconds": base_ns, "traceEvents": events}
 
 
 @contextlib.contextmanager
@@ -151,20 +174,27 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _build_ops(rows: list[list[Any]]) -> list[Op]:
-    ops = [
-        Op(
-            name=name,
-            start_ns=start,
-            duration_ns=duration,
-            thread=thread,
-            # Plain tensor shapes (nearly all) as they are; only tensor lists need flattening.
-            input_shapes=[d if type(d) is list and (not d or type(d[0]) is int) else _shape(d) for d in shapes],
-            input_dtypes=dtypes,
-            concrete_inputs=concrete,
+def _build_ops(trace: dict[str, Any]) -> list[Op]:
+    base = int(trace.get("baseTimeNanoseconds", 0))
+    ops = []
+    append = ops.append
+    for event in trace["traceEvents"]:
+        if event.get("cat") != "cpu_op" or event.get("ph") != "X" or event["name"] == PYTHON_DISPATCH_RECORD:
+            continue
+        name = event["name"]
+        args = event.get("args", {})
+        append(
+            Op(
+                name=name,
+                start_ns=base + round(event["ts"] * 1000),
+                duration_ns=round(event["dur"] * 1000),
+                thread=event["tid"],
+                # Plain tensor shapes (nearly all) as they are; only tensor lists need flattening.
+                input_shapes=[d if type(d) is list and (not d or type(d[0]) is int) else _shape(d) for d in args.get("Input Dims", ())],
+                input_dtypes=args.get("Input type", []),
+                concrete_inputs=args.get("Concrete Inputs", []) if name in OPS_NEEDING_CONCRETE_INPUTS else [],
+            )
         )
-        for name, start, duration, thread, shapes, dtypes, concrete in rows
-    ]
     ops.sort(key=lambda o: (o.thread, o.start_ns, -o.duration_ns))
     _mark_nesting(ops)
     for op in ops:
@@ -184,7 +214,7 @@ def _identity(path: Path) -> tuple[int, int]:
 
 
 def preload_ops(path: Path) -> None:
-    """Parse one rank's op records ahead of :func:`read_ops` (``profile`` does this while the script is still
+    """Parse one rank's trace ahead of :func:`read_ops` (``profile`` does this while the script is still
     running: the capture hook writes the file when the measured window ends, long before the script exits)."""
     identity = _identity(path)
     ops = _parse_ops(path)
@@ -193,7 +223,7 @@ def preload_ops(path: Path) -> None:
 
 
 def read_ops(path: Path) -> list[Op]:
-    """Load one rank's op records, with nesting, FLOPs and bytes filled in, sorted by start time.
+    """Load one rank's ops from its trace, with nesting, FLOPs and bytes filled in, sorted by start time.
 
     A copy parsed by :func:`preload_ops` is used (once) if the file has not changed since.
     """

@@ -17,7 +17,7 @@ from typing import Any
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
-from tpu_agent.profile.capture import CAPTURE_FILE, OPS_FILE
+from tpu_agent.profile.capture import CAPTURE_FILE, TRACE_FILE
 from tpu_agent.profile.model import (
     DataLoaderInfo,
     DataWait,
@@ -117,9 +117,9 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
         ]
         rank.warnings.extend(record.get("warnings", []))
         rank.data_waits = [DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"]) for w in record.get("data_waits", [])]
-    ops_path = directory / OPS_FILE.format(rank=rank_id)
-    if ops_path.exists():
-        rank.ops = kineto.read_ops(ops_path)
+    trace_path = directory / TRACE_FILE.format(rank=rank_id)
+    if trace_path.exists():
+        rank.ops = kineto.read_ops(trace_path)
         rank.has_op_trace = bool(rank.ops)
         if rank.ops and rank.window is not None:
             in_trace = [s.index for s in rank.steps if s.start_ns <= rank.ops[-1].start_ns and s.end_ns >= rank.ops[0].start_ns]

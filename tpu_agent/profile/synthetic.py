@@ -12,8 +12,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tpu_agent.profile.capture import CAPTURE_FILE, OPS_FILE
+from tpu_agent.profile.capture import CAPTURE_FILE, TRACE_FILE
+from tpu_agent.profile.kineto import trace_document
 from tpu_agent.profile.load import OPTIONS_FILE, raw_dir
+from tpu_agent.profile.model import Op
 from tpu_agent.runtime import events as ev
 
 BASE_NS = 1_800_000_000_000_000_000
@@ -21,12 +23,7 @@ STEP_NS = 4_000_000
 SCRIPT_LINES = {"forward": 12, "item": 16, "optimizer": 14, "weight": 5}
 
 
-def _op(name: str, start_ns: int, dur_ns: int, dims: list[list[int]], types: list[str]) -> list[object]:
-    """One op record as the capture hook writes it: name, start, duration, thread, shapes, dtypes, concrete."""
-    return [name, start_ns, dur_ns, 1, dims, types, []]
-
-
-def _step_ops(start: int, batch: int, hidden: int, out: int) -> list[list[object]]:
+def _step_ops(start: int, batch: int, hidden: int, out: int) -> list[Op]:
     t = start + 100_000
     ops = []
     plan = [
@@ -40,7 +37,7 @@ def _step_ops(start: int, batch: int, hidden: int, out: int) -> list[list[object
         ("aten::_local_scalar_dense", [[]], 20_000),
     ]
     for name, dims, duration in plan:
-        ops.append(_op(name, t, duration, dims, ["float"] * len(dims)))
+        ops.append(Op(name, t, duration, thread=1, input_shapes=dims, input_dtypes=["float"] * len(dims)))
         t += duration + 30_000
     return ops
 
@@ -54,7 +51,7 @@ def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, b
     records: list[ev.Event] = [
         ev.RunInfo(BASE_NS, 0, 0, backend="emulated", chip="v5e", eager_mode="DEFER_NEVER", world_size=1, argv=[script_path], env={})
     ]
-    op_rows: list[list[object]] = []
+    ops: list[Op] = []
     warmup = 2
     for index in range(steps):
         start = BASE_NS + index * STEP_NS
@@ -64,9 +61,9 @@ def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, b
         records.append(ev.MemorySample(start + STEP_NS - 1, 0, index, allocated_bytes=1 << 20, peak_bytes=2 << 20))
         records.append(ev.StepMarker(start + STEP_NS, 0, index, phase="end", source="optimizer"))
         if index >= warmup:
-            op_rows.extend(_step_ops(start, batch, hidden, out))
+            ops.extend(_step_ops(start, batch, hidden, out))
     (raw / ev.EVENTS_FILE_PATTERN.format(rank=0)).write_text("\n".join(ev.to_json(r) for r in records) + "\n", encoding="utf-8")
-    (raw / OPS_FILE.format(rank=0)).write_text(json.dumps({"ops": op_rows}), encoding="utf-8")
+    (raw / TRACE_FILE.format(rank=0)).write_text(json.dumps(trace_document(ops, BASE_NS)), encoding="utf-8")
     weight = {"module": "fc1", "module_type": "Linear", "shape": [hidden, hidden], "dtype": "float32", "site": asdict(site["weight"])}
     record = {
         "rank": 0,

@@ -211,7 +211,7 @@ def _skip_emulation_frames() -> None:
 
 
 def _register() -> None:
-    """Register the backend, keep Dynamo out of the emulation's own frames, and log graph breaks."""
+    """Register the backend, keep Dynamo out of the emulation's own frames and collectives, and log graph breaks."""
     global _registered
     if _registered:
         return
@@ -220,10 +220,11 @@ def _register() -> None:
     from torch._dynamo.backends.registry import register_backend
     from torch._dynamo.symbolic_convert import InstructionTranslatorBase
 
-    from tpu_agent.runtime.emulated import modes
+    from tpu_agent.runtime.emulated import distributed, modes
 
     register_backend(compiler_fn=tpu_backend, name="tpu")
     _skip_emulation_frames()
+    distributed.keep_dynamo_out()
     torch._dynamo.config.allow_rnn = True
     modes.set_eager_mode = torch._dynamo.forbid_in_graph(modes.set_eager_mode)
     original = InstructionTranslatorBase.log_graph_break

@@ -526,16 +526,22 @@ class ProcessGroupTpu(dist.ProcessGroup):
         raise _restricted("monitored_barrier")
 
 
-# Dynamo cannot trace into a Python ProcessGroup (a TorchScript object): under torch.compile (e.g. DDP's
-# buffer broadcast in a compiled module) each collective is a graph break that runs eagerly, as a C++
-# process group's call would be.
-for _name in (
+_COLLECTIVES = (
     "allreduce", "allreduce_coalesced", "broadcast", "allgather", "all_gather_single", "all_gather_single_coalesced",
     "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced", "all_to_all_single", "alltoall",
     "gather", "scatter", "barrier", "send", "recv",
-):
-    setattr(ProcessGroupTpu, _name, torch.compiler.disable(getattr(ProcessGroupTpu, _name)))
-del _name
+)  # fmt: skip
+
+
+def keep_dynamo_out() -> None:
+    """Make every collective a graph break that runs eagerly, as a C++ process group's call would be.
+
+    Dynamo cannot trace into a Python ProcessGroup (a TorchScript object), e.g. DDP's buffer broadcast in a
+    compiled module. Called once, when the tpu backend sets Dynamo up (``compile._register``): wrapping at
+    import would import Dynamo in every run, 1.5 s that runs which never compile should not pay.
+    """
+    for name in _COLLECTIVES:
+        setattr(ProcessGroupTpu, name, torch.compiler.disable(getattr(ProcessGroupTpu, name)))
 
 
 def _cpu_storage(tensor: torch.Tensor) -> torch.UntypedStorage:

@@ -9,16 +9,23 @@ optimizers and ``nn`` modules work unchanged. The dispatcher then follows the ea
   name the op and the user's line.
 * DeferAndFuse: record the op into the pending graph of :mod:`deferred` and run the graph at a flush.
 
+While ``torch.profiler`` records, the profile shows the ops the program dispatched to the device, as on a TPU
+host: the emulator's own CPU kernels, MXU rounding and bookkeeping beneath each op are hidden from it.
+
 Views keep TorchTPU's aliasing: a view op returns a tpu tensor over a CPU view of the base's CPU tensor, so an
 in-place write through the view is visible in the base.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.autograd import profiler as _profiler
 
 from tpu_agent.runtime.emulated import memory, ops, state, telemetry, unsupported
 
@@ -39,6 +46,9 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if _profiler._is_profiler_enabled:
+            with hidden_from_profiler():
+                return _dispatch(func, args, kwargs or _EMPTY)
         return _dispatch(func, args, kwargs or _EMPTY)
 
     # A traceable wrapper subclass, so Dynamo and AOTAutograd trace through it onto the CPU data.
@@ -91,6 +101,37 @@ class TpuTensor(torch.Tensor):
         # restorable with map_location="cpu" in a process without the emulation.
         cpu = _host_read(self, "save").detach().clone()
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad))
+
+
+_enable_record_function = torch._C._autograd._enable_record_function
+
+
+class _ProfilerHiding(threading.local):
+    active = False
+
+
+_hiding = _ProfilerHiding()
+
+
+@contextlib.contextmanager
+def hidden_from_profiler() -> Iterator[None]:
+    """Run the emulator's own work unseen by ``torch.profiler`` (RecordFunction is per thread, as is this).
+
+    The op that entered the emulator was recorded by the dispatcher before it reached Python; what runs beneath
+    it (the CPU kernel, bf16 rounding copies, deferred-graph execution) is how the emulation works, not what
+    the program asked the device to do, and would otherwise triple the records a profile has to stop,
+    convert and analyse. Nested uses leave recording off until the outermost one ends.
+    """
+    if _hiding.active:
+        yield
+        return
+    _hiding.active = True
+    _enable_record_function(False)
+    try:
+        yield
+    finally:
+        _enable_record_function(True)
+        _hiding.active = False
 
 
 def render(t: torch.Tensor, cpu: torch.Tensor, tensor_contents: Any = None) -> str:
