@@ -10,7 +10,7 @@
    real capture) is diagnosed in-process (load, 21 rules, estimate, XSpace, json/md/html reports).
    Target: < 10 s.
 
-    python benchmarks/profile_bench.py [--repeats 3] [--train-steps 60] [--profile-steps 10]
+    python benchmarks/profile_bench.py [--repeats 5] [--train-steps 60] [--profile-steps 10]
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def analysis(steps: int) -> tuple[float, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=60)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--analysis-steps", type=int, default=1000)

@@ -362,8 +362,8 @@ def _check_options(options: ProfileOptions) -> None:
 
 
 class _OpsPreloader:
-    """Parses each rank's op records as soon as its capture hook writes them (when the measured window ends),
-    while this process only waits for the script; the analysis then finds them parsed."""
+    """Parses each rank's trace as soon as its capture hook writes it (when the measured window ends), while
+    this process only waits for the script; the analysis then finds it parsed."""
 
     def __init__(self, raw: Path) -> None:
         self.raw = raw
