@@ -13,7 +13,7 @@ distributed.register()
 dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.ones(4, device="tpu")
 dist.all_reduce(x)
-eager_only = "torch._dynamo" not in sys.modules
+dynamo_before_compile = "torch._dynamo" in sys.modules
 
 
 @torch.compile(backend="tpu")
@@ -24,5 +24,5 @@ def reduce_twice(t: torch.Tensor) -> torch.Tensor:
 
 
 out = reduce_twice(x)
-print(json.dumps({"dynamo_before_compile": not eager_only, "compiled": out.cpu().tolist()}))
+print(json.dumps({"dynamo_before_compile": dynamo_before_compile, "compiled": out.cpu().tolist()}))
 dist.destroy_process_group()

@@ -1,7 +1,6 @@
 """What torch.profiler records on the emulated device: the ops the program dispatched, once each, in every mode."""
 
 import json
-import sys
 from collections import Counter
 
 import torch
@@ -33,4 +32,4 @@ torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
 cpu = names(lambda: torch.ones(3) + 1)
 after = names(lambda: step(a, b))
 keys = ("aten::mm", "aten::relu", "aten::_to_copy", "aten::add", "aten::sum", "aten::_local_scalar_dense")
-print(json.dumps({label: {k: counts[k] for k in keys} for label, counts in (("strict", strict), ("fused", fused), ("after", after))} | {"cpu_add": cpu["aten::add"]}), file=sys.stdout)
+print(json.dumps({label: {k: counts[k] for k in keys} for label, counts in (("strict", strict), ("fused", fused), ("after", after))} | {"cpu_add": cpu["aten::add"]}))
