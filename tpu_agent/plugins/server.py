@@ -74,6 +74,10 @@ PathsArg = Annotated[
     list[str],
     Field(min_length=1, max_length=200, description="Files or directories, relative to the workspace."),
 ]
+# The script a run/profile job launches, as `tpu-agent run` and `tpu-agent profile` take it.
+EntrypointArg = Annotated[str, Field(description="Workspace-relative .py script, e.g. 'train.py'.")]
+ScriptArgsArg = Annotated[list[str], Field(max_length=200, description="Script arguments, passed verbatim.")]
+NprocArg = Annotated[int, Field(ge=1, le=64, description="Processes (ranks) on this host.")]
 # The runtime's own choice lists, so the schemas offer exactly what `tpu-agent run` accepts.
 BackendArg = Annotated[
     Literal[BACKENDS],  # type: ignore[valid-type]
@@ -569,9 +573,9 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     @tool_errors
     async def tpu_run(
         ctx: Context,
-        entrypoint: Annotated[str, Field(description="Workspace-relative .py script, e.g. 'train.py'.")],
-        args: Annotated[list[str], Field(max_length=200, description="Script arguments, passed verbatim.")] = [],  # noqa: B006
-        nproc: Annotated[int, Field(ge=1, le=64, description="Processes (ranks) on this host.")] = 1,
+        entrypoint: EntrypointArg,
+        args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
+        nproc: NprocArg = 1,
         backend: BackendArg = "auto",
         chip: ChipArg = DEFAULT_CHIP,
         eager_mode: EagerModeArg = None,
@@ -603,9 +607,9 @@ def build_server(workspace: str | None = None, *, log_level: str = "WARNING") ->
     @tool_errors
     async def tpu_profile(
         ctx: Context,
-        entrypoint: Annotated[str, Field(description="Workspace-relative .py script, e.g. 'train.py'.")],
-        args: Annotated[list[str], Field(max_length=200, description="Script arguments, passed verbatim.")] = [],  # noqa: B006
-        nproc: Annotated[int, Field(ge=1, le=64)] = 1,
+        entrypoint: EntrypointArg,
+        args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
+        nproc: NprocArg = 1,
         steps: Annotated[int, Field(ge=1, le=10_000, description="Steps to measure, after the warm-up.")] = 10,
         warmup: Annotated[int, Field(ge=0, le=1_000, description="Steps run before measuring (compiles).")] = 2,
         chip: ChipArg = DEFAULT_CHIP,
