@@ -7,6 +7,7 @@ Google's public Cloud TPU system-architecture pages.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tpu_agent.errors import TpuAgentError
@@ -53,16 +54,61 @@ CHIPS: dict[str, Chip] = {
 }
 
 DEFAULT_CHIP = "v6e"
-CLI_CHIPS = ("v5e", "v5p", "v6e", "v7")
+CLI_CHIPS = ("v4", "v5e", "v5p", "v6e", "v7")
+TARGET_EXAMPLES = "a generation (v5e, v6e, v5p, v4, v7: one chip) or a slice (v5e-8, v6e-4, v5p-16)"
 
 
-def get_chip(key: str) -> Chip:
-    """Look a chip up by its CLI spelling, with an error that lists the valid ones."""
-    try:
-        return CHIPS[key.lower()]
-    except KeyError:
+@dataclass(frozen=True)
+class TpuTarget:
+    """What ``--chip`` names: a TPU generation and how many chips of it (``v5e`` is one chip, ``v5e-8`` eight).
+
+    The emulated host shows ``min(chips, the largest single-host topology)`` devices, as a TorchTPU host of that
+    slice would; estimates use ``chips`` whole.
+    """
+
+    chip: Chip
+    chips: int = 1
+
+    @property
+    def spec(self) -> str:
+        """The canonical spelling (``v5e`` or ``v5e-8``), as accepted by :func:`parse_target`."""
+        return self.chip.key if self.chips == 1 else f"{self.chip.key}-{self.chips}"
+
+    @property
+    def chips_per_host(self) -> int:
+        """Chips one host of this slice holds: the largest single-host topology not above ``chips``."""
+        fitting = [count for count in self.chip.single_host_topology if count <= self.chips]
+        return max(fitting) if fitting else min(self.chip.single_host_topology)
+
+    @property
+    def devices_per_host(self) -> int:
+        """TorchTPU devices (one process each) that one host of this slice exposes."""
+        return self.chips_per_host * self.chip.devices_per_chip
+
+
+def _unknown_chip(spec: str) -> TpuAgentError:
+    return TpuAgentError(
+        code="unknown-chip",
+        message=f"unknown TPU chip {spec!r}",
+        hint=f"use {TARGET_EXAMPLES}; generations: {', '.join(CLI_CHIPS)}",
+    )
+
+
+def parse_target(spec: str) -> TpuTarget:
+    """Parse ``--chip``: ``v5e`` (one chip) or ``v5e-8`` (a slice of 8); unknown names are refused with the list."""
+    match = re.fullmatch(r"\s*(v\d+[a-z]*)(?:-(\d+))?\s*", spec.lower())
+    if match is None or match.group(1) not in CHIPS:
+        raise _unknown_chip(spec)
+    chips = int(match.group(2) or 1)
+    if chips < 1 or chips > 8960:
         raise TpuAgentError(
             code="unknown-chip",
-            message=f"unknown TPU chip {key!r}",
-            hint=f"use one of: {', '.join(CLI_CHIPS)}",
-        ) from None
+            message=f"--chip {spec!r}: a slice has 1 to 8960 chips",
+            hint=f"use {TARGET_EXAMPLES}",
+        )
+    return TpuTarget(CHIPS[match.group(1)], chips)
+
+
+def get_chip(spec: str) -> Chip:
+    """The generation a ``--chip`` spelling names (``v5e`` and ``v5e-8`` both give v5e); unknown ones are refused."""
+    return parse_target(spec).chip

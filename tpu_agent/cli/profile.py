@@ -6,19 +6,15 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from enum import Enum
 from pathlib import Path
 
 import typer
 
-from tpu_agent.chips import CLI_CHIPS, DEFAULT_CHIP
+from tpu_agent.cli._options import EagerModeChoice, chip_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.runtime.envvars import EAGER_MODES
 
-ChipChoice = Enum("ChipChoice", {name: name for name in CLI_CHIPS}, type=str)  # type: ignore[misc]
-EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]
 REPORT_FORMATS = (OutputFormat.text, OutputFormat.json, OutputFormat.markdown, OutputFormat.html)
 
 PROFILE_HELP = """Run a script on the TorchTPU 'tpu' device with profiling on, write an XProf session
@@ -96,7 +92,7 @@ def profile(
     steps: int = typer.Option(10, "--steps", min=1, help="Steps to measure (after the warm-up)."),
     warmup: int = typer.Option(2, "--warmup", min=0, help="Steps to run before measuring (compiles, cache fills)."),
     logdir: Path = typer.Option(Path("tpu-agent-profile"), "--logdir", help="Where the XProf session and reports go."),
-    chip: ChipChoice = typer.Option(DEFAULT_CHIP, "--chip", help="TPU generation to emulate and estimate for."),  # type: ignore[valid-type]
+    chip: str = chip_option(purpose="TPU to emulate and estimate for"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks on this host."),
     eager_mode: EagerModeChoice | None = typer.Option(None, "--eager-mode", help="strict | debug | defer-and-fuse."),  # type: ignore[valid-type]
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."),
@@ -111,7 +107,7 @@ def profile(
         steps=steps,
         warmup=warmup,
         logdir=logdir,
-        chip=chip.value,
+        chip=chip,
         nproc=nproc,
         eager_mode=eager_mode.value if eager_mode is not None else None,
         timeout_s=timeout,
@@ -129,14 +125,14 @@ def profile(
 @handles_errors
 def diagnose(
     logdir: Path = typer.Argument(..., help="A tpu-agent profile logdir, an XProf logdir/session, or an .xplane.pb file."),
-    chip: ChipChoice | None = typer.Option(None, "--chip", help="Estimate for this TPU instead of the captured one."),  # type: ignore[valid-type]
+    chip: str | None = chip_option(None, purpose="Estimate for this TPU instead of the captured one"),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
 ) -> None:
     from tpu_agent.profile.api import diagnose as run_diagnose
 
     with console_err.status("analysing..."):
-        diagnosis = run_diagnose(logdir, chip=chip.value if chip is not None else None)
+        diagnosis = run_diagnose(logdir, chip=chip)
     _emit(diagnosis, output_format, output)
     if diagnosis.has_errors:
         raise typer.Exit(int(ExitCode.FINDINGS))

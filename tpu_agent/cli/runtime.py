@@ -6,15 +6,12 @@ from enum import Enum
 
 import typer
 
-from tpu_agent.chips import CLI_CHIPS, DEFAULT_CHIP
+from tpu_agent.cli._options import EagerModeChoice, chip_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, fail, handles_errors, print_json
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.runtime.envvars import EAGER_MODES
 from tpu_agent.runtime.select import BACKENDS
 
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # type: ignore[misc]
-ChipChoice = Enum("ChipChoice", {name: name for name in CLI_CHIPS}, type=str)  # type: ignore[misc]
-EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]
 
 RUN_HELP = """Run a script (or -m MODULE) on the TorchTPU 'tpu' device: real torch_tpu on a TPU host, the CPU
 emulation elsewhere. Everything after SCRIPT belongs to the script, as with python.
@@ -56,7 +53,7 @@ def run(
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
     nproc: int = typer.Option(1, "--nproc", "--nproc-per-node", min=1, help="Ranks on this host (torchrun --nproc-per-node)."),
     backend: Backend = typer.Option("auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."),  # type: ignore[valid-type]
-    chip: ChipChoice = typer.Option(DEFAULT_CHIP, "--chip", help="TPU generation the emulation presents."),  # type: ignore[valid-type]
+    chip: str = chip_option(),
     eager_mode: EagerModeChoice | None = typer.Option(  # type: ignore[valid-type]
         None, "--eager-mode", help="strict | debug | defer-and-fuse; sets TORCH_TPU_LAUNCH_BLOCKING / TORCH_TPU_DEFER_AND_FUSE."
     ),
@@ -75,7 +72,7 @@ def run(
         options = RunOptions(
             nproc=nproc,
             backend=backend.value,
-            chip=chip.value,
+            chip=chip,
             eager_mode=eager_mode.value if eager_mode is not None else None,
             nnodes=nnodes,
             node_rank=node_rank,

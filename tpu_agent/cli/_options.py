@@ -1,0 +1,29 @@
+"""Option types shared by several commands, defined once so that ``run``, ``profile``, ``estimate`` and
+``check`` spell and validate them the same way."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import typer
+
+from tpu_agent.chips import DEFAULT_CHIP, TARGET_EXAMPLES, parse_target
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.runtime.envvars import EAGER_MODES
+
+EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]  # functional Enum: members come from the runtime's one table
+
+
+def _validate_chip(value: str | None) -> str | None:
+    """Refuse an unknown ``--chip`` at parse time with the accepted spellings, and return its canonical form."""
+    if value is None:
+        return None
+    try:
+        return parse_target(value).spec
+    except TpuAgentError as error:
+        raise typer.BadParameter(f"{error.message}; {error.hint}") from None
+
+
+def chip_option(default: str | None = DEFAULT_CHIP, purpose: str = "TPU the emulation presents") -> str | None:
+    """A ``--chip`` option: a generation or a slice, validated by :func:`tpu_agent.chips.parse_target`."""
+    return typer.Option(default, "--chip", callback=_validate_chip, help=f"{purpose}: {TARGET_EXAMPLES}.")
