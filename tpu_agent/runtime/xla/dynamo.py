@@ -4,27 +4,20 @@ graphs over the tpu tensors' CPU data) -> one :class:`~tpu_agent.runtime.xla.gra
 AOTAutograd traces through the tpu tensor subclass onto its CPU data (``TpuTensor.__tensor_flatten__``), so the
 compiled graphs see plain CPU tensors and their outputs are wrapped back into tpu tensors by AOTAutograd
 itself; input mutations it functionalised are written back by its runtime wrappers, through the device.
-Torch's core ATen decompositions run first: torchax lowers the decomposed forms of the composite backward
+Torch's core ATen decompositions (and :mod:`.decompositions`' foreach loops) run first: torchax lowers the decomposed forms of the composite backward
 ops (``native_layer_norm_backward`` and others) more reliably than their fused forms.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from tpu_agent.runtime import events
+from tpu_agent.runtime.xla import decompositions
 from tpu_agent.runtime.xla.graphs import GraphRunner
-
-
-@functools.cache
-def _decompositions() -> dict[Any, Any]:
-    from torch._decomp import core_aten_decompositions
-
-    return dict(core_aten_decompositions())
 
 
 def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None) -> Callable[..., Any]:
@@ -43,6 +36,6 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], na
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=_decompositions(),
+        decompositions=decompositions.table(),
     )
     return backend(gm, example_inputs)

@@ -117,11 +117,11 @@ class GraphRunner:
     def __call__(self, *args: Any) -> Any:
         if self.split is not None:
             return self.split(*args)
-        if not all(isinstance(a, torch.Tensor) for a in args):
+        if not all(isinstance(a, (torch.Tensor, float)) for a in args):
             return EagerOps(self.gm).run(*args)
-        tensors: Sequence[torch.Tensor] = args
+        tensors: Sequence[torch.Tensor | float] = args
         precision = state.effective_precision()
-        specialisation = (tuple((tuple(t.shape), t.dtype) for t in tensors), precision.name)
+        specialisation = (tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors), precision.name)
         executable = cache.executables.get_or_compile(
             self.signature,
             specialisation,

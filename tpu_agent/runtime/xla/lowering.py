@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,9 @@ from tpu_agent.runtime.xla import torchax_compat
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
+
+
+_IDENTITY_COPIES = (torch.ops.aten.detach_copy.default, torch.ops.aten.alias_copy.default)
 
 
 class _TraceState(threading.local):
@@ -109,6 +112,8 @@ def environment() -> Any:
             torchax = torchax_compat.load()
             env = torchax.tensor.Environment()
             env._should_use_torchax_tensor = lambda device: True  # factories in a graph make traced arrays
+            for op in _IDENTITY_COPIES:  # what functionalisation makes of detach/alias: plain copies
+                env._ops.setdefault(op, torchax.ops.ops_registry.Operator(op, jnp.array, True, False, False, False))
             for op, positions in ops.MXU_OPERANDS.items():
                 for table in (env._ops, env._decomps):
                     for key in (op, op.overloadpacket):
@@ -146,9 +151,10 @@ class Lowered:
     static_leaves: list[Any]  # graph outputs that are not tensors (None, ints), by flat position
     mutated_inputs: list[int]
     uses_rng: bool
+    output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
-        arrays = [to_jax(t) for t in inputs]
+    def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
+        arrays = [to_jax(t) if isinstance(t, torch.Tensor) else t for t in inputs]
         key = _next_key() if self.uses_rng else _NO_KEY
         flat, mutated = self.executable(key, *arrays)
         for index, value in zip(self.mutated_inputs, mutated, strict=True):
@@ -157,7 +163,9 @@ class Lowered:
         outputs = iter(flat)
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
-                leaves[i] = to_torch(next(outputs))
+                result = to_torch(next(outputs))
+                dtype = self.output_dtypes[i] if i < len(self.output_dtypes) else None
+                leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
         return pytree.tree_unflatten(leaves, self.out_spec)
 
 
@@ -204,7 +212,9 @@ class _Interpreter(torch.fx.Interpreter):
         return value
 
 
-def _abstract(t: torch.Tensor) -> jax.ShapeDtypeStruct:
+def _abstract(t: torch.Tensor | float) -> jax.ShapeDtypeStruct:
+    if not isinstance(t, torch.Tensor):
+        return jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
     dtype = jnp.bool_ if t.dtype is torch.bool else torch_dtype_to_jax(t.dtype)
     return jax.ShapeDtypeStruct(tuple(t.shape), dtype)
 
@@ -214,13 +224,16 @@ def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
     return torchax.ops.mappings.t2j_dtype(dtype)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], precision: state.Precision) -> Lowered:
-    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes."""
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision) -> Lowered:
+    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
+
+    Float inputs are Python scalars lifted out of the graph (see :mod:`.executor`), passed at each call."""
     env = environment()
     found: dict[str, Any] = {}
 
     def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
-        inputs = [env.j2t_iso(a) for a in arrays]
+        # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
+        inputs = [env.j2t_iso(a) if isinstance(t, torch.Tensor) else a for t, a in zip(example_inputs, arrays, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
         try:
@@ -238,7 +251,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tenso
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
-        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if t._elem is not a]
+        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if isinstance(example_inputs[i], torch.Tensor) and t._elem is not a]
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
@@ -251,7 +264,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tenso
         static_leaves=found["statics"],
         mutated_inputs=found["mutated"],
         uses_rng=_uses_rng(gm),
+        output_dtypes=_output_dtypes(gm),
     )
+
+
+def _output_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype | None]:
+    """torch dtypes of the graph's tensor outputs, in flat order, from the tracer's metadata."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    dtypes: list[torch.dtype | None] = []
+    for leaf in pytree.tree_leaves(output.args[0]):
+        value = leaf.meta.get("val") if isinstance(leaf, torch.fx.Node) else None
+        dtypes.append(value.dtype if isinstance(value, torch.Tensor) else None)
+    return dtypes
 
 
 def _uses_rng(gm: torch.fx.GraphModule) -> bool:
@@ -261,12 +285,3 @@ def _uses_rng(gm: torch.fx.GraphModule) -> bool:
 def _is_random(target: Any) -> bool:
     tags = getattr(target, "tags", ())
     return torch.Tag.nondeterministic_seeded in tags
-
-
-def graph_callable(lowered: Lowered) -> Callable[..., Any]:
-    """A boxed-style callable over a list of CPU tensors (what AOTAutograd's compilers return)."""
-
-    def run(*args: torch.Tensor) -> Any:
-        return lowered(list(args))
-
-    return run
