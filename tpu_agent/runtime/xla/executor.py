@@ -79,60 +79,78 @@ def _tensors_in(value: Any) -> list[Any]:
     return []
 
 
-def _describe(value: Any, numbering: dict[int, int], floats: list[float]) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"#{numbering[id(value)]}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_describe(v, numbering, floats) for v in value) + "]"
-    if isinstance(value, torch.device):
-        return "dev"
-    if type(value) is float:
-        floats.append(value)
-        return "f"
-    return repr(value)
+_TENSOR_TYPES = (tt.TpuTensor, torch.Tensor, torch.nn.Parameter)
+
+
+class _Planner:
+    """One pass over the nodes: numbers every tensor, registers the inputs' storages, writes the key."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+        self.by_storage: dict[int, int] = {}
+        self.slots: dict[int, Slot] = {}
+        self.numbering: dict[int, int] = {}
+        self.outputs: list[Any] = []
+        self.floats: list[float] = []
+        self.parts: list[str] = []
+
+    def read(self, value: Any) -> str:
+        """The key text for an argument; a tensor not produced by the graph becomes an input."""
+        kind = type(value)
+        if kind in _TENSOR_TYPES or isinstance(value, torch.Tensor):
+            number = self.numbering.get(id(value))
+            return f"#{number if number is not None else self._input(value)}"
+        if kind is list or kind is tuple:
+            return "[" + ",".join([self.read(v) for v in value]) + "]"
+        if kind is float:
+            self.floats.append(value)
+            return "f"
+        if kind is torch.device:
+            return "dev"
+        return repr(value)
+
+    def _input(self, t: Any) -> int:
+        elem = t._elem if type(t) is tt.TpuTensor else t
+        if elem is None or type(elem) is not torch.Tensor:
+            raise NotPlannable("a tensor without data (its producing flush failed)")
+        storage = elem.untyped_storage().data_ptr()
+        index = self.by_storage.get(storage)
+        if index is None:
+            index = self.by_storage[storage] = len(self.buffers)
+            self.buffers.append(_storage_buffer(elem))
+            self.parts.append(f"B{index}:{elem.dtype}:{self.buffers[index].numel()}")
+        elif self.buffers[index].dtype != elem.dtype:
+            raise NotPlannable("one storage viewed with two dtypes")
+        slot = self.slots[id(t)] = Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
+        number = self.numbering[id(t)] = len(self.numbering)
+        self.parts.append(f"#{number}=B{index}{slot.shape}{slot.stride}+{slot.offset}")
+        return number
+
+    def produce(self, value: Any, is_view: bool) -> str:
+        """The key text for a node's outputs; tensors first seen here are the graph's results."""
+        kind = type(value)
+        if kind is list or kind is tuple:
+            return "[" + ",".join([self.produce(v, is_view) for v in value]) + "]"
+        if not isinstance(value, torch.Tensor):
+            return repr(value)
+        number = self.numbering.get(id(value))
+        if number is None:
+            number = self.numbering[id(value)] = len(self.numbering)
+            if not is_view:
+                self.outputs.append(value)
+        return f"#{number}"
 
 
 def plan(graph: Graph) -> Plan:
     """Inputs, output tensors and a structural cache key for ``graph`` (raises :class:`NotPlannable`)."""
-    buffers: list[torch.Tensor] = []
-    by_storage: dict[int, int] = {}
-    slots: dict[int, Slot] = {}
-    produced: set[int] = set()
-    numbering: dict[int, int] = {}
-    outputs: list[Any] = []
-    floats: list[float] = []
-    parts: list[str] = []
+    planner = _Planner()
+    parts = planner.parts
     for node in graph.nodes:
-        for t in _tensors_in(node.args) + _tensors_in(list(node.kwargs.values())):
-            key = id(t)
-            if key in produced or key in slots:
-                continue
-            elem = t._elem if type(t) is tt.TpuTensor else t
-            if elem is None or type(elem) is not torch.Tensor:
-                raise NotPlannable("a tensor without data (its producing flush failed)")
-            storage = elem.untyped_storage().data_ptr()
-            index = by_storage.get(storage)
-            if index is None:
-                index = by_storage[storage] = len(buffers)
-                buffers.append(_storage_buffer(elem))
-                parts.append(f"B{index}:{elem.dtype}:{buffers[index].numel()}")
-            elif buffers[index].dtype != elem.dtype:
-                raise NotPlannable("one storage viewed with two dtypes")
-            slots[key] = Slot(index, tuple(elem.shape), tuple(elem.stride()), elem.storage_offset())
-            numbering[key] = len(numbering)
-            parts.append(f"#{numbering[key]}=B{index}{slots[key].shape}{slots[key].stride}+{slots[key].offset}")
-        for t in _tensors_in(node.outputs):
-            key = id(t)
-            if key in slots or key in produced:
-                continue
-            produced.add(key)
-            numbering[key] = len(numbering)
-            if not node.func.is_view:
-                outputs.append(t)
-        args = _describe(node.args, numbering, floats)
-        kwargs = _describe(node.kwargs, numbering, floats) if node.kwargs else ""
-        parts.append(f"{node.func}{args}{kwargs}->{_describe(node.outputs, numbering, [])}@{node.precision.name}")
-    return Plan(buffers, slots, outputs, floats, hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20])
+        args = planner.read(node.args)
+        kwargs = planner.read(list(node.kwargs.items())) if node.kwargs else ""
+        parts.append(f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, node.func.is_view)}@{node.precision.name}")
+    key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
+    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key)
 
 
 def _replay_function(graph: Graph, graph_plan: Plan, floats: list[float]) -> Callable[..., list[torch.Tensor]]:
