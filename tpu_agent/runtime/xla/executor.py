@@ -202,7 +202,22 @@ def trace(graph: Graph, graph_plan: Plan, floats: list[float]) -> torch.fx.Graph
     from torch.fx.experimental.proxy_tensor import make_fx
 
     replay = torch.func.functionalize(_replay_function(graph, graph_plan, floats), remove="mutations_and_views")
-    return make_fx(replay, decomposition_table=decompositions.table(), tracing_mode="fake")(*graph_plan.buffers)
+    # A flush often runs inside the tpu tensor's __torch_dispatch__ (a host read), below autograd, where torch
+    # has switched off every dispatch key above the backend; the tracer's functionalisation needs them back.
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), _top_level_exclusions()):
+        return make_fx(replay, decomposition_table=decompositions.table(), tracing_mode="fake")(*graph_plan.buffers)
+
+
+def _top_level_exclusions() -> torch._C.DispatchKeySet:
+    """The thread's excluded dispatch keys as outside any dispatch: only the autocast keys (autocast off)."""
+    current = torch._C._dispatch_tls_local_exclude_set()
+    kept = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+    for name in dir(torch._C.DispatchKey):
+        if name.startswith("Autocast"):
+            key = getattr(torch._C.DispatchKey, name)
+            if current.has(key):
+                kept = kept.add(key)
+    return kept
 
 
 def _probe_values(floats: list[float]) -> list[float]:

@@ -20,6 +20,7 @@ graph around them (see :mod:`tpu_agent.runtime.xla.partition`).
 
 from __future__ import annotations
 
+import atexit
 import operator
 import threading
 from collections.abc import Sequence
@@ -32,13 +33,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from tpu_agent.runtime.emulated import ops, state
-from tpu_agent.runtime.xla import torchax_compat
+from tpu_agent.runtime.xla import extra_ops, torchax_compat
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
-
-
-_IDENTITY_COPIES = (torch.ops.aten.detach_copy.default, torch.ops.aten.alias_copy.default)
 
 
 class _TraceState(threading.local):
@@ -112,8 +110,7 @@ def environment() -> Any:
             torchax = torchax_compat.load()
             env = torchax.tensor.Environment()
             env._should_use_torchax_tensor = lambda device: True  # factories in a graph make traced arrays
-            for op in _IDENTITY_COPIES:  # what functionalisation makes of detach/alias: plain copies
-                env._ops.setdefault(op, torchax.ops.ops_registry.Operator(op, jnp.array, True, False, False, False))
+            extra_ops.install(env, torchax.ops.ops_registry.Operator)
             for op, positions in ops.MXU_OPERANDS.items():
                 for table in (env._ops, env._decomps):
                     for key in (op, op.overloadpacket):
@@ -210,8 +207,12 @@ class _AliasCache:
         self.previous = self.now
         self.now = {}
 
+    def clear(self) -> None:
+        self.now, self.previous = {}, {}
+
 
 _aliases = _AliasCache()
+atexit.register(_aliases.clear)  # before interpreter teardown: the aliases hold device tensors' storages
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
