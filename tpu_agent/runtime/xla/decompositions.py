@@ -50,9 +50,9 @@ def table() -> dict[Any, Callable[..., Any]]:
     from torch._decomp import core_aten_decompositions
 
     result: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
-    for packet_name in dir(torch.ops.aten):
-        if not packet_name.startswith(_FOREACH):
-            continue
+    # every registered op by name: ``dir(torch.ops.aten)`` lists only the packets loaded so far
+    packet_names = {n.removeprefix("aten::").split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::" + _FOREACH)}
+    for packet_name in sorted(packet_names):
         packet = getattr(torch.ops.aten, packet_name)
         for overload_name in packet.overloads():
             overload = getattr(packet, overload_name)
