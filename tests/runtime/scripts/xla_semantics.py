@@ -88,15 +88,26 @@ def run(mode: torch.tpu.EagerMode, case) -> list:
         return case()
 
 
-out = {name: [run(STRICT, case), run(FUSED, case)] for name, case in [("views", views_and_mutation), ("optimizer", optimizer_steps), ("data_dependent", data_dependent)]}
+out = {
+    name: [run(STRICT, case), run(FUSED, case)]
+    for name, case in [
+        ("views", views_and_mutation),
+        ("optimizer", optimizer_steps),
+        ("data_dependent", data_dependent),
+    ]
+}
 out["compiled"] = compiled_cases()
-from tpu_agent.runtime import events  # noqa: E402
-from tpu_agent.runtime.xla import cache  # noqa: E402
+from tpu_agent.runtime import events
+from tpu_agent.runtime.xla import cache
 
 events.get_log().flush()
-import os  # noqa: E402
+import os
 
 log = events.read_events(os.environ["TPU_AGENT_EVENTS_DIR"]).get(0, [])
-out["fallbacks"] = [[e.op, e.site.file.rsplit("/", 1)[-1] if e.site else None, e.site.line if e.site else None] for e in log if isinstance(e, events.FallbackOp)]
+out["fallbacks"] = [
+    [e.op, e.site.file.rsplit("/", 1)[-1] if e.site else None, e.site.line if e.site else None]
+    for e in log
+    if isinstance(e, events.FallbackOp)
+]
 out["compiles"] = cache.executables.stats.compiles
 print(json.dumps(out))

@@ -67,11 +67,13 @@ def train(device: str, compiled: bool) -> tuple[list[float], list[torch.Tensor],
 
 cpu_losses, cpu_params, _ = train("cpu", compiled=False)
 tpu_losses, tpu_params, compiles = train("tpu", compiled=MODE == "compile")
-from tpu_agent.runtime import events  # noqa: E402
-from tpu_agent.runtime.xla import cache  # noqa: E402
+from tpu_agent.runtime import events
+from tpu_agent.runtime.xla import cache
 
 events.get_log().flush()
-log = events.read_events(os.environ["TPU_AGENT_EVENTS_DIR"]).get(0, []) if os.environ.get("TPU_AGENT_EVENTS_DIR") else []
+log = (
+    events.read_events(os.environ["TPU_AGENT_EVENTS_DIR"]).get(0, []) if os.environ.get("TPU_AGENT_EVENTS_DIR") else []
+)
 stats = cache.executables.stats
 print(
     json.dumps(
@@ -80,7 +82,11 @@ print(
             "tpu": tpu_losses,
             "max_param_diff": max(float((a - b).abs().max()) for a, b in zip(cpu_params, tpu_params)),
             "compiles_after_step": compiles,
-            "compile_events": sum(1 for e in log if isinstance(e, events.Compile) and ("[xla" in e.function or e.function.startswith("deferred"))),
+            "compile_events": sum(
+                1
+                for e in log
+                if isinstance(e, events.Compile) and ("[xla" in e.function or e.function.startswith("deferred"))
+            ),
             "fallbacks": [e.op for e in log if isinstance(e, events.FallbackOp)],
             "cache": {"requests": stats.requests, "hits": stats.hits, "compiles": stats.compiles},
         }

@@ -45,7 +45,11 @@ class ExecutableCache:
         return len(self._entries)
 
     def get_or_compile(
-        self, signature: Hashable, specialisation: Hashable, build: Callable[[], Any], describe: Callable[[], tuple[str, int, events.Site | None]]
+        self,
+        signature: Hashable,
+        specialisation: Hashable,
+        build: Callable[[], Any],
+        describe: Callable[[], tuple[str, int, events.Site | None]],
     ) -> Any:
         """The executable for ``signature`` at ``specialisation`` (shapes, dtypes, precision), built on a miss.
 

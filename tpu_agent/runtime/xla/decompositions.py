@@ -51,7 +51,11 @@ def table() -> dict[Any, Callable[..., Any]]:
 
     result: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
     # every registered op by name: ``dir(torch.ops.aten)`` lists only the packets loaded so far
-    packet_names = {n.removeprefix("aten::").split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::" + _FOREACH)}
+    packet_names = {
+        n.removeprefix("aten::").split(".")[0]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("aten::" + _FOREACH)
+    }
     for packet_name in sorted(packet_names):
         packet = getattr(torch.ops.aten, packet_name)
         for overload_name in packet.overloads():

@@ -4,8 +4,9 @@ graphs over the tpu tensors' CPU data) -> one :class:`~tpu_agent.runtime.xla.gra
 AOTAutograd traces through the tpu tensor subclass onto its CPU data (``TpuTensor.__tensor_flatten__``), so the
 compiled graphs see plain CPU tensors and their outputs are wrapped back into tpu tensors by AOTAutograd
 itself; input mutations it functionalised are written back by its runtime wrappers, through the device.
-Torch's core ATen decompositions (and :mod:`.decompositions`' foreach loops) run first: torchax lowers the decomposed forms of the composite backward
-ops (``native_layer_norm_backward`` and others) more reliably than their fused forms.
+Torch's core ATen decompositions (and :mod:`.decompositions`' foreach loops) run first: torchax lowers the
+decomposed forms of the composite backward ops (``native_layer_norm_backward`` and others) more reliably than
+their fused forms.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from tpu_agent.runtime.xla import decompositions
 from tpu_agent.runtime.xla.graphs import GraphRunner
 
 
-def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None) -> Callable[..., Any]:
+def compile_dynamo_graph(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None
+) -> Callable[..., Any]:
     """The compiled callable for one Dynamo graph: forward and backward run as XLA executables."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd

@@ -148,7 +148,9 @@ def plan(graph: Graph) -> Plan:
     for node in graph.nodes:
         args = planner.read(node.args)
         kwargs = planner.read(list(node.kwargs.items())) if node.kwargs else ""
-        parts.append(f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, node.func.is_view)}@{node.precision.name}")
+        parts.append(
+            f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, node.func.is_view)}@{node.precision.name}"
+        )
     key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
     return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key)
 
@@ -222,7 +224,10 @@ def _top_level_exclusions() -> torch._C.DispatchKeySet:
 
 def _probe_values(floats: list[float]) -> list[float]:
     """Distinct stand-ins for the graph's floats, each unlike any constant a trace could contain by itself."""
-    return [(v if math.isfinite(v) else 0.0) * 1.000244140625 + 7.62939453125e-06 * (i + 1) + 0.00048828125 for i, v in enumerate(floats)]
+    return [
+        (v if math.isfinite(v) else 0.0) * 1.000244140625 + 7.62939453125e-06 * (i + 1) + 0.00048828125
+        for i, v in enumerate(floats)
+    ]
 
 
 def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, bool]:
@@ -248,7 +253,9 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
     for real, probe in zip(real_nodes, probe_nodes, strict=True):
         if real.op != probe.op or real.target != probe.target:
             return baked, False
-        matched = _match_literals((real.args, real.kwargs), (probe.args, probe.kwargs), graph_plan.floats, index_of_probe, lifted)
+        matched = _match_literals(
+            (real.args, real.kwargs), (probe.args, probe.kwargs), graph_plan.floats, index_of_probe, lifted
+        )
         if matched is None:
             return baked, False
         if matched:
@@ -280,7 +287,9 @@ class _Lifted:
         self.index = index
 
 
-def _match_literals(real: Any, probe: Any, floats: list[float], index_of_probe: dict[float, int], lifted: set[int]) -> Any:
+def _match_literals(
+    real: Any, probe: Any, floats: list[float], index_of_probe: dict[float, int], lifted: set[int]
+) -> Any:
     """``probe`` with lifted literals replaced by :class:`_Lifted` markers, or None when the traces differ
     elsewhere; an empty tuple when nothing in it is lifted."""
     changed = False
@@ -359,11 +368,15 @@ class XlaExecutor:
                 results = runner(*graph_plan.buffers, *graph_plan.floats)
                 _materialise(graph, graph_plan, results)
                 return
-        except Exception as error:  # never a crash: the op-by-op executor runs what XLA cannot take
+        except Exception as error:  # noqa: BLE001 - never a crash: the op-by-op executor runs what XLA cannot take
             if key is not None:
                 self._remember(key, None)
             if state.log_enabled:
-                events.emit(events.FallbackOp, op=f"deferred graph ({type(error).__name__}: {error})"[:300], site=graph.nodes[0].site)
+                events.emit(
+                    events.FallbackOp,
+                    op=f"deferred graph ({type(error).__name__}: {error})"[:300],
+                    site=graph.nodes[0].site,
+                )
         self.cpu.run(graph, cause)
 
     def _build(self, graph: Graph, graph_plan: Plan) -> GraphRunner:

@@ -26,7 +26,10 @@ def _dense_block(sizes: Sequence[int], strides: Sequence[int]) -> Block | None:
     """How a strided view reads a dense block of its buffer: the block's axis sizes (outermost first), the
     transpose that brings them into the view's dim order, and the block's element count; None when the view
     is not a dense block (overlapping or gapped strides)."""
-    dims = sorted(((st, sz, i) for i, (sz, st) in enumerate(zip(sizes, strides, strict=True)) if sz != 1 and st != 0), key=lambda d: -d[0])
+    dims = sorted(
+        ((st, sz, i) for i, (sz, st) in enumerate(zip(sizes, strides, strict=True)) if sz != 1 and st != 0),
+        key=lambda d: -d[0],
+    )
     expected = 1
     for st, sz, _ in reversed(dims):
         if st != expected:
@@ -37,7 +40,9 @@ def _dense_block(sizes: Sequence[int], strides: Sequence[int]) -> Block | None:
     return [sz for _, sz, _ in dims], permutation, expected
 
 
-def as_strided(x: jax.Array, sizes: Sequence[int], strides: Sequence[int], storage_offset: int | None = None) -> jax.Array | None:
+def as_strided(
+    x: jax.Array, sizes: Sequence[int], strides: Sequence[int], storage_offset: int | None = None
+) -> jax.Array | None:
     offset = storage_offset or 0
     block = _dense_block(sizes, strides)
     flat = jnp.ravel(x)
@@ -50,11 +55,17 @@ def as_strided(x: jax.Array, sizes: Sequence[int], strides: Sequence[int], stora
     return jnp.broadcast_to(shaped, tuple(sizes))
 
 
-def as_strided_scatter(x: jax.Array, src: jax.Array, sizes: Sequence[int], strides: Sequence[int], storage_offset: int | None = None) -> jax.Array | None:
+def as_strided_scatter(
+    x: jax.Array, src: jax.Array, sizes: Sequence[int], strides: Sequence[int], storage_offset: int | None = None
+) -> jax.Array | None:
     offset = storage_offset or 0
     block = _dense_block(sizes, strides)
     flat = jnp.ravel(x)
-    if block is None or any(st == 0 and sz != 1 for sz, st in zip(sizes, strides, strict=True)) or offset + block[2] > flat.shape[0]:
+    if (
+        block is None
+        or any(st == 0 and sz != 1 for sz, st in zip(sizes, strides, strict=True))
+        or offset + block[2] > flat.shape[0]
+    ):
         return None
     axes, permutation, _ = block
     inverse = sorted(range(len(permutation)), key=lambda k: permutation[k])
@@ -87,7 +98,9 @@ def install(env: Any, operator_type: type) -> None:
     for op in (aten.detach_copy.default, aten.alias_copy.default):
         put(op, jnp.array)
 
-    def normal_functional(x: jax.Array, mean: float = 0.0, std: float = 1.0, generator: Any = None, env: Any = None) -> jax.Array:
+    def normal_functional(
+        x: jax.Array, mean: float = 0.0, std: float = 1.0, generator: Any = None, env: Any = None
+    ) -> jax.Array:
         key = env.get_and_rotate_prng_key(generator)
         return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(x.dtype)
 

@@ -121,7 +121,10 @@ class GraphRunner:
             return EagerOps(self.gm).run(*args)
         tensors: Sequence[torch.Tensor | float] = args
         precision = state.effective_precision()
-        specialisation = (tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors), precision.name)
+        specialisation = (
+            tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors),
+            precision.name,
+        )
         executable = cache.executables.get_or_compile(
             self.signature,
             specialisation,

@@ -120,14 +120,21 @@ def environment() -> Any:
         return _env
 
 
+# Collectives stay outside the executables: the emulated device runs them through tpu_dist, between compiled
+# pieces of the graph (torchax would lower them to JAX collectives over a device mesh this process lacks).
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
+
+
 def has_lowering(target: Any) -> bool:
     """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
     if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
+    if target.namespace in _COLLECTIVE_NAMESPACES:
+        return False
     env = environment()
     try:
         env._get_op_or_decomp(target)
-    except Exception:
+    except Exception:  # noqa: BLE001 - torchax's OperatorNotFound, or any failure to resolve: no lowering
         return False
     return True
 
@@ -223,7 +230,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         t = t.contiguous()
     try:
         return jax.dlpack.from_dlpack(t.detach())
-    except Exception:  # unaligned or unusual storage: one copy through a fresh tensor
+    except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
         return jax.dlpack.from_dlpack(t.detach().clone())
 
 
@@ -260,7 +267,9 @@ def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
     return torchax.ops.mappings.t2j_dtype(dtype)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision) -> Lowered:
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
+) -> Lowered:
     """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
 
     Float inputs are Python scalars lifted out of the graph (see :mod:`.executor`), passed at each call."""
@@ -269,7 +278,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tenso
 
     def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
-        inputs = [env.j2t_iso(a) if isinstance(t, torch.Tensor) else a for t, a in zip(example_inputs, arrays, strict=True)]
+        inputs = [
+            env.j2t_iso(a) if isinstance(t, torch.Tensor) else a for t, a in zip(example_inputs, arrays, strict=True)
+        ]
         previous = _trace.precision
         _trace.precision = precision
         try:
@@ -287,7 +298,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tenso
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
-        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if isinstance(example_inputs[i], torch.Tensor) and t._elem is not a]
+        mutated = [
+            i
+            for i, (t, a) in enumerate(zip(inputs, arrays, strict=True))
+            if isinstance(example_inputs[i], torch.Tensor) and t._elem is not a
+        ]
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
