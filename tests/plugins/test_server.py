@@ -133,7 +133,10 @@ async def test_actionable_errors_for_unknown_things(client: Client) -> None:
     assert _error(await client.call_tool("tpu_job_status", {"job_id": "run-00000000"}))["code"] == "unknown-job"
     assert _error(await client.call_tool("tpu_job_cancel", {"job_id": "run-00000000"}))["code"] == "unknown-job"
     assert _error(await client.call_tool("tpu_apply_plan", {"plan_id": "plan-000000000000"}))["code"] == "unknown-plan"
-    assert _error(await client.call_tool("tpu_apply_plan", {"plan_id": "../../etc"}))["code"] == "unknown-plan"
+    for malformed in ({"plan_id": "../../etc"}, {"plan_id": "plan-" + "0" * 5000}):  # not an id: the schema refuses it
+        refused = _error(await client.call_tool("tpu_apply_plan", malformed))
+        assert refused["code"] == "invalid-argument" and "plan_id" in refused["message"]
+        assert "0" * 200 not in refused["message"]  # an oversized id is not echoed back
     assert _error(await client.call_tool("tpu_run", {"entrypoint": "README.md"}))["code"] == "bad-entrypoint"
     assert _error(await client.call_tool("tpu_diagnose", {}))["code"] == "no-profile"
     error = _error(await client.call_tool("tpu_explain_rule", {"code": "TPU999"}))
