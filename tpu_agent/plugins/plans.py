@@ -17,7 +17,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
@@ -142,6 +142,18 @@ def _is_regular_file(path: Path) -> bool:
         return False
 
 
+def _entry_path(rel: str, written: bool, workspace: Workspace) -> Path:
+    """A stored file's path: one the plan writes is re-resolved against the sandbox (links followed, so a
+    link planted since planning is refused); one it only reports (a skipped link, a file with manual
+    findings) is named as stored, inside the workspace, and never opened."""
+    if written:
+        return workspace.resolve(rel, must_exist=False, for_write=True)
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"stored path {clipped(rel)} is not workspace-relative")
+    return workspace.root / path
+
+
 def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
     """Rebuild a stored plan, re-checking every path against the workspace sandbox."""
     path = _plan_path(plan_id, workspace)
@@ -155,7 +167,7 @@ def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
         record = json.loads(path.read_text(encoding="utf-8"))
         files = []
         for entry in record["files"]:
-            target = workspace.resolve(entry["path"], must_exist=False, for_write=entry["migrated_b64"] is not None)
+            target = _entry_path(entry["path"], entry["migrated_b64"] is not None, workspace)
             migrated = base64.b64decode(entry["migrated_b64"]) if entry["migrated_b64"] else None
             files.append(
                 FileResult(

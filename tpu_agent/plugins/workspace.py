@@ -112,13 +112,15 @@ class Workspace:
         return resolved
 
     def relative(self, path: Path) -> str:
-        """The workspace-relative POSIX spelling of ``path`` (what tools return to agents)."""
-        resolved = Path(os.path.realpath(path))
-        try:
-            rel = resolved.relative_to(self.root)
-        except ValueError:
-            return str(resolved)
-        return rel.as_posix() or "."
+        """The workspace-relative POSIX spelling of ``path`` (what tools return to agents).
+
+        A path inside the workspace keeps its own name even when it is a symlink (a link the engine skipped
+        is reported as the link, not as its target); other paths are named by their resolved location.
+        """
+        for candidate in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+            if candidate.is_relative_to(self.root):
+                return candidate.relative_to(self.root).as_posix() or "."
+        return str(Path(os.path.realpath(path)))
 
 
 def _checked_path_text(raw: str, what: str) -> str:
