@@ -297,7 +297,12 @@ async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(REPO), **extra}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": str(REPO),
+        **extra,
+    }
 
 
 def _processes_in(directory: Path) -> set[int]:
@@ -306,7 +311,10 @@ def _processes_in(directory: Path) -> set[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "cwd") == str(directory.resolve()) and (entry / "stat").read_text().split()[2] != "Z":
+                if (
+                    os.readlink(entry / "cwd") == str(directory.resolve())
+                    and (entry / "stat").read_text().split()[2] != "Z"
+                ):
                     pids.add(int(entry.name))
             except OSError:
                 continue
@@ -353,7 +361,7 @@ def test_stdio_server_survives_hostile_messages(arena: Arena) -> None:
     try:
         nested = "[" * 50_000 + '"x"' + "]" * 50_000  # deeper than any JSON parser recurses
         probes = [
-            '{"name": "tpu_scan", "arguments": {"paths": %s}}' % nested,
+            '{"name": "tpu_scan", "arguments": {"paths": ' + nested + "}}",
             json.dumps({"name": "tpu_scan", "arguments": {"paths": ["x" * 5_000_000]}}),
             json.dumps({"name": "tpu_scan", "arguments": {"workspace": "/etc"}}),
             json.dumps({"name": "tpu_scan", "arguments": {"paths": ["../../../../etc"]}}),
@@ -362,7 +370,7 @@ def test_stdio_server_survives_hostile_messages(arena: Arena) -> None:
             json.dumps({"name": "no_such_tool", "arguments": {}}),
         ]
         for index, params in enumerate(probes, start=1):
-            message = '{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": %s}\n' % (index, params)
+            message = f'{{"jsonrpc": "2.0", "id": {index}, "method": "tools/call", "params": {params}}}\n'
             proc.stdin.write(message.encode())  # type: ignore[union-attr]
             proc.stdin.flush()  # type: ignore[union-attr]
         answered: dict[Any, dict[str, Any]] = {}

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A Python handler, not SIG_IGN: exec resets handlers, so the command still dies of these signals.
         signal.signal(signum, lambda *_: None)
-    command = subprocess.Popen(argv[2:])  # noqa: S603 - the server's argv list, no shell
+    command = subprocess.Popen(argv[2:])  # the server's argv list, no shell
     threading.Thread(target=_watch_lifeline, args=(lifeline,), name="lifeline", daemon=True).start()
     _exit_like(command.wait())
 

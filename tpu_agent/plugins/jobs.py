@@ -168,7 +168,7 @@ class JobManager:
             log_path = workspace.artefact_dir("jobs", job_id, fresh=True) / "output.log"
             read_end, lifeline = os.pipe()
             try:
-                process = subprocess.Popen(  # noqa: S603 - argv list, no shell
+                process = subprocess.Popen(  # an argv list, no shell
                     [sys.executable, "-m", "tpu_agent.plugins.jobguard", str(read_end), "--", *argv],
                     cwd=workspace.root,
                     env=child_env,

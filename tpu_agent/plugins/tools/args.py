@@ -77,15 +77,19 @@ EstimateChipArg = Annotated[
     ChipSpec | None,
     Field(description=f"Estimate for this TPU instead of the one the capture was made for: {TARGET_EXAMPLES}."),
 ]
-EagerModeArg = Annotated[
-    Literal[tuple(EAGER_MODES)] | None,  # type: ignore[valid-type]  # the runtime's one table of modes
+EagerModeArg = Annotated[  # type: ignore[valid-type]  # a Literal built from the runtime's one table of modes
+    Literal[tuple(EAGER_MODES)] | None,  # type: ignore[valid-type]
     Field(description="TorchTPU eager mode (default: the environment's, else strict)."),
 ]
 TimeoutArg = Annotated[int, Field(ge=1, le=86_400, description="The job is killed after this many seconds.")]
 WaitArg = Annotated[int, Field(ge=0, le=MAX_WAIT_S, description="How long this call waits, in seconds.")]
 RuleCodes = Annotated[
     list[Annotated[str, Field(min_length=1, max_length=MAX_RULE_CODE_CHARS)]] | None,
-    Field(min_length=1, max_length=MAX_RULE_CODES, description="Rule codes or code prefixes (e.g. ['TPU1']); default: every rule."),
+    Field(
+        min_length=1,
+        max_length=MAX_RULE_CODES,
+        description="Rule codes or code prefixes (e.g. ['TPU1']); default: every rule.",
+    ),
 ]
 RuleCodeArg = Annotated[
     str, Field(min_length=1, max_length=MAX_RULE_CODE_CHARS, description="Rule code from a finding, e.g. 'TPU101'.")

@@ -30,7 +30,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import ToolAnnotations
-from pydantic import ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.plugins.jobs import JobManager
@@ -150,7 +150,9 @@ class ClosedTool(Tool):
     @classmethod
     def close(cls, tool: Tool) -> ClosedTool:
         model = tool.fn_metadata.arg_model
-        closed = type(model.__name__, (model,), {"model_config": ConfigDict(extra="forbid"), "__module__": __name__})
+        closed: type[BaseModel] = type(
+            model.__name__, (model,), {"model_config": ConfigDict(extra="forbid"), "__module__": __name__}
+        )
         metadata = tool.fn_metadata.model_copy(update={"arg_model": closed})
         return cls(**{**dict(tool), "fn_metadata": metadata, "parameters": closed.model_json_schema(by_alias=True)})
 
@@ -179,9 +181,7 @@ class ToolSpec:
         return ClosedTool.close(tool)
 
 
-def annotations(
-    title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = True
-) -> ToolAnnotations:
+def tool_hints(title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = True) -> ToolAnnotations:
     """A tool's hints for the host; no tool reaches outside the workspace (``open_world_hint`` is always False)."""
     return ToolAnnotations(
         title=title,
@@ -215,11 +215,11 @@ __all__ = [
     "ClosedTool",
     "ServerState",
     "ToolSpec",
-    "annotations",
     "format_error",
     "in_thread",
     "invalid_argument",
     "progress_relay",
     "server_state",
     "tool_errors",
+    "tool_hints",
 ]

@@ -20,7 +20,7 @@ from pydantic import Field
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.plugins import models
 from tpu_agent.plugins.tools.args import EstimateChipArg, JobIdArg, LogdirArg, WorkspaceArg
-from tpu_agent.plugins.tools.common import ServerState, ToolSpec, annotations, in_thread, server_state
+from tpu_agent.plugins.tools.common import ServerState, ToolSpec, in_thread, server_state, tool_hints
 from tpu_agent.plugins.workspace import Workspace
 
 
@@ -140,7 +140,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Diagnose a profile: what limits the TPU step (host syncs, recompiles, eager flushes, fallbacks, input "
         "pipeline, precision, memory), each finding with its source location and the suggested change. Pass "
         "the job_id of a finished tpu_profile job, or a logdir; default: the newest profile in the workspace.",
-        annotations("Diagnose a TPU profile", read_only=True),
+        tool_hints("Diagnose a TPU profile", read_only=True),
     ),
 )
 

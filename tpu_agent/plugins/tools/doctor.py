@@ -13,7 +13,7 @@ from tpu_agent import __version__
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.plugins import models
 from tpu_agent.plugins.tools.args import WorkspaceArg
-from tpu_agent.plugins.tools.common import ToolSpec, annotations, in_thread, logger, server_state
+from tpu_agent.plugins.tools.common import ToolSpec, in_thread, logger, server_state, tool_hints
 from tpu_agent.plugins.workspace import Workspace
 
 
@@ -33,14 +33,14 @@ async def tpu_doctor(ctx: Context, workspace: WorkspaceArg = None) -> models.Doc
     ws: Workspace | None = None
     try:
         ws = await server_state(ctx).workspace(ctx, workspace)
-    except Exception as error:  # the doctor reports, it does not fail
+    except Exception as error:  # noqa: BLE001 - the doctor reports every failure, it does not fail
         problems.append(_problem(error))
     runtime: dict[str, Any] = {}
     try:
         from tpu_agent.runtime import api as runtime_api
 
         runtime = (await in_thread(runtime_api.doctor)).to_dict()
-    except Exception as error:  # as above: a broken runtime is the doctor's finding
+    except Exception as error:  # noqa: BLE001 - as above: a broken runtime is the doctor's finding
         problems.append(_problem(error))
     if shutil.which("tpu-agent") is None:
         problems.append(
@@ -67,7 +67,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Check the environment: tpu-agent and Python versions, the workspace the tools will use (and where it "
         "came from), and the runtime's backend choice (real torch_tpu or the CPU emulation). Call it first; "
         "it never fails, it lists problems with hints instead.",
-        annotations("Check the TPU environment", read_only=True),
+        tool_hints("Check the TPU environment", read_only=True),
     ),
 )
 

@@ -34,7 +34,7 @@ from tpu_agent.plugins.tools.args import (
     WaitArg,
     WorkspaceArg,
 )
-from tpu_agent.plugins.tools.common import URI_SCHEME, ToolSpec, annotations, in_thread, server_state
+from tpu_agent.plugins.tools.common import URI_SCHEME, ToolSpec, in_thread, server_state, tool_hints
 from tpu_agent.plugins.workspace import Workspace
 
 POLL_S = 0.5
@@ -226,7 +226,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "as a job, via `tpu-agent run`. Waits up to wait_s, then returns the job state, exit code and the log's "
         "last lines; poll a running job with tpu_job_status, stop it with tpu_job_cancel. The server runs a "
         "few jobs at a time and answers busy (with the running job ids) beyond that.",
-        annotations("Run a script on TPU", read_only=False, idempotent=False),
+        tool_hints("Run a script on TPU", read_only=False, idempotent=False),
     ),
     ToolSpec(
         tpu_profile,
@@ -234,20 +234,20 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Profile a workspace script on the TPU device as a job, via `tpu-agent profile`; the capture "
         "(XProf-viewable) goes under .tpu-agent/profiles/<job_id>/. Waits up to wait_s; poll with "
         "tpu_job_status; then call tpu_diagnose with the job_id.",
-        annotations("Profile a script on TPU", read_only=False, idempotent=False),
+        tool_hints("Profile a script on TPU", read_only=False, idempotent=False),
     ),
     ToolSpec(
         tpu_job_status,
         "tpu_job_status",
         "State, exit code and last log lines of a job from tpu_run or tpu_profile. wait_s > 0 waits (with "
         "progress) up to that long for the job to finish.",
-        annotations("Job status", read_only=True),
+        tool_hints("Job status", read_only=True),
     ),
     ToolSpec(
         tpu_job_cancel,
         "tpu_job_cancel",
         "Stop a job (every process it started). Cancelling a finished job changes nothing.",
-        annotations("Cancel a job", read_only=False, destructive=True),
+        tool_hints("Cancel a job", read_only=False, destructive=True),
     ),
 )
 

@@ -23,10 +23,10 @@ from tpu_agent.plugins.tools.args import PathsArg, PlanIdArg, RuleCodeArg, RuleC
 from tpu_agent.plugins.tools.common import (
     URI_SCHEME,
     ToolSpec,
-    annotations,
     in_thread,
     progress_relay,
     server_state,
+    tool_hints,
 )
 from tpu_agent.plugins.workspace import Workspace
 
@@ -235,7 +235,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Find CUDA-specific code (devices, torch.cuda calls, AMP, NCCL, cuDNN flags, env vars, kernels) in "
         "workspace files. Returns findings with rule code, location and message; changes nothing. "
         "Next: tpu_plan_migration with the same paths.",
-        annotations("Scan for CUDA code", read_only=True),
+        tool_hints("Scan for CUDA code", read_only=True),
     ),
     ToolSpec(
         tpu_plan_migration,
@@ -243,7 +243,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Plan the CUDA -> TorchTPU rewrite of workspace files: returns a plan_id, a unified diff and a Markdown "
         "report, and records each file's sha256. Touches no source file (the plan is stored under "
         ".tpu-agent/plans/). Show the diff to the user and wait for approval before tpu_apply_plan.",
-        annotations("Plan a CUDA -> TPU migration", read_only=True),
+        tool_hints("Plan a CUDA -> TPU migration", read_only=True),
     ),
     ToolSpec(
         tpu_apply_plan,
@@ -251,14 +251,14 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Write a plan from tpu_plan_migration to the workspace (atomic writes). Refuses with stale-plan when a "
         "file changed since planning (plan again) and dirty-worktree when a file has uncommitted git changes; "
         "applying the same plan twice is a no-op. Only call after the user approved the diff.",
-        annotations("Apply a migration plan", read_only=False, destructive=True),
+        tool_hints("Apply a migration plan", read_only=False, destructive=True),
     ),
     ToolSpec(
         tpu_explain_rule,
         "tpu_explain_rule",
         "Explain a migration rule by code (e.g. TPU101): what it finds, why it matters on TPU, a before/after "
         "example, and its safety.",
-        annotations("Explain a migration rule", read_only=True),
+        tool_hints("Explain a migration rule", read_only=True),
     ),
     ToolSpec(
         tpu_lookup_api,
@@ -266,7 +266,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Look up the TorchTPU equivalent of a CUDA PyTorch API (e.g. 'torch.cuda.synchronize', 'GradScaler', "
         "'nccl') in the bundled mapping table, with its status (works, rewrite, no-op, none, manual, "
         "unverified) and a note.",
-        annotations("CUDA -> TorchTPU API lookup", read_only=True),
+        tool_hints("CUDA -> TorchTPU API lookup", read_only=True),
     ),
 )
 

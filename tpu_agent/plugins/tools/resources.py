@@ -52,7 +52,10 @@ def register(server: MCPServer) -> None:
         f"{URI_SCHEME}://rules", name="rules", mime_type="application/json", description="Every migration rule."
     )(rules_catalogue)
     server.resource(
-        f"{URI_SCHEME}://plans/{{plan_id}}/diff", name="plan-diff", mime_type="text/x-diff", description="A plan's diff."
+        f"{URI_SCHEME}://plans/{{plan_id}}/diff",
+        name="plan-diff",
+        mime_type="text/x-diff",
+        description="A plan's diff.",
     )(plan_diff)
     server.resource(
         f"{URI_SCHEME}://jobs/{{job_id}}/log",
