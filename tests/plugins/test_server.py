@@ -250,6 +250,7 @@ async def test_uncommitted_files_need_the_users_consent(modern: Client, example:
     assert not any((example / ".git").rglob("*.tpu-agent-tmp"))
 
 
+@pytest.mark.slow
 async def test_run_status_and_cancel(modern: Client, example: Path) -> None:
     progress: list[str | None] = []
 
@@ -294,6 +295,7 @@ for step in range(12):
 """
 
 
+@pytest.mark.slow
 async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
     job = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "steps": 8, "warmup": 2, "wait_s": 50})).structured_content

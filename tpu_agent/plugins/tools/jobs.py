@@ -169,7 +169,7 @@ async def tpu_run(
     nproc: NprocArg = 1,
     backend: BackendArg = "auto",
     chip: ChipArg = DEFAULT_CHIP,
-    eager_mode: EagerModeArg = None,
+    eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
@@ -188,7 +188,7 @@ async def tpu_profile(
     steps: Annotated[int, Field(ge=1, le=10_000, description="Steps to measure, after the warm-up.")] = 10,
     warmup: Annotated[int, Field(ge=0, le=1_000, description="Steps run before measuring (compiles).")] = 2,
     chip: ChipArg = DEFAULT_CHIP,
-    eager_mode: EagerModeArg = None,
+    eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
