@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.valueflow import ValueFlow
+from tpu_agent.migrate.analysis.valueflow import analyse as analyse_value_flow
 from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
 from tpu_agent.migrate.rules._cst import dotted, string_like
 
@@ -117,11 +119,13 @@ class PyContext:
     cpu_fallbacks: dict[int, cst.CSTNode] = field(default_factory=dict)
     _qualnames: dict[int, str | None] = field(default_factory=dict)
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
+    source: str = ""  # the file's text, for the analyses computed on demand
+    _value_flow: ValueFlow | None = None
 
     @classmethod
     def for_source(cls, source: str, options: MigrateOptions, rules: Mapping[str, Rule]) -> PyContext:
         """Decide the resolver name and the ``torch`` alias from the text, before the pass needs them."""
-        ctx = cls(options=options, rules=rules)
+        ctx = cls(options=options, rules=rules, source=source)
         resolver = RESOLVER_RE.search(source)
         if resolver:
             ctx.device_name, ctx.resolver_exists = resolver.group("name"), True
@@ -133,6 +137,13 @@ class PyContext:
         if "def cuda" in source:
             ctx.user_cuda = UserCudaClasses.scan(source)
         return ctx
+
+    @property
+    def value_flow(self) -> ValueFlow:
+        """Where the module's names and attributes are used (computed on first need: most files never ask)."""
+        if self._value_flow is None:
+            self._value_flow = analyse_value_flow(self.source)
+        return self._value_flow
 
     # ---- names -------------------------------------------------------------------------------------
     @property

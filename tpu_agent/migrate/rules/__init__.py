@@ -18,6 +18,7 @@ from tpu_agent.migrate.rules import (
     distributed,
     env_vars,
     third_party,
+    value_flow,  # registers its rules and handlers with the devices and distributed families
 )
 from tpu_agent.migrate.rules._base import Family
 

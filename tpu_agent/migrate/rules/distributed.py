@@ -186,7 +186,7 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             if new is not None:
                 return replace_arg_value(updated, arg_position(original, device), new)
         return updated
-    if qualname in _NCCL_AVAILABLE:
+    if qualname in _NCCL_AVAILABLE and not ctx.is_claimed(original):
         new = ctx.fix(
             "TPU402",
             original,
