@@ -14,6 +14,7 @@ from tpu_agent.migrate.rules import (
     backend_flags,
     compile,
     cuda_api,
+    cuda_classes,  # registers its rules and handlers with the cuda-api and backend-flags families
     devices,
     distributed,
     env_vars,

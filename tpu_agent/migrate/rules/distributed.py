@@ -294,9 +294,18 @@ def backend_nccl_reference(ctx: PyContext, original: cst.BaseExpression, updated
     return new if new is not None else updated
 
 
+DATA_PARALLEL_RECIPE = (
+    "DataParallel drives several GPUs from one process; TorchTPU runs one device per process. Port to DDP: "
+    "launch N processes (`tpu-agent run --nproc N train.py` or torchrun), call "
+    "dist.init_process_group(backend=dist.get_default_backend_for_device(DEVICE)), wrap "
+    "DistributedDataParallel(model.to(DEVICE)) without device_ids, shard the data with DistributedSampler, and "
+    "divide the global batch size by the number of processes"
+)
+
+
 @FAMILY.reference(*_DATA_PARALLEL)
 def data_parallel_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
-    ctx.report("TPU406", original, "DataParallel: use DistributedDataParallel with one process per TPU chip")
+    ctx.report("TPU406", original, DATA_PARALLEL_RECIPE)
     return updated
 
 
