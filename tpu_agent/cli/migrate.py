@@ -22,7 +22,7 @@ from rich.text import Text
 from tpu_agent.cli._output import console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.migrate.model import MigrateOptions, Rule, Target
+from tpu_agent.migrate.model import MigrateOptions, Rule, Target, torch_version
 
 # The API, report and rule modules are imported inside the commands: every `tpu-agent` invocation
 # imports this module, and they pull in libcst and the whole rule catalogue.
@@ -60,6 +60,8 @@ Examples:
   tpu-agent migrate ./repo --output-dir ./repo-tpu --select TPU1,TPU2 --ignore TPU105
 
   tpu-agent migrate ./repo --format json > plan.json
+
+  tpu-agent migrate ./repo --min-torch 2.5 --diff
 """
 
 RULES_HELP = """List the migration rules, or explain one (summary, rationale, before/after, reference).
@@ -136,6 +138,18 @@ def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_
         )
 
 
+def _check_min_torch(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        torch_version(value)
+    except ValueError as exc:
+        raise TpuAgentError(
+            "bad-option", f"--min-torch: {exc}", hint="give a torch release such as --min-torch 2.5", exit_code=ExitCode.USAGE
+        ) from None
+    return value
+
+
 def migrate(
     paths: list[Path] = typer.Argument(..., help="Files or directories to migrate (.py, .ipynb, shell, env, YAML, Dockerfile).", show_default=False),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the rewrite and write nothing."),
@@ -146,6 +160,7 @@ def migrate(
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also apply fixes that rest on an assumption the report names."),
     target: Target = typer.Option(Target.ACCELERATOR, "--target", help="accelerator: device-agnostic torch.accelerator code; tpu: literal TorchTPU forms.", case_sensitive=False),
     annotate: bool = typer.Option(False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."),
+    min_torch: str | None = typer.Option(None, "--min-torch", help="Oldest torch the output must run on (e.g. 2.5): rewrites to newer APIs are reported, not applied.", metavar="VERSION"),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Worker processes for parsing; 0 means one per core."),
     allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Rewrite files even when they have uncommitted git changes."),
     output_format: ReportFormat = typer.Option(ReportFormat.text, "--format", "-f", help="Report format: text for people, json for agents, sarif for code scanning, markdown for PRs."),
@@ -163,6 +178,7 @@ def migrate(
         target=target,
         annotate=annotate,
         jobs=jobs,
+        min_torch=_check_min_torch(min_torch),
     )
     show_progress = output_format == ReportFormat.text and console_err.is_terminal
     with progress_bar(show_progress) as progress:

@@ -138,6 +138,9 @@ class MigrateOptions:
     target: Target = Target.ACCELERATOR
     annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
     jobs: int = 0  # 0: one worker per core
+    # the oldest torch the migrated code must run on: a rewrite whose target API is newer (Rule.since_torch)
+    # is reported instead of applied; None: the installed torch's APIs are all allowed
+    min_torch: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The options as reports and stored plans record them (the JSON schema's ``options`` object)."""
@@ -147,6 +150,7 @@ class MigrateOptions:
             "unsafe_fixes": self.unsafe_fixes,
             "target": self.target.value,
             "annotate": self.annotate,
+            "min_torch": self.min_torch,
         }
 
     @classmethod
@@ -159,7 +163,14 @@ class MigrateOptions:
             unsafe_fixes=bool(data.get("unsafe_fixes")),
             target=Target(str(data.get("target", Target.ACCELERATOR.value))),
             annotate=bool(data.get("annotate")),
+            min_torch=str(data["min_torch"]) if data.get("min_torch") else None,
         )
+
+    def torch_allows(self, since_torch: str | None) -> bool:
+        """Whether an API that exists since ``since_torch`` may be emitted under ``--min-torch``."""
+        if self.min_torch is None or since_torch is None:
+            return True
+        return torch_version(since_torch) <= torch_version(self.min_torch)
 
     def rule_enabled(self, code: str) -> bool:
         if any(code.startswith(prefix) for prefix in self.ignore):
@@ -195,6 +206,14 @@ class ApplyResult:
     written: list[Path]
     unchanged: list[Path]
     output_dir: Path | None = None
+
+
+def torch_version(text: str) -> tuple[int, int]:
+    """``"2.7"``, ``"2.7.1"`` or ``"2.7.0+cu121"`` as (major, minor); ValueError for anything else."""
+    parts = text.strip().split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"not a torch version: {text!r} (expected MAJOR.MINOR, e.g. 2.5)")
+    return int(parts[0]), int(parts[1])
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -399,7 +399,6 @@ FAMILY.rule(
     before="model = Net().to(local_rank)\nx = torch.zeros(3, device=torch.device(args.gpu))",
     after="model = Net().to(DEVICE)\nx = torch.zeros(3, device=DEVICE)",
     reference="https://docs.pytorch.org/docs/stable/accelerator.html; migration_anchors.md X07",
-    since_torch="2.7",
 )
 
 # names that hold a rank or a GPU index in training scripts (``local_rank``, ``args.gpu``, ``gpu_id``)
