@@ -181,7 +181,9 @@ def _classify(node: ast.expr, parents: dict[int, ast.AST]) -> tuple[UseKind | No
         if parent.arg is not None:
             return None, name_key(parent.arg)  # passed by keyword: the parameter of that name carries it on
         return UseKind.OTHER, None
-    if isinstance(parent, ast.Call) and node is not parent.func:
+    if isinstance(parent, ast.Call) and node is parent.func:
+        return None, None  # `torch.device(...)` calls a function of that name: not a use of a `device` value
+    if isinstance(parent, ast.Call):
         name = _call_name(parent)
         first = bool(parent.args) and parent.args[0] is node
         if first and name in _DEVICE_FIRST_FUNCS:
