@@ -439,7 +439,12 @@ def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst
     elif ctx.qualname(original) == "torch.device" and len(original.args) == 1 and is_rank_value(original.args[0].value):
         new = _integer_device(ctx, original.args[0].value, "device")
         return keep_parens(original, new) if new is not None else updated
-    elif ctx.qualname(original) == "torch.device" and len(original.args) == 2 and is_rank_value(original.args[1].value):
+    elif (
+        ctx.qualname(original) == "torch.device"
+        and len(original.args) == 2
+        and is_rank_value(original.args[1].value)
+        and cuda_device_code(ctx, original.args[0].value) is None  # torch.device("cuda", rank) is TPU101's
+    ):
         # torch.device(cfg.device, local_rank): the type stays, the rank's index goes (one device per process)
         index = original.args[1].value
         if ctx.report("TPU107", index, f"device index {source(index)} dropped from {source(original)} (one device per process)"):
