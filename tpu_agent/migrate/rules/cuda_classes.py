@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety, Target
+from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules import backend_flags, cuda_api
+from tpu_agent.migrate.rules.references import DEVICE, SDPA, TORCH_TPU
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, kwarg, positional, source
 
 if TYPE_CHECKING:
@@ -31,7 +32,12 @@ cuda_api.FAMILY.rule(
     before="buf = torch.cuda.FloatTensor(4, 8)\nidx = torch.cuda.LongTensor([0, 2])\nx = x.type(torch.cuda.HalfTensor)",
     after="buf = torch.empty(4, 8, dtype=torch.float32, device=DEVICE)\n"
     "idx = torch.tensor([0, 2], dtype=torch.int64, device=DEVICE)\nx = x.to(device=DEVICE, dtype=torch.float16)",
-    reference="https://docs.pytorch.org/docs/stable/tensors.html; migration_anchors.md D18",
+    references=("https://docs.pytorch.org/docs/stable/tensors.html", DEVICE),
+    apis=(
+        ApiEquivalent("torch.cuda.FloatTensor(n, m)", "torch.empty(n, m, dtype=torch.float32, device=DEVICE)"),
+        ApiEquivalent("torch.cuda.LongTensor([...])", "torch.tensor([...], dtype=torch.int64, device=DEVICE)"),
+        ApiEquivalent("x.type(torch.cuda.HalfTensor)", "x.to(device=DEVICE, dtype=torch.float16)"),
+    ),
 )
 cuda_api.FAMILY.rule(
     code="TPU214",
@@ -42,7 +48,8 @@ cuda_api.FAMILY.rule(
     "device-agnostic query, so for the accelerator target it is reported: make it an explicit option.",
     before="dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16",
     after="dtype = torch.bfloat16 if True else torch.float16  # --target tpu",
-    reference="https://github.com/huggingface/transformers/pull/45918; torchtpu_api.md §5.2",
+    references=("https://github.com/huggingface/transformers/pull/45918", TORCH_TPU),
+    apis=(ApiEquivalent("torch.cuda.is_bf16_supported()", "True (--target tpu)", "bf16 is native on TPU"),),
 )
 backend_flags.FAMILY.rule(
     code="TPU606",
@@ -56,7 +63,13 @@ backend_flags.FAMILY.rule(
     before="with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_mem_efficient=False):",
     after="with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION, "
     "torch.nn.attention.SDPBackend.MATH, torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):",
-    reference="https://docs.pytorch.org/docs/stable/generated/torch.nn.attention.sdpa_kernel.html",
+    references=("https://docs.pytorch.org/docs/stable/generated/torch.nn.attention.sdpa_kernel.html", SDPA),
+    apis=(
+        ApiEquivalent(
+            "torch.backends.cuda.sdp_kernel(enable_flash=..., enable_math=True, ...)",
+            "torch.nn.attention.sdpa_kernel([SDPBackend...])",
+        ),
+    ),
     since_torch="2.3",
 )
 

@@ -20,6 +20,7 @@ import libcst as cst
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
 from tpu_agent.migrate.model import Safety
 from tpu_agent.migrate.rules import devices, distributed
+from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.devices import cuda_device_code, rewrite_device
 
@@ -36,7 +37,7 @@ devices.FAMILY.rule(
     "a person decides. The report lists the lines it reaches.",
     before='dev = "cuda"\nmodel.to(dev)\nkernels = {"cuda": fused, "cpu": plain}[dev]',
     after="# TODO(tpu-agent TPU108): decide per use; the device positions take DEVICE.type",
-    reference="https://docs.pytorch.org/docs/stable/accelerator.html",
+    references=(ACCELERATOR,),
 )
 distributed.FAMILY.rule(
     code="TPU408",
@@ -48,7 +49,7 @@ distributed.FAMILY.rule(
     before='BACKEND = "nccl"\ndist.init_process_group(BACKEND)\nuse_nccl_tricks(BACKEND)',
     after="# TODO(tpu-agent TPU408): pass torch.distributed.get_default_backend_for_device(DEVICE) where a backend is "
     "expected",
-    reference="https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.get_default_backend_for_device",
+    references=(f"{DISTRIBUTED}#torch.distributed.get_default_backend_for_device",),
 )
 
 _NAMED_DEVICE_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
