@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
-from tpu_agent.migrate.model import Safety
+from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
 from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
@@ -38,6 +38,7 @@ devices.FAMILY.rule(
     before='dev = "cuda"\nmodel.to(dev)\nkernels = {"cuda": fused, "cpu": plain}[dev]',
     after="# TODO(tpu-agent TPU108): decide per use; the device positions take DEVICE.type",
     references=(ACCELERATOR,),
+    apis=(ApiEquivalent('dev = "cuda" used as a device and as a lookup key', "DEVICE.type at the device uses"),),
 )
 distributed.FAMILY.rule(
     code="TPU408",
@@ -50,6 +51,12 @@ distributed.FAMILY.rule(
     after="# TODO(tpu-agent TPU408): pass torch.distributed.get_default_backend_for_device(DEVICE) where a backend is "
     "expected",
     references=(f"{DISTRIBUTED}#torch.distributed.get_default_backend_for_device",),
+    apis=(
+        ApiEquivalent(
+            'backend = "nccl" used as a backend and elsewhere',
+            "torch.distributed.get_default_backend_for_device(DEVICE) at the backend uses",
+        ),
+    ),
 )
 
 _NAMED_DEVICE_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
