@@ -11,7 +11,8 @@ from tpu_agent.chips import get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile.api import diagnose
 from tpu_agent.profile.estimate import estimate
-from tpu_agent.profile.load import load_raw, raw_dir
+from tpu_agent.profile.layout import raw_dir
+from tpu_agent.profile.load import load_raw
 from tpu_agent.profile.model import ProfileModel, RankProfile, RunConfig, Status, Step
 from tpu_agent.profile.rules import ALL_RULES, get_rule, run_rules
 from tpu_agent.profile.rules.sh_mxu_alignment import waste
