@@ -100,7 +100,8 @@ def _diagnose_own(logdir: Path, root: Path, chip: str | None) -> Diagnosis:
     session = logdir / "plugins" / "profile" / name
     confined(root, session)
     _drop_xprof_caches(session, root)
-    diagnosis.xplane_paths = xplane.write_session(session, model.ranks.values(), diagnosis.findings, model.config.world_size)
+    with reading(raw, "the capture"):  # e.g. timestamps an XSpace cannot hold
+        diagnosis.xplane_paths = xplane.write_session(session, model.ranks.values(), diagnosis.findings, model.config.world_size)
     return diagnosis
 
 

@@ -37,8 +37,10 @@ def reading(path: Path, what: str) -> Iterator[None]:
     """Turn any failure while reading ``path`` into a ``damaged-capture`` error that names it."""
     try:
         yield
-    except TpuAgentError:
-        raise
+    except TpuAgentError as error:  # e.g. an unknown chip name: still say which file holds it
+        if str(path) in error.message:
+            raise
+        raise dataclasses.replace(error, message=f"{path}: {error.message}") from None
     except _READ_ERRORS as error:
         detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise damaged(path, f"{what} is damaged or not what tpu-agent wrote ({type(error).__name__}: {detail})") from None
