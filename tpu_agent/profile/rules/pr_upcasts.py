@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
-from tpu_agent.profile.rules._base import OP_TRACE, STEPS, DiagnosticRule, window_steps
+from tpu_agent.profile.rules._base import OP_TRACE, STEPS, DiagnosticRule, share, window_steps
 
 CAST_OPS = frozenset({"aten::_to_copy", "aten::to"})
 LOW_PRECISION = frozenset({"c10::BFloat16", "c10::Half"})
@@ -28,7 +28,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     moved = sum(op.bytes for op in upcasts)
     if not total or moved / total < BYTES_SHARE_THRESHOLD:
         return []
-    bytes_share = moved / total
+    bytes_share = share(moved, total)
     return [
         RULE.finding(
             f"{len(upcasts)} bf16/fp16 -> fp32 up-casts move {bytes_share:.0%} of the step's bytes",
