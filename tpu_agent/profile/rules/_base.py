@@ -48,6 +48,20 @@ class DiagnosticRule:
     requires: tuple[str, ...]
     check: Callable[[ProfileModel], list[Finding]]
 
+    def to_dict(self) -> dict[str, object]:
+        """The record as ``tpu-agent rules --format json`` shows it (keys shared with the migration rules)."""
+        return {
+            "code": self.id,
+            "name": self.name,
+            "category": self.category,
+            "severity": self.severity.value,
+            "rationale": self.rationale,
+            "before": self.before,
+            "after": self.after,
+            "reference": self.reference,
+            "requires": list(self.requires),
+        }
+
     def finding(
         self,
         title: str,

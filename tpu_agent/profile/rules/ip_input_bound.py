@@ -60,7 +60,7 @@ RULE = DiagnosticRule(
     rationale="Time in DataLoader.__next__ inside the step is time the TPU has nothing to do.",
     before="DataLoader(ds, batch_size=64)",
     after="DataLoader(ds, batch_size=64, num_workers=4, persistent_workers=True)",
-    reference="profiling_anchors.md §3.7 IP-1 (XProf input-pipeline bands)",
+    reference="docs/tpu-performance.md#input-pipeline; https://pytorch.org/docs/stable/data.html",
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -52,7 +52,7 @@ RULE = DiagnosticRule(
     rationale="Casting large bf16 activations to fp32 doubles their HBM traffic and often is not needed.",
     before="probs = logits.float().softmax(-1)",
     after="probs = logits.softmax(-1)",
-    reference="profiling_anchors.md §3.6 PR-2",
+    reference="docs/tpu-performance.md#precision",
     requires=(STEPS, OP_TRACE),
     check=_check,
 )

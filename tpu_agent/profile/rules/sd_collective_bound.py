@@ -50,7 +50,7 @@ RULE = DiagnosticRule(
     rationale="Collectives that do not overlap compute leave the MXUs idle for their whole duration.",
     before="dist.all_reduce(grad)  # per parameter, after backward",
     after="DDP/FSDP bucketed, overlapped gradient reduction",
-    reference="profiling_anchors.md §3.8 SD-2 (XProf CollectiveBound)",
+    reference="docs/tpu-performance.md#sharding-and-memory",
     requires=(STEPS, HOOKS),
     check=_check,
 )

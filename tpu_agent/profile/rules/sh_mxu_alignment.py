@@ -95,7 +95,7 @@ RULE = DiagnosticRule(
     rationale="The MXU is a tile x tile systolic array; dims are padded up to the tile, and the padding is wasted work.",
     before="self.fc1 = nn.Linear(100, 300)",
     after="self.fc1 = nn.Linear(128, 384)  # v5e tile 128; use 256 multiples on v6e/v7",
-    reference="profiling_anchors.md §3.5 SH-2; chips.py (mxu_tile)",
+    reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",
     requires=(STEPS, HOOKS),
     check=_check,
 )
