@@ -53,23 +53,12 @@ Examples:
   tpu-agent migrate ./repo --format json > plan.json
 """
 
-def parse_codes(value: str | None, option: str) -> frozenset[str] | None:
-    """``"TPU1,TPU201"`` -> code prefixes; each must match at least one known rule (typos fail loudly)."""
+def parse_codes(value: str | None) -> frozenset[str] | None:
+    """``"TPU1,TPU201"`` -> the codes as given; :func:`tpu_agent.migrate.api.plan` upper-cases and checks them
+    (:func:`tpu_agent.migrate.rules.rule_codes`), for this CLI and the MCP server alike."""
     if value is None:
         return None
-    from tpu_agent.migrate.rules import ALL_RULES
-
-    prefixes = frozenset(part.strip().upper() for part in value.split(",") if part.strip())
-    if not prefixes:
-        raise TpuAgentError("bad-rule-selection", f"{option} needs at least one rule code or prefix", "Example: --select TPU1,TPU201")
-    unknown = sorted(p for p in prefixes if not any(code.startswith(p) for code in ALL_RULES))
-    if unknown:
-        raise TpuAgentError(
-            "unknown-rule-code",
-            f"{option} {', '.join(unknown)}: no rule code starts with {'these' if len(unknown) > 1 else 'this'}",
-            "Run `tpu-agent rules` to list the rule codes.",
-        )
-    return prefixes
+    return frozenset(value.split(","))
 
 
 @contextmanager
@@ -136,8 +125,8 @@ def migrate(
 
     _check_combination(diff, check, output_dir, output_format, report)
     options = MigrateOptions(
-        select=parse_codes(select, "--select"),
-        ignore=parse_codes(ignore, "--ignore") or frozenset(),
+        select=parse_codes(select),
+        ignore=parse_codes(ignore) or frozenset(),
         unsafe_fixes=unsafe_fixes,
         target=target,
         annotate=annotate,

@@ -30,8 +30,26 @@ class Target(str, Enum):
 
 
 @dataclass(frozen=True)
+class ApiEquivalent:
+    """One CUDA API a rule covers and what it becomes on TPU: the rows ``tpu_lookup_api`` answers with.
+
+    ``cuda`` is how the API is written in user code (``torch.cuda.synchronize()``); ``tpu`` the TorchTPU or
+    device-agnostic form (for MANUAL rules: what a person should use); ``note`` anything the rule's
+    rationale does not already say about this one API.
+    """
+
+    cuda: str
+    tpu: str
+    note: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"cuda": self.cuda, "tpu": self.tpu, "note": self.note}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Rule:
-    """One migration rule as data: what ``tpu-agent rules CODE`` prints and the report cites."""
+    """One migration rule as data: what ``tpu-agent rules CODE`` prints, the report cites and the API lookup
+    answers from. Declared with keyword fields only (``Family.rule(code=..., name=..., ...)``)."""
 
     code: str  # stable, e.g. "TPU101"; never reused once published
     name: str  # kebab-case, e.g. "cuda-device-string"
@@ -41,8 +59,15 @@ class Rule:
     rationale: str  # why it matters on TPU
     before: str  # example input (a few lines of Python or shell)
     after: str  # the same example after the rule (for MANUAL rules: the TODO / suggested port)
-    reference: str  # doc reference, e.g. "torchtpu_api.md §5.2" or a URL
+    # where to read more: public URLs and sections of docs/ shipped with tpu-agent (docs/torchtpu-migration.md#...)
+    references: tuple[str, ...]
     since_torch: str | None = None  # the oldest torch that has the emitted API, when it matters
+    apis: tuple[ApiEquivalent, ...] = ()  # the CUDA APIs the rule covers, one row each for the API lookup
+
+    @property
+    def reference(self) -> str:
+        """The references as one line (what the text report and ``tpu-agent rules CODE`` print)."""
+        return "; ".join(self.references)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -55,7 +80,9 @@ class Rule:
             "before": self.before,
             "after": self.after,
             "reference": self.reference,
+            "references": list(self.references),
             "since_torch": self.since_torch,
+            "apis": [api.to_dict() for api in self.apis],
         }
 
 

@@ -91,6 +91,8 @@ class PyContext:
     resolver_exists: bool = False
     torch_name: str = "torch"
     user_cuda: UserCudaClasses = field(default_factory=UserCudaClasses)
+    # qualified names of calls some family rewrites as a whole (Family.claim): the generic rules skip them
+    claimed_calls: frozenset[str] = frozenset()
 
     aliases: dict[str, str] = field(default_factory=dict)
     findings: list[PendingFinding] = field(default_factory=list)
@@ -119,9 +121,15 @@ class PyContext:
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
 
     @classmethod
-    def for_source(cls, source: str, options: MigrateOptions, rules: Mapping[str, Rule]) -> PyContext:
+    def for_source(
+        cls,
+        source: str,
+        options: MigrateOptions,
+        rules: Mapping[str, Rule],
+        claimed_calls: frozenset[str] = frozenset(),
+    ) -> PyContext:
         """Decide the resolver name and the ``torch`` alias from the text, before the pass needs them."""
-        ctx = cls(options=options, rules=rules)
+        ctx = cls(options=options, rules=rules, claimed_calls=claimed_calls)
         resolver = RESOLVER_RE.search(source)
         if resolver:
             ctx.device_name, ctx.resolver_exists = resolver.group("name"), True

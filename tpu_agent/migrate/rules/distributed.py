@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety
-from tpu_agent.migrate.rules._base import CLAIMED_CALLS, TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import (
-    arg_source,
     arg_position,
+    arg_source,
     drop_args,
     keyword,
     positional,
@@ -25,6 +25,7 @@ from tpu_agent.migrate.rules._cst import (
     string_value,
 )
 from tpu_agent.migrate.rules.devices import is_availability_fallback, rewrite_device
+from tpu_agent.migrate.rules.references import DDP, DEVICE_MESH, DISTRIBUTED, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -32,73 +33,105 @@ if TYPE_CHECKING:
 FAMILY = Family("distributed")
 
 FAMILY.rule(
-    "TPU401",
-    "nccl-backend",
-    Safety.SAFE,
-    'The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
+    code="TPU401",
+    name="nccl-backend",
+    safety=Safety.SAFE,
+    summary='The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
     "Backend.NCCL, a --backend default or a backend variable.",
-    "NCCL is CUDA-only; TorchTPU's backend is tpu_dist. torch.distributed.get_default_backend_for_device(DEVICE) "
-    "picks nccl, tpu_dist or gloo for the device in use; omitting the backend gives cpu:gloo plus the "
-    "accelerator's default, the device-agnostic form of the mixed string.",
-    'dist.init_process_group("nccl")',
-    "dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE))",
-    "torchtpu_api.md §4.1; migration_anchors.md X01, X04, X06",
+    rationale="NCCL is CUDA-only; TorchTPU's backend is tpu_dist. "
+    "torch.distributed.get_default_backend_for_device(DEVICE) picks nccl, tpu_dist or gloo for the device in use; "
+    "omitting the backend gives cpu:gloo plus the accelerator's default, the device-agnostic form of the mixed string.",
+    before='dist.init_process_group("nccl")',
+    after="dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE))",
+    references=(DISTRIBUTED, TORCH_TPU),
     since_torch="2.6",
+    apis=(
+        ApiEquivalent(
+            "dist.init_process_group(\"nccl\")",
+            "dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE)) "
+            '(--target tpu: "tpu_dist")',
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU402",
-    "nccl-backend-check",
-    Safety.UNSAFE,
-    'Code that tests for NCCL: dist.get_backend() == "nccl", Backend.NCCL outside init, dist.is_nccl_available().',
-    "On TPU the backend is never nccl, so such branches silently change. The fix compares with the backend of "
-    "the device in use, which assumes the branch meant 'the accelerator backend' rather than NCCL itself.",
-    'if dist.get_backend() == "nccl":',
-    "if dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE):",
-    "migration_anchors.md X03, X05",
+    code="TPU402",
+    name="nccl-backend-check",
+    safety=Safety.UNSAFE,
+    summary='Code that tests for NCCL: dist.get_backend() == "nccl", Backend.NCCL outside init, '
+    "dist.is_nccl_available().",
+    rationale="On TPU the backend is never nccl, so such branches silently change. The fix compares with the backend "
+    "of the device in use, which assumes the branch meant 'the accelerator backend' rather than NCCL itself.",
+    before='if dist.get_backend() == "nccl":',
+    after="if dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE):",
+    references=(DISTRIBUTED,),
     since_torch="2.6",
+    apis=(
+        ApiEquivalent(
+            "dist.get_backend() == \"nccl\", dist.is_nccl_available()",
+            "dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU403",
-    "ddp-device-ids",
-    Safety.SAFE,
-    "DistributedDataParallel(model, device_ids=[...], output_device=...).",
-    "TorchTPU's DDP takes no device_ids (integer ids mean CUDA devices); for a module on one device DDP infers "
-    "the device from the module on every backend, CUDA included.",
-    "DDP(model, device_ids=[local_rank], output_device=local_rank)",
-    "DDP(model)",
-    "torchtpu_api.md §4.1; migration_anchors.md X07",
+    code="TPU403",
+    name="ddp-device-ids",
+    safety=Safety.SAFE,
+    summary="DistributedDataParallel(model, device_ids=[...], output_device=...).",
+    rationale="TorchTPU's DDP takes no device_ids (integer ids mean CUDA devices); for a module on one device DDP "
+    "infers the device from the module on every backend, CUDA included.",
+    before="DDP(model, device_ids=[local_rank], output_device=local_rank)",
+    after="DDP(model)",
+    references=(DDP,),
+    apis=(
+        ApiEquivalent(
+            "DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)",
+            "DistributedDataParallel(model)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU404",
-    "device-mesh-cuda",
-    Safety.SAFE,
-    'A CUDA device mesh: init_device_mesh("cuda", shape), DeviceMesh("cuda", ...).',
-    "Device meshes name the device type; TorchTPU meshes are 'tpu' meshes.",
-    'mesh = init_device_mesh("cuda", (world_size,))',
-    "mesh = init_device_mesh(DEVICE.type, (world_size,))",
-    "torchtpu_api.md §4.4; migration_anchors.md X09",
+    code="TPU404",
+    name="device-mesh-cuda",
+    safety=Safety.SAFE,
+    summary='A CUDA device mesh: init_device_mesh("cuda", shape), DeviceMesh("cuda", ...).',
+    rationale="Device meshes name the device type; TorchTPU meshes are 'tpu' meshes.",
+    before='mesh = init_device_mesh("cuda", (world_size,))',
+    after="mesh = init_device_mesh(DEVICE.type, (world_size,))",
+    references=(DEVICE_MESH,),
+    apis=(
+        ApiEquivalent(
+            "init_device_mesh(\"cuda\", shape), DeviceMesh(\"cuda\", ...)",
+            "init_device_mesh(DEVICE.type, shape)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU405",
-    "barrier-device-ids",
-    Safety.SAFE,
-    "dist.barrier(device_ids=[...]).",
-    "device_ids is an NCCL-only barrier option; TorchTPU rejects it (except [0]).",
-    "dist.barrier(device_ids=[local_rank])",
-    "dist.barrier()",
-    "torchtpu_api.md §4.3; migration_anchors.md X10",
+    code="TPU405",
+    name="barrier-device-ids",
+    safety=Safety.SAFE,
+    summary="dist.barrier(device_ids=[...]).",
+    rationale="device_ids is an NCCL-only barrier option; TorchTPU rejects it (except [0]).",
+    before="dist.barrier(device_ids=[local_rank])",
+    after="dist.barrier()",
+    references=(DISTRIBUTED,),
+    apis=(
+        ApiEquivalent("dist.barrier(device_ids=[local_rank])", "dist.barrier()"),
+    ),
 )
 
 FAMILY.rule(
-    "TPU406",
-    "data-parallel",
-    Safety.MANUAL,
-    "torch.nn.DataParallel (single-process, multi-GPU).",
-    "DataParallel replicates a module over CUDA devices in one process; TorchTPU runs one device per process, so "
-    "the TPU path is DistributedDataParallel (or FSDP2) launched with one process per chip.",
-    "model = nn.DataParallel(model, device_ids=[0, 1])",
-    "model = DDP(model)  # launched with torchrun / tpu-agent run --nproc N",
-    "torchtpu_api.md §4.1; migration_anchors.md X15",
+    code="TPU406",
+    name="data-parallel",
+    safety=Safety.MANUAL,
+    summary="torch.nn.DataParallel (single-process, multi-GPU).",
+    rationale="DataParallel replicates a module over CUDA devices in one process; TorchTPU runs one device per "
+    "process, so the TPU path is DistributedDataParallel (or FSDP2) launched with one process per chip.",
+    before="model = nn.DataParallel(model, device_ids=[0, 1])",
+    after="model = DDP(model)  # launched with torchrun / tpu-agent run --nproc N",
+    references=(DDP,),
+    apis=(
+        ApiEquivalent("torch.nn.DataParallel(model)", "DistributedDataParallel(model) or FSDP2, one process per chip"),
+    ),
 )
 
 _DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel")
@@ -124,7 +157,7 @@ _MESHES = frozenset(
 _BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"})
 _NCCL_AVAILABLE = frozenset({"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"})
 _BACKEND_NCCL = ("torch.distributed.Backend.NCCL", "torch.distributed.distributed_c10d.Backend.NCCL")
-CLAIMED_CALLS.update(_INITS, _DDPS, _MESHES, _BARRIERS)
+FAMILY.claim(*_INITS, *_DDPS, *_MESHES, *_BARRIERS)
 _MIXED_RE = re.compile(r"(?:\w+:\w+,)*cuda:nccl(?:,\w+:\w+)*")
 _BACKEND_NAME_RE = re.compile(r"backend$", re.IGNORECASE)
 
