@@ -202,11 +202,6 @@ async def test_diagnose_logdir_stays_below_the_workspace(client: Client, arena: 
         await _refused(client, "tpu_diagnose", {"logdir": logdir}, code)
 
 
-# Issue 14: the profile library resolves the paths a capture names and refuses those outside its logdir.
-# Until that change is on main, diagnose writes the session where the crafted options.json points.
-@pytest.mark.xfail(
-    strict=True, reason="waits for tpu_agent.profile diagnose to refuse capture paths outside the logdir (issue 14)"
-)
 async def test_diagnose_of_a_capture_whose_files_name_paths_outside(client: Client, arena: Arena) -> None:
     """A capture's own options.json names its XProf session; a crafted one points far outside. Whatever the
     diagnosis says, nothing outside the workspace may be written or deleted (checked by the fixture)."""

@@ -336,10 +336,8 @@ async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> N
     assert error["code"] == "invalid-argument"
 
 
-# Issue 14: the migrate library canonicalises rule selections (upper-case, prefixes) and refuses unknown
-# codes when MigrateOptions is built or plan() runs; the MCP tools pass select/ignore through unchanged.
-# Until that library change is on main, select=["tpu1"] silently matches nothing here.
-@pytest.mark.xfail(strict=True, reason="waits for rule-code validation in tpu_agent.migrate (issues 9 and 14)")
+# The migrate library canonicalises rule selections (upper-case, prefixes) and refuses unknown codes in plan();
+# the MCP tools pass select/ignore through unchanged and report a refusal as invalid-argument.
 async def test_rule_selection_is_canonicalised_or_refused_never_silently_empty(modern: Client) -> None:
     result = await modern.call_tool("tpu_scan", {"paths": ["train.py"], "select": ["tpu1"]})
     if result.is_error:
