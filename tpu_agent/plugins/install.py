@@ -22,6 +22,7 @@ from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
 
 Scope = Literal["project", "user"]
+#: The name the server registers under in every host's config, and the name it gives itself in the handshake.
 SERVER_NAME = "tpu-agent"
 
 
