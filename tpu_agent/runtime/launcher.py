@@ -20,7 +20,6 @@ from pathlib import Path
 
 from tpu_agent.chips import get_chip
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.runtime.api import LaunchTarget, RunOptions
 from tpu_agent.runtime.envvars import (
     BACKEND_ENV,
     CHIP_ENV,
@@ -29,6 +28,7 @@ from tpu_agent.runtime.envvars import (
     eager_mode_env,
     tpu_launch_env,
 )
+from tpu_agent.runtime.options import LaunchTarget, RunOptions
 from tpu_agent.runtime.select import BackendChoice, select_backend, torch_tpu_importable
 
 TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns, so shell scripts read it the same way

@@ -40,7 +40,15 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
 
             modes.apply_mode(mode)
         return
-    from tpu_agent.runtime.emulated import attention, autocast, compile, device, modes, telemetry
+    from tpu_agent.runtime.emulated import (
+        attention,
+        autocast,
+        compile,
+        device,
+        modes,
+        mxu,
+        telemetry,
+    )
 
     device.register()
     attention.install()
@@ -48,6 +56,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     autocast.register()
     compile.install()
     telemetry.install()
+    mxu.install()
     modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())
     atexit.register(_at_exit)
     _active = True

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import ops, state, telemetry
+from tpu_agent.runtime.emulated import mxu, ops, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
 
 MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
@@ -84,7 +84,7 @@ class CpuExecutor:
                 cargs = tt.unwrap_args(node.func, node.args)
                 ckwargs, _ = tt.unwrap_kwargs(node.func, node.kwargs) if node.kwargs else (node.kwargs, False)
                 # no tpu args: the rounding cache keys on version counters, which recording has already advanced
-                out = tt.run_on_cpu(node.func, cargs, ckwargs, node.precision)
+                out = mxu.run_on_cpu(node.func, cargs, ckwargs, node.precision)
             except Exception as error:
                 where = f" recorded at {node.site}" if node.site else ""
                 raise DeferredExecutionError(
@@ -150,7 +150,7 @@ def flush(cause: str, site: events.Site | None = None) -> None:
                     graph_ops=len(graph),
                     graph_hash=graph_hash,
                     duration_ns=time.perf_counter_ns() - start,
-                    site=site if site is not None else telemetry.call_site(2),
+                    site=site if site is not None else events.user_call_site(2),
                 )
                 telemetry.emit_op_batch()
 
@@ -214,7 +214,7 @@ def _signature(func: Any, margs: Any) -> str:
 
 
 def _eager(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
-    flush(cause, telemetry.call_site(3) if state.log_enabled else None)
+    flush(cause, events.user_call_site(3) if state.log_enabled else None)
     return tt.strict_dispatch(func, args, kwargs)
 
 
@@ -282,7 +282,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         kwargs={k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
         outputs=outputs,
         precision=state.effective_precision(),
-        site=telemetry.call_site(3),
+        site=events.user_call_site(3),
         signature=_signature(func, margs),
     )
     with _lock:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.autograd import profiler as _profiler
 
-from tpu_agent.runtime.emulated import memory, ops, state, telemetry, unsupported
+from tpu_agent.runtime.emulated import memory, mxu, ops, state, telemetry, unsupported
 
 _EMPTY: dict[str, Any] = {}
 _Tensor = torch.Tensor
@@ -215,7 +214,7 @@ def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
     the MXU rounding cache is dropped."""
     if type(t) is not TpuTensor:
         return t
-    _rounded.clear()
+    mxu.clear_cache()
     elem = t._elem
     if elem is None or _pending_touches(elem):
         flush_pending(cause)
@@ -225,17 +224,31 @@ def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
     return elem
 
 
-def _pending_touches(elem: torch.Tensor) -> bool:
-    from tpu_agent.runtime.emulated import deferred
+def _no_pending_graph(elem: torch.Tensor) -> bool:
+    return False
 
-    return deferred.touches(elem)
+
+def _nothing_to_flush(cause: str, site: Any = None) -> None:
+    return None
+
+
+# The pending DeferAndFuse graph, as this module sees it: whether it touches some CPU data, and how to run it.
+# The eager-mode switch installs the graph's functions (see modes.apply_mode), so this module never imports
+# the recorder that imports it.
+_pending_touches: Callable[[torch.Tensor], bool] = _no_pending_graph
+_flush_pending: Callable[[str, Any], None] = _nothing_to_flush
+
+
+def set_pending_graph(touches: Callable[[torch.Tensor], bool], flush: Callable[[str, Any], None]) -> None:
+    """Connect :func:`unwrap` and :func:`flush_pending` to the deferred graph (called by the mode switch)."""
+    global _pending_touches, _flush_pending
+    _pending_touches = touches
+    _flush_pending = flush
 
 
 def flush_pending(cause: str, site: Any = None) -> None:
     """Run the pending DeferAndFuse graph now (no-op when nothing is pending)."""
-    from tpu_agent.runtime.emulated import deferred
-
-    deferred.flush(cause, site)
+    _flush_pending(cause, site)
 
 
 def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
@@ -246,31 +259,38 @@ def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------- strict path
 
 
-def _unwrap_list(items: list | tuple) -> list:
-    return [(x._elem if x._elem is not None else unwrap(x)) if type(x) is TpuTensor else x for x in items]
-
-
 def _mixed_device(func: Any, t: torch.Tensor) -> None:
     if t.dim() != 0 and func not in ops.MIXED_DEVICE_OK and t.device.type != "meta":
         raise RuntimeError(MIXED_DEVICE_MESSAGE.format(a=DEVICE, b=t.device))
 
 
+def _unwrap_leaf(func: Any, x: Any) -> Any:
+    """One argument with every tpu tensor in it (at any depth of lists and tuples) replaced by its CPU data.
+
+    ATen arguments nest: ``x[:, idx]`` reaches ``aten.index`` as ``[None, idx]``, ``torch.cat`` takes a list,
+    foreach ops take lists of lists. A tpu tensor left anywhere inside would send the CPU kernel back into
+    the emulator's dispatcher, so every leaf is visited, not just the first item."""
+    t = type(x)
+    if t is TpuTensor:
+        e = x._elem
+        return e if e is not None else unwrap(x)
+    if t is list or t is tuple:
+        return t(_unwrap_leaf(func, y) for y in x)
+    if isinstance(x, _Tensor):
+        _mixed_device(func, x)
+    return x
+
+
 def unwrap_args(func: Any, args: tuple | list) -> list:
-    """CPU arguments for ``func``: tpu tensors (and lists of them) replaced by their CPU data."""
+    """CPU arguments for ``func``: tpu tensors (anywhere in nested lists and tuples) replaced by their CPU data."""
     out = list(args)
     for i, a in enumerate(args):
         t = type(a)
         if t is TpuTensor:
             e = a._elem
             out[i] = e if e is not None else unwrap(a)
-        elif t is list or t is tuple:
-            if a and isinstance(a[0], _Tensor):
-                for x in a:
-                    if type(x) is not TpuTensor and isinstance(x, _Tensor):
-                        _mixed_device(func, x)
-                out[i] = _unwrap_list(a)
-        elif isinstance(a, _Tensor):
-            _mixed_device(func, a)
+        elif t is list or t is tuple or isinstance(a, _Tensor):
+            out[i] = _unwrap_leaf(func, a)
     return out
 
 
@@ -288,11 +308,8 @@ def unwrap_kwargs(func: Any, kwargs: dict) -> tuple[dict, bool]:
                 to_host = True
             else:
                 out[k] = _CPU
-        elif t is list or t is tuple:
-            if v and isinstance(v[0], _Tensor):
-                out[k] = _unwrap_list(v)
-        elif isinstance(v, _Tensor):
-            _mixed_device(func, v)
+        elif t is list or t is tuple or isinstance(v, _Tensor):
+            out[k] = _unwrap_leaf(func, v)
     return out, to_host
 
 
@@ -312,116 +329,6 @@ def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make
     if t is tuple or t is list:
         return t(rewrap(o, args, cargs, kwargs, ckwargs, make) for o in out)
     return out
-
-
-def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
-    """An f32 tensor rounded to ``bits`` explicit significand bits (round to nearest even), still f32.
-
-    Integer arithmetic on the bit pattern; for ``bits=7`` it is bit-identical to a bf16 round trip.
-    """
-    drop = 23 - bits
-    i = t.view(torch.int32)
-    r = (i >> drop) & 1
-    r += (1 << (drop - 1)) - 1
-    r += i
-    r &= -(1 << drop)
-    return r.view(torch.float32)
-
-
-def _round_dense(t: torch.Tensor, precision: state.Precision) -> torch.Tensor:
-    if precision is state.Precision.DEFAULT:
-        return t.to(torch.bfloat16).to(torch.float32)  # vectorised conversions: the cheapest RNE on CPU
-    return round_mantissa(t, 16)
-
-
-# Rounded copies of MXU operands, per base tpu tensor and version: a weight feeds the forward and the
-# backward matmul, an activation the forward and the weight-gradient matmul, a gradient two backward matmuls
-# (once transposed), so each base is rounded once and every view of it is cut from the rounded copy. The
-# wrapper's version counter is shared by all its views, so any in-place write invalidates the entry.
-# Parameters are held strongly (they live all run; weakrefs would block ``Module.to``'s tensor swap),
-# other bases weakly, so the cache never keeps activations alive. Cleared at every optimizer step.
-_rounded: dict[tuple[int, state.Precision], tuple[Any, int, torch.Tensor, bool]] = {}
-ROUNDED_CACHE_ENTRIES = 1024
-
-
-def clear_rounding_cache() -> None:
-    _rounded.clear()
-
-
-def _evict(key: tuple[int, state.Precision]) -> Any:
-    return lambda _ref: _rounded.pop(key, None)
-
-
-def _round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) -> torch.Tensor:
-    """``elem`` (the CPU data of tpu tensor ``operand``) rounded for the MXU, reusing its base's rounding."""
-    base = operand._base if operand._base is not None else operand
-    base_elem = base._elem if type(base) is TpuTensor else None
-    if (
-        base_elem is None
-        or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
-        or type(base_elem) is not _Tensor
-        or base_elem.storage_offset() != 0
-        or not base_elem.is_contiguous()
-        or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
-    ):
-        return _round_dense(elem, precision)
-    key = (id(base), precision)
-    version = base._version
-    entry = _rounded.get(key)
-    if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
-        rounded_base = entry[2]
-    else:
-        rounded_base = _round_dense(base_elem, precision)
-        if len(_rounded) >= ROUNDED_CACHE_ENTRIES:
-            _rounded.clear()
-        strong = base.is_leaf and base.requires_grad
-        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong)
-    if elem is base_elem:
-        return rounded_base
-    return rounded_base.as_strided(elem.shape, elem.stride(), elem.storage_offset())
-
-
-def mxu_operand(t: Any, precision: state.Precision, operand: Any = None) -> Any:
-    """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH).
-    ``operand`` is the tpu tensor ``t`` came from, when known (enables the rounding cache)."""
-    if not isinstance(t, _Tensor):
-        return t
-    dtype = t.dtype
-    if dtype is torch.float32:
-        if type(operand) is TpuTensor:
-            return _round_operand(operand, t, precision)
-        return _round_dense(t, precision)
-    if dtype is torch.float16 and precision is state.Precision.DEFAULT:
-        return t.to(torch.bfloat16).to(torch.float16)
-    return t
-
-
-def check_operands(func: Any, cargs: list) -> None:
-    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode)."""
-    spec = ops.SAME_DTYPE_OPERANDS.get(func)
-    if spec is None:
-        return
-    name, i, j = spec
-    a, b = cargs[i], cargs[j]
-    if isinstance(a, _Tensor) and isinstance(b, _Tensor) and a.dtype != b.dtype:
-        raise RuntimeError(
-            f"{name}(): expected the two arguments to have the same dtype, got "
-            f"{str(a.dtype).removeprefix('torch.')} vs {str(b.dtype).removeprefix('torch.')}"
-        )
-
-
-def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None) -> Any:
-    """Execute one op on CPU data as the TPU would: MXU operand rounding, then the CPU kernel.
-    ``args`` are the op's original (tpu) arguments, parallel to ``cargs``."""
-    positions = ops.MXU_OPERANDS.get(func)
-    if positions is not None:
-        check_operands(func, cargs)
-        if precision is not state.Precision.HIGHEST:
-            cargs = list(cargs)
-            for p in positions:
-                if p < len(cargs):
-                    cargs[p] = mxu_operand(cargs[p], precision, args[p] if args is not None else None)
-    return func(*cargs, **ckwargs)
 
 
 _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
@@ -452,10 +359,10 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+            return mxu.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     else:
         ckwargs = kwargs
-    out = run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+    out = mxu.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
