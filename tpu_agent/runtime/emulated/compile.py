@@ -180,7 +180,10 @@ def _is_tpu_backend(backend: Any) -> bool:
 
 
 _registered = False
-_EMULATION_MODULES = ("tensor", "mxu", "deferred", "debug", "telemetry", "memory", "unsupported", "autocast", "device", "modes")
+_EMULATION_MODULES = (
+    "tensor", "mxu", "kernels", "cpu_gaps", "deferred", "debug", "telemetry", "memory", "unsupported", "autocast", "device",
+    "modes",
+)  # fmt: skip
 
 
 def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import mxu, ops, state, telemetry
+from tpu_agent.runtime.emulated import kernels, ops, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
 
 MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
@@ -84,7 +84,7 @@ class CpuExecutor:
                 cargs = tt.unwrap_args(node.func, node.args)
                 ckwargs, _ = tt.unwrap_kwargs(node.func, node.kwargs) if node.kwargs else (node.kwargs, False)
                 # no tpu args: the rounding cache keys on version counters, which recording has already advanced
-                out = mxu.run_on_cpu(node.func, cargs, ckwargs, node.precision)
+                out = kernels.run_on_cpu(node.func, cargs, ckwargs, node.precision)
             except Exception as error:
                 where = f" recorded at {node.site}" if node.site else ""
                 raise DeferredExecutionError(

@@ -2,7 +2,7 @@
 
 TorchTPU rounds f32 operands of matmul-family ops (:data:`ops.MXU_OPERANDS`) to bf16 for one pass at
 ``Precision.DEFAULT`` and to about 16 significand bits at ``HIGH``; ``HIGHEST`` keeps full f32. The emulation
-rounds the CPU operands the same way before the CPU kernel runs (:func:`run_on_cpu`), in every eager mode.
+rounds the CPU operands the same way before the CPU kernel runs (:func:`kernels.run_on_cpu`), in every eager mode.
 
 Rounding a large weight on every use would cost as much as the matmul itself, so rounded copies are cached per
 base tensor and version (:func:`round_operand`). The cache is dropped at each optimizer step (the weights
@@ -118,20 +118,6 @@ def check_operands(func: Any, cargs: list) -> None:
             f"{name}(): expected the two arguments to have the same dtype, got "
             f"{str(a.dtype).removeprefix('torch.')} vs {str(b.dtype).removeprefix('torch.')}"
         )
-
-
-def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None) -> Any:
-    """Execute one op on CPU data as the TPU would: MXU operand rounding, then the CPU kernel.
-    ``args`` are the op's original (tpu) arguments, parallel to ``cargs``."""
-    positions = ops.MXU_OPERANDS.get(func)
-    if positions is not None:
-        check_operands(func, cargs)
-        if precision is not state.Precision.HIGHEST:
-            cargs = list(cargs)
-            for p in positions:
-                if p < len(cargs):
-                    cargs[p] = mxu_operand(cargs[p], precision, args[p] if args is not None else None)
-    return func(*cargs, **ckwargs)
 
 
 def _optimizer_post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -19,6 +19,7 @@ in-place write through the view is visible in the base.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler
 
-from tpu_agent.runtime.emulated import memory, mxu, ops, state, telemetry, unsupported
+from tpu_agent.runtime.emulated import kernels, memory, mxu, ops, state, telemetry, unsupported
 
 _EMPTY: dict[str, Any] = {}
 _Tensor = torch.Tensor
@@ -45,10 +46,15 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if _profiler._is_profiler_enabled:
-            with hidden_from_profiler():
-                return _dispatch(func, args, kwargs or _EMPTY)
-        return _dispatch(func, args, kwargs or _EMPTY)
+        try:
+            if _profiler._is_profiler_enabled:
+                with hidden_from_profiler():
+                    return _dispatch(func, args, kwargs or _EMPTY)
+            return _dispatch(func, args, kwargs or _EMPTY)
+        except Exception as error:
+            if _FULL_TRACEBACKS:
+                raise
+            raise as_device_error(func, error) from None
 
     # A traceable wrapper subclass, so Dynamo and AOTAutograd trace through it onto the CPU data.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
@@ -100,6 +106,19 @@ class TpuTensor(torch.Tensor):
         # restorable with map_location="cpu" in a process without the emulation.
         cpu = _host_read(self, "save").detach().clone()
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad))
+
+
+# Errors reach the user as the device's: no CPU kernel names, no emulator frames beneath this dispatcher.
+# TPU_AGENT_EMULATOR_TRACEBACKS=1 keeps the full chain (for debugging the emulator itself).
+_FULL_TRACEBACKS = os.environ.get("TPU_AGENT_EMULATOR_TRACEBACKS") == "1"
+
+
+def as_device_error(func: Any, error: Exception) -> Exception:
+    """``error`` as raised by the device for ``func``: cleaned text, traceback and chain cut at the dispatcher."""
+    cleaned = kernels.device_error(func, error)
+    cleaned.__cause__ = None
+    cleaned.__suppress_context__ = True
+    return cleaned.with_traceback(None)
 
 
 _enable_record_function = torch._C._autograd._enable_record_function
@@ -181,10 +200,21 @@ def _wrapper_like(like: torch.Tensor) -> TpuTensor:
     )
 
 
+def _carry_math_bits(r: torch.Tensor, like: torch.Tensor) -> None:
+    """Give the wrapper its data's conjugate and negative bits, so torch resolves them before an op reaches
+    the dispatcher (inside it the CPU kernels run with those dispatch keys off and would read raw values)."""
+    if like.is_conj():
+        torch._C._set_conj(r, True)
+    if like.is_neg():
+        torch._C._set_neg(r, True)
+
+
 def wrap(elem: torch.Tensor) -> torch.Tensor:
     """A tpu tensor over the CPU tensor ``elem`` (sharing its data; no copy)."""
     r = _wrapper_like(elem)
     r._elem = elem
+    if elem.is_complex() or elem.is_neg():
+        _carry_math_bits(r, elem)
     if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
         r._free = _Allocation(memory.track(elem))
     return r
@@ -195,6 +225,8 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     r = _wrapper_like(meta)
     r._elem = None
     r._meta = meta
+    if meta.is_complex() or meta.is_neg():
+        _carry_math_bits(r, meta)
     return r
 
 
@@ -359,10 +391,10 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return mxu.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     else:
         ckwargs = kwargs
-    out = mxu.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+    out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
