@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tpu_agent.chips import DEFAULT_CHIP
+from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.runtime.doctor import DoctorReport, doctor
 from tpu_agent.runtime.envvars import (
     BACKEND_ENV,
@@ -60,7 +60,7 @@ def activate() -> BackendChoice:
         emit(
             RunInfo,
             backend=choice.name,
-            chip=devices[0].chip.key if devices else os.environ.get(CHIP_ENV, DEFAULT_CHIP),
+            chip=devices[0].chip.key if devices else get_chip(os.environ.get(CHIP_ENV, DEFAULT_CHIP)).key,
             eager_mode=mode.enum_name,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             argv=list(sys.argv),

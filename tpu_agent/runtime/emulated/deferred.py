@@ -88,7 +88,7 @@ class CpuExecutor:
             except Exception as error:
                 where = f" recorded at {node.site}" if node.site else ""
                 raise DeferredExecutionError(
-                    f"{error}\n  [DeferAndFuse] op {node.func}{where} failed when the pending graph was materialised by '{cause}'"
+                    f"{kernels.device_error(node.func, error)}\n  [DeferAndFuse] op {node.func}{where} failed when the pending graph was materialised by '{cause}'"
                 ) from error
             _fill(node.outputs, out)
 
@@ -254,6 +254,9 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         return tt.strict_dispatch(func, args, kwargs)
     if func in ops.DATA_DEPENDENT_OPS:
         return _eager(func, args, kwargs, "data_dependent")
+    if func in ops.STORAGE_CHANGING_OPS:  # the tensor object itself changes (sync_metadata): needs its data now
+        telemetry.emit_fallback(str(func))
+        return _eager(func, args, kwargs, "fallback")
     special = tt.special_for(func)
     if special is not None:
         special(func, args, kwargs)
@@ -263,14 +266,9 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         mkwargs["device"] = _META
     try:
         mout = func(*margs, **mkwargs)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
+    except Exception:  # noqa: BLE001 - any op whose shapes cannot be inferred runs eagerly (with an event)
         telemetry.emit_fallback(str(func))
         return _eager(func, args, kwargs, "fallback")
-    except RuntimeError as error:
-        if "meta" in str(error).lower():
-            telemetry.emit_fallback(str(func))
-            return _eager(func, args, kwargs, "fallback")
-        raise
     if state.log_enabled:
         telemetry.op_counts[func] += 1
     outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)

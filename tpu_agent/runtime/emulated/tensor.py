@@ -66,6 +66,15 @@ class TpuTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> torch.Tensor:
         return wrap(inner["_elem"])
 
+    # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the method
+    # runs the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
+    # internals (``torch.utils.swap_tensors``): every reference the program holds sees the new size.
+    def resize_(self, *sizes: Any, memory_format: Any = None) -> torch.Tensor:
+        return _grown(self, lambda: _Tensor.resize_(self, *sizes, memory_format=memory_format))
+
+    def resize_as_(self, other: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
+        return _grown(self, lambda: _Tensor.resize_as_(self, other, memory_format=memory_format))
+
     # Host reads: name the cause for the event log, materialise pending work, then read the CPU data.
     def item(self) -> Any:
         return _host_read(self, "item").item()
@@ -119,6 +128,14 @@ def as_device_error(func: Any, error: Exception) -> Exception:
     cleaned.__cause__ = None
     cleaned.__suppress_context__ = True
     return cleaned.with_traceback(None)
+
+
+def _grown(t: TpuTensor, resize: Callable[[], torch.Tensor]) -> torch.Tensor:
+    try:
+        return resize()
+    except WrapperTooSmall:
+        torch.utils.swap_tensors(t, wrap(unwrap(t)))
+        return t
 
 
 _enable_record_function = torch._C._autograd._enable_record_function
@@ -211,12 +228,16 @@ def _carry_math_bits(r: torch.Tensor, like: torch.Tensor) -> None:
 
 def wrap(elem: torch.Tensor) -> torch.Tensor:
     """A tpu tensor over the CPU tensor ``elem`` (sharing its data; no copy)."""
-    r = _wrapper_like(elem)
+    try:
+        r = _wrapper_like(elem)
+        if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
+            r._free = _Allocation(memory.track(elem))
+    except RuntimeError:
+        unsupported.check_layout(elem)
+        raise
     r._elem = elem
     if elem.is_complex() or elem.is_neg():
         _carry_math_bits(r, elem)
-    if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
-        r._free = _Allocation(memory.track(elem))
     return r
 
 
@@ -368,17 +389,25 @@ _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
 def sync_metadata(t: Any, source: torch.Tensor) -> None:
     """After an in-place shape/stride change (``unsqueeze_``, ``t_``, ``resize_``...), restride the tpu
-    tensor itself to match ``source`` (its CPU or meta data)."""
+    tensor itself to match ``source`` (its CPU data).
+
+    A wrapper's own storage is a size record, not memory, and cannot grow: when the op grew the data this
+    raises :class:`WrapperTooSmall`, which :meth:`TpuTensor.resize_` turns into a rebuilt tensor."""
     if type(t) is not TpuTensor or (t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()):
         return
     try:
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
             torch.ops.aten.as_strided_.default(t, source.shape, source.stride(), source.storage_offset())
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"the emulated tpu cannot grow a tensor in place (to size {tuple(source.shape)}); "
-            "allocate a new one instead, e.g. torch.empty(new_size, device='tpu')"
-        ) from error
+        return
+    except RuntimeError:
+        pass
+    raise WrapperTooSmall(
+        f"the tpu tensor's data grew to size {tuple(source.shape)}; TpuTensor.resize_ rebuilds the tensor around it"
+    )
+
+
+class WrapperTooSmall(RuntimeError):
+    """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
 
 
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:

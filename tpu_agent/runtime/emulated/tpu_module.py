@@ -175,7 +175,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.device_count")
     def device_count() -> int:
-        return 1
+        return state.host_devices
 
     @staticmethod
     @internal("torch.accelerator.current_device_index")
