@@ -243,6 +243,8 @@ def wrap(elem: torch.Tensor) -> torch.Tensor:
 
 def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     """A deferred tpu tensor with ``meta``'s metadata; the executor fills ``_elem`` at the flush."""
+    if meta.layout is not torch.strided:  # refused when recorded, not at a later, unrelated flush
+        unsupported.check_layout(meta)
     r = _wrapper_like(meta)
     r._elem = None
     r._meta = meta
@@ -253,8 +255,12 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
 
 def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
     """Give a deferred tensor its CPU data (called by the executor)."""
+    try:
+        r._free = _Allocation(memory.track(elem))
+    except RuntimeError:
+        unsupported.check_layout(elem)
+        raise
     r._elem = elem
-    r._free = _Allocation(memory.track(elem))
 
 
 def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
@@ -306,7 +312,14 @@ def flush_pending(cause: str, site: Any = None) -> None:
 
 def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
     telemetry.host_sync(cause)
-    return unwrap(t, cause)
+    try:
+        return unwrap(t, cause)
+    except Exception as error:  # a deferred op failed at this flush: report it without the executor's frames
+        if _FULL_TRACEBACKS:
+            raise
+        error.__cause__ = None
+        error.__suppress_context__ = True
+        raise error.with_traceback(None) from None
 
 
 # ----------------------------------------------------------------------------------------------- strict path
