@@ -20,7 +20,17 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.runtime.emulated import generator, host_memory, memory, modes, state, streams, tensor, tpu_module, unsupported
+from tpu_agent.runtime.emulated import (
+    generator,
+    host_memory,
+    memory,
+    modes,
+    state,
+    streams,
+    tensor,
+    tpu_module,
+    unsupported,
+)
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive for the process

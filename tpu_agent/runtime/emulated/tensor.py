@@ -27,7 +27,15 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler
 
-from tpu_agent.runtime.emulated import kernels, memory, mxu, ops, state, telemetry, unsupported
+from tpu_agent.runtime.emulated import (
+    kernels,
+    memory,
+    mxu,
+    ops,
+    state,
+    telemetry,
+    unsupported,
+)
 
 _EMPTY: dict[str, Any] = {}
 _Tensor = torch.Tensor
