@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import kernels, ops, state, telemetry
+from tpu_agent.runtime.emulated import kernels, ops, shape_cache, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
 
 MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
@@ -166,6 +166,10 @@ def _meta_of(x: Any) -> Any:
             m = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
             if x.storage_offset():
                 m = m.as_strided(x.shape, x.stride(), x.storage_offset())
+            if x.is_conj():
+                torch._C._set_conj(m, True)
+            if x.is_neg():
+                torch._C._set_neg(m, True)
             x._meta = m
         return m
     if t is list or t is tuple:
@@ -246,6 +250,27 @@ def _is_host_upload(func: Any, args: tuple) -> bool:
     )
 
 
+def _infer(func: Any, args: tuple, kwargs: dict, key: tuple | None) -> tuple[Any, str] | None:
+    """Run ``func`` on meta tensors: its deferred outputs and graph signature (``None``: shapes unknown)."""
+    margs = [_meta_of(a) for a in args]
+    mkwargs = {k: _meta_of(v) for k, v in kwargs.items()} if kwargs else kwargs
+    if mkwargs and "device" in mkwargs and mkwargs["device"] is not None:
+        mkwargs["device"] = _META
+    try:
+        mout = func(*margs, **mkwargs)
+    except Exception:  # noqa: BLE001 - any op whose shapes cannot be inferred runs eagerly (with an event)
+        return None
+    outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
+    if func in ops.METADATA_INPLACE_OPS:
+        tt.sync_metadata(outputs, mout)
+    signature = _signature(func, margs)
+    if key is not None:
+        inferred = shape_cache.describe(mout, margs, mkwargs, args, kwargs, signature)
+        if inferred is not None:
+            shape_cache.store(key, inferred)
+    return outputs, signature
+
+
 def record(func: Any, args: tuple, kwargs: dict) -> Any:
     """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
     if func in ops.HOST_READ_OPS or _is_host_transfer(func, args, kwargs):
@@ -260,20 +285,19 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
     special = tt.special_for(func)
     if special is not None:
         special(func, args, kwargs)
-    margs = [_meta_of(a) for a in args]
-    mkwargs = {k: _meta_of(v) for k, v in kwargs.items()} if kwargs else kwargs
-    if mkwargs and "device" in mkwargs and mkwargs["device"] is not None:
-        mkwargs["device"] = _META
-    try:
-        mout = func(*margs, **mkwargs)
-    except Exception:  # noqa: BLE001 - any op whose shapes cannot be inferred runs eagerly (with an event)
-        telemetry.emit_fallback(str(func))
-        return _eager(func, args, kwargs, "fallback")
+    key = shape_cache.key_of(func, args, kwargs) if func not in ops.METADATA_INPLACE_OPS else None
+    inferred = shape_cache.lookup(key) if key is not None else None
+    if inferred is not None:
+        outputs = shape_cache.build(inferred.outputs, args, kwargs)
+        signature = inferred.signature
+    else:
+        inferred_now = _infer(func, args, kwargs, key)
+        if inferred_now is None:
+            telemetry.emit_fallback(str(func))
+            return _eager(func, args, kwargs, "fallback")
+        outputs, signature = inferred_now
     if state.log_enabled:
         telemetry.op_counts[func] += 1
-    outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
-    if func in ops.METADATA_INPLACE_OPS:
-        tt.sync_metadata(outputs, mout)
     node = Node(
         func=func,
         args=tuple(_snapshot_host(a) for a in args),
@@ -281,7 +305,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         outputs=outputs,
         precision=state.effective_precision(),
         site=events.user_call_site(3),
-        signature=_signature(func, margs),
+        signature=signature,
     )
     with _lock:
         _pending.nodes.append(node)

@@ -261,6 +261,17 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     return r
 
 
+def wrap_pending_layout(shape: Any, stride: Any, offset: int, dtype: torch.dtype, conj: bool, neg: bool) -> TpuTensor:
+    """A deferred tpu tensor with this layout (its meta tensor is made when an uncached recording needs it)."""
+    r = _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE, requires_grad=False)
+    r._elem = None
+    if conj:
+        torch._C._set_conj(r, True)
+    if neg:
+        torch._C._set_neg(r, True)
+    return r
+
+
 def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
     """Give a deferred tensor its CPU data (called by the executor)."""
     try:
