@@ -273,19 +273,20 @@ def _infer(func: Any, args: tuple, kwargs: dict, key: tuple | None) -> tuple[Any
 
 def record(func: Any, args: tuple, kwargs: dict) -> Any:
     """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
-    if func in ops.HOST_READ_OPS or _is_host_transfer(func, args, kwargs):
-        return _eager(func, args, kwargs, ops.HOST_READ_OPS.get(func, "cpu"))
+    plan = ops.plan_of(func)
+    if plan.host_read is not None or _is_host_transfer(func, args, kwargs):
+        return _eager(func, args, kwargs, plan.host_read or "cpu")
     if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
         return tt.strict_dispatch(func, args, kwargs)
-    if func in ops.DATA_DEPENDENT_OPS:
+    if plan.data_dependent:
         return _eager(func, args, kwargs, "data_dependent")
-    if func in ops.STORAGE_CHANGING_OPS:  # the tensor object itself changes (sync_metadata): needs its data now
+    if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
         telemetry.emit_fallback(str(func))
         return _eager(func, args, kwargs, "fallback")
     special = tt.special_for(func)
     if special is not None:
         special(func, args, kwargs)
-    key = shape_cache.key_of(func, args, kwargs) if func not in ops.METADATA_INPLACE_OPS else None
+    key = shape_cache.key_of(func, args, kwargs) if not plan.metadata_inplace else None
     inferred = shape_cache.lookup(key) if key is not None else None
     if inferred is not None:
         outputs = shape_cache.build(inferred.outputs, args, kwargs)

@@ -39,7 +39,8 @@ def device_error(func: Any, error: Exception) -> Exception:
 def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None) -> Any:
     """Execute one op on CPU data as the TPU would. ``args`` are the op's original (tpu) arguments, parallel
     to ``cargs`` (they let the MXU rounding reuse a weight's rounded copy)."""
-    positions = ops.MXU_OPERANDS.get(func)
+    plan = ops.plan_of(func)
+    positions = plan.mxu_operands
     if positions is not None:
         mxu.check_operands(func, cargs)
         if precision is not state.Precision.HIGHEST:
@@ -47,7 +48,6 @@ def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision
             for p in positions:
                 if p < len(cargs):
                     cargs[p] = mxu.mxu_operand(cargs[p], precision, args[p] if args is not None else None)
-    gap = cpu_gaps.BY_OP.get(func)
-    if gap is not None:
-        return cpu_gaps.compute(gap, func, cargs, ckwargs)
+    if plan.gap is not None:
+        return cpu_gaps.compute(plan.gap, func, cargs, ckwargs)
     return func(*cargs, **ckwargs)

@@ -47,7 +47,7 @@ def key_of(func: Any, args: tuple, kwargs: dict) -> tuple | None:
         named = tuple((k, _arg_key(v)) for k, v in kwargs.items()) if kwargs else ()
     except _Uncacheable:
         return None
-    return (func, positional, named)
+    return (id(func), positional, named)  # overloads live forever; id avoids hashing them in Python
 
 
 @dataclass(frozen=True)

@@ -345,7 +345,7 @@ def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
 
 
 def _mixed_device(func: Any, t: torch.Tensor) -> None:
-    if t.dim() != 0 and func not in ops.MIXED_DEVICE_OK and t.device.type != "meta":
+    if t.dim() != 0 and not ops.plan_of(func).mixed_device_ok and t.device.type != "meta":
         raise RuntimeError(MIXED_DEVICE_MESSAGE.format(a=DEVICE, b=t.device))
 
 
@@ -445,7 +445,7 @@ class WrapperTooSmall(RuntimeError):
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if state.log_enabled:
         telemetry.op_counts[func] += 1
-    special = _SPECIAL.get(func)
+    special = _SPECIAL.get(id(func))
     if special is not None:
         special(func, args, kwargs)
     cargs = unwrap_args(func, args)
@@ -461,7 +461,7 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
 
         debug.check(func, cargs, ckwargs, out)
     result = rewrap(out, args, cargs, kwargs, ckwargs)
-    if func in ops.METADATA_INPLACE_OPS:
+    if ops.plan_of(func).metadata_inplace:
         sync_metadata(result, out)
     return result
 
@@ -486,14 +486,15 @@ def _to_copy_op(func: Any, args: tuple, kwargs: dict) -> None:
         telemetry.host_sync("cpu")
 
 
-_SPECIAL: dict[Any, Any] = {op: unsupported.check for op in unsupported.CHECKED_OPS}
-_SPECIAL.update({op: _host_read_op for op in ops.HOST_READ_OPS})
-_SPECIAL[torch.ops.aten.copy_.default] = _copy_op
-_SPECIAL[torch.ops.aten._to_copy.default] = _to_copy_op
+# Keyed by id(op): the lookup runs on every op, and an OpOverload hashes in Python (overloads live forever).
+_SPECIAL: dict[int, Any] = {id(op): unsupported.check for op in unsupported.CHECKED_OPS}
+_SPECIAL.update({id(op): _host_read_op for op in ops.HOST_READ_OPS})
+_SPECIAL[id(torch.ops.aten.copy_.default)] = _copy_op
+_SPECIAL[id(torch.ops.aten._to_copy.default)] = _to_copy_op
 
 
 def special_for(func: Any) -> Any:
-    return _SPECIAL.get(func)
+    return _SPECIAL.get(id(func))
 
 
 # The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).
