@@ -256,6 +256,10 @@ def backend_table(ctx: PyContext, original: cst.Subscript, updated: cst.Subscrip
     return keep_parens(original, new) if new is not None else updated
 
 
+def _is_device_or_backend(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    return cuda_device_code(ctx, node) is not None or _is_backend_expression(ctx, node)
+
+
 # ---- argparse options ---------------------------------------------------------------------------------
 @devices.FAMILY.leave(cst.Call)
 def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -264,6 +268,12 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
         isinstance(original.func, cst.Attribute) and original.func.attr.value == "add_argument"
     ):
         return updated
+    default = keyword(original, "default")
+    choices = keyword(original, "choices")
+    if not (default is not None and _is_device_or_backend(ctx, default.value)) and not (
+        choices is not None and "cuda" in source(choices.value)
+    ):
+        return updated  # most options: no device or backend literal, no analysis needed
     flags = [string_value(a.value) or "" for a in original.args if a.keyword is None]
     dest_arg = keyword(original, "dest")
     dest = argparse_dest(flags, string_value(dest_arg.value) if dest_arg is not None else None)
@@ -272,7 +282,6 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
     verdict = ctx.value_flow.flow(attr_key(dest)).verdict
     named_device = any("device" in f for f in flags)
     result = updated
-    default = keyword(original, "default")
     position = original.args.index(default) if default is not None else -1
     if default is not None and not named_device and cuda_device_code(ctx, default.value):
         if verdict is Verdict.DEVICE:
@@ -287,7 +296,6 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
                                   updated.args[position].value)
         if new is not None:
             result = replace_arg_value(result, position, new)
-    choices = keyword(original, "choices")
     if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)) and (
         named_device or verdict is Verdict.DEVICE
     ):
