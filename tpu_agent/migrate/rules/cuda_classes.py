@@ -122,8 +122,8 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
         if ctx.target is Target.TPU:
             new = ctx.fix("TPU214", original, lambda: cst.Name("True"), lambda n: "is_bf16_supported() -> True (bf16 is native on TPU)")
             return keep_parens(original, new) if new is not None else updated
-        ctx.report("TPU214", original, "is_bf16_supported(): no device-agnostic query in torch 2.13; bf16 is native on "
-                   "TPU: make it an explicit option (or use --target tpu)", fixable=False)
+        ctx.report("TPU214", original, "is_bf16_supported(): not rewritten: no device-agnostic query in torch 2.13; "
+                   "bf16 is native on TPU: make it an explicit option (or use --target tpu)", fixable=False)
         return updated
     if qualname == _SDP_KERNEL:
         return _sdp_kernel(ctx, original, updated)
