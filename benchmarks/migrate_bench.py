@@ -30,12 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from real_tree import make_tree
+from real_tree import conversion_share, make_tree
 
 from tpu_agent.migrate import api
 from tpu_agent.migrate.analysis.valueflow import analyse
-from tpu_agent.migrate.model import MigrateOptions, Plan, Safety, Target
-from tpu_agent.migrate.rules import ALL_RULES
+from tpu_agent.migrate.model import MigrateOptions, Plan, Target
 
 PARSED_TARGET_PER_CORE = 3_000  # lines/s
 PREFILTER_TARGET = 50_000  # lines/s
@@ -205,25 +204,6 @@ def measure(label: str, root: Path, jobs: int) -> Measurement:
     )
 
 
-def conversion_share(plan: Plan) -> tuple[int, int, int, dict[str, int]]:
-    """(references, converted, references with a TorchTPU form, unconverted count per rule) of a plan.
-
-    A reference has no TorchTPU form when its rule is MANUAL (Triton, flash-attn, RNG state, DataParallel...)
-    or the rule itself could not rewrite it for this target (reported with fixable=False: no equivalent).
-    """
-    references = converted = convertible = 0
-    left: dict[str, int] = {}
-    for finding in plan.findings:
-        references += 1
-        converted += finding.fixed
-        manual = ALL_RULES[finding.code].safety is Safety.MANUAL
-        if not manual and (finding.fixed or finding.safety is Safety.UNSAFE or "not rewritten" not in finding.message):
-            convertible += 1
-        if not finding.fixed:
-            left[finding.code] = left.get(finding.code, 0) + 1
-    return references, converted, convertible, left
-
-
 def real_tree(files: int, lines: int) -> None:
     """Migrate the real-shaped tree in place (default jobs), then report speed and conversion shares."""
     workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-real-"))
@@ -248,11 +228,13 @@ def real_tree(files: int, lines: int) -> None:
               f"{flow_seconds:.1f} s wall")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    share_files = max(120, files // 4)  # the same generator and seed, a quarter of the files: 4 plans to run
+    print(f"conversion shares on the first {share_files} files of the same tree:")
     for target in (Target.ACCELERATOR, Target.TPU):
         for unsafe in (False, True):
             tree = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-share-"))
             try:
-                result = api.plan([make_tree(tree, files=files, mean_lines=lines)],
+                result = api.plan([make_tree(tree, files=share_files, mean_lines=lines)],
                                   MigrateOptions(target=target, unsafe_fixes=unsafe))
             finally:
                 shutil.rmtree(tree, ignore_errors=True)

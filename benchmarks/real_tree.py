@@ -18,6 +18,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from tpu_agent.migrate.model import Plan, Safety
+from tpu_agent.migrate.rules import ALL_RULES
+
 # ---- CUDA-specific snippets, each as it appears in public code ({n} keeps names unique) ------------------
 CUDA_SNIPPETS = [
     # tutorials: device selection
@@ -509,3 +512,22 @@ def make_tree(root: Path, files: int = 1_700, mean_lines: int = 260, seed: int =
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"mod_{index}.py").write_text(make_python(index, shape, mean_lines, rng), encoding="utf-8")
     return root
+
+
+def conversion_share(plan: Plan) -> tuple[int, int, int, dict[str, int]]:
+    """(references, converted, references with a TorchTPU form, unconverted count per rule) of a plan.
+
+    A reference has no TorchTPU form when its rule is MANUAL (Triton, flash-attn, RNG state, DataParallel...)
+    or the rule itself could not rewrite it for this target (reported with fixable=False: no equivalent).
+    """
+    references = converted = convertible = 0
+    left: dict[str, int] = {}
+    for finding in plan.findings:
+        references += 1
+        converted += finding.fixed
+        manual = ALL_RULES[finding.code].safety is Safety.MANUAL
+        if not manual and (finding.fixed or finding.safety is Safety.UNSAFE or "not rewritten" not in finding.message):
+            convertible += 1
+        if not finding.fixed:
+            left[finding.code] = left.get(finding.code, 0) + 1
+    return references, converted, convertible, left
