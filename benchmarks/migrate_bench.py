@@ -15,7 +15,8 @@ about 440k lines; issue 13's target: the in-place run in <= 30 s on 2 cores with
 migrates it in place as the CLI does (plan, then apply), printing the wall time next to the time the
 value-flow analysis took inside it (measured on the same files in the same run), and the share of
 converted CUDA references: over all references, and over those that have a TorchTPU / torch.accelerator
-form (manual-by-design rules excluded), with and without ``--unsafe-fixes`` and for both targets (on a quarter of the tree).
+form (manual-by-design rules excluded), with and without ``--unsafe-fixes`` and for both targets (on a quarter
+of the tree).
 """
 
 from __future__ import annotations

@@ -24,21 +24,21 @@ from tpu_agent.migrate.rules import ALL_RULES
 # ---- CUDA-specific snippets, each as it appears in public code ({n} keeps names unique) ------------------
 CUDA_SNIPPETS = [
     # tutorials: device selection
-    '''
+    """
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 model_{n} = Net().to(device)
-''',
-    '''
+""",
+    """
 use_cuda = not args.no_cuda and torch.cuda.is_available()
 device_{n} = torch.device("cuda" if use_cuda else "cpu")
 kwargs_{n} = {{"num_workers": 1, "pin_memory": True}} if use_cuda else {{}}
-''',
-    '''
+""",
+    """
 def to_device_{n}(batch):
     images, targets = batch
     return images.cuda(non_blocking=True), targets.cuda(non_blocking=True)
-''',
-    '''
+""",
+    """
 def evaluate_{n}(model, loader):
     model.eval()
     correct = 0
@@ -48,9 +48,9 @@ def evaluate_{n}(model, loader):
             output = model(data)
             correct += output.argmax(dim=1).eq(target).sum().item()
     return correct / len(loader.dataset)
-''',
+""",
     # research code: integer devices and DDP
-    '''
+    """
 def setup_ddp_{n}(rank, world_size):
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = "12355"
@@ -59,8 +59,8 @@ def setup_ddp_{n}(rank, world_size):
     model = Net().to(rank)
     ddp_model = DDP(model, device_ids=[rank])
     return ddp_model
-''',
-    '''
+""",
+    """
 def init_distributed_mode_{n}(args):
     args.rank = int(os.environ["RANK"])
     args.world_size = int(os.environ["WORLD_SIZE"])
@@ -68,32 +68,33 @@ def init_distributed_mode_{n}(args):
     torch.cuda.set_device(args.gpu)
     args.dist_backend = "nccl"
     print(f"| distributed init (rank {{args.rank}}): {{args.dist_url}}", flush=True)
-    dist.init_process_group(backend=args.dist_backend, init_method=args.dist_url, world_size=args.world_size, rank=args.rank)
+    dist.init_process_group(backend=args.dist_backend, init_method=args.dist_url,
+                            world_size=args.world_size, rank=args.rank)
     dist.barrier(device_ids=[args.gpu])
-''',
-    '''
+""",
+    """
 def build_model_{n}(args, model):
     model.cuda(args.gpu)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.gpu], output_device=args.gpu)
     checkpoint = torch.load(args.resume, map_location=lambda storage, loc: storage.cuda(args.gpu))
     model.load_state_dict(checkpoint["model"])
     return model
-''',
-    '''
+""",
+    """
 local_rank_{n} = int(os.environ.get("LOCAL_RANK", 0))
 backend_{n} = "gloo" if not torch.cuda.is_available() else "nccl"
 dist.init_process_group(backend=backend_{n}, device_id=torch.device("cuda", local_rank_{n}))
-''',
+""",
     # nanoGPT-style config globals
-    '''
+    """
 device = "cuda"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float16"
 device_type = "cuda" if "cuda" in device else "cpu"
 ptdtype = {{"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}}[dtype]
 ctx_{n} = torch.amp.autocast(device_type=device_type, dtype=ptdtype)
-''',
+""",
     # AMP
-    '''
+    """
 def train_one_epoch_{n}(model, loader, optimizer, scaler):
     for images, labels in loader:
         images, labels = images.cuda(), labels.cuda()
@@ -103,12 +104,12 @@ def train_one_epoch_{n}(model, loader, optimizer, scaler):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-''',
-    '''
+""",
+    """
 scaler_{n} = torch.cuda.amp.GradScaler(enabled=args.amp)
-''',
+""",
     # timing and memory
-    '''
+    """
 def benchmark_{n}(model, x, iters=50):
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
@@ -119,17 +120,17 @@ def benchmark_{n}(model, x, iters=50):
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
-''',
-    '''
+""",
+    """
 def log_memory_{n}(step):
     mem = torch.cuda.max_memory_allocated() / 1024**3
     reserved = torch.cuda.memory_reserved() / 1024**3
     print(f"step {{step}}: max allocated {{mem:.2f}} GiB, reserved {{reserved:.2f}} GiB")
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.empty_cache()
-''',
+""",
     # seeding and flags
-    '''
+    """
 def set_seed_{n}(seed):
     random.seed(seed)
     np.random.seed(seed)
@@ -137,55 +138,55 @@ def set_seed_{n}(seed):
     torch.cuda.manual_seed_all(seed)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-''',
-    '''
+""",
+    """
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-''',
+""",
     # device queries
-    '''
+    """
 n_gpus_{n} = torch.cuda.device_count()
 if n_gpus_{n} >= 2:
     print(f"using {{n_gpus_{n}}} GPUs: {{torch.cuda.get_device_name(0)}}")
 current_{n} = torch.cuda.current_device()
-''',
+""",
     # checks on tensors
-    '''
+    """
 def maybe_pin_{n}(t):
     if t.is_cuda:
         return t
     return t.pin_memory().cuda(non_blocking=True)
-''',
-    '''
+""",
+    """
 def same_device_{n}(a, b):
     if a.device.type == "cuda" and b.device.type != "cuda":
         b = b.to(a.device)
     return a, b
-''',
+""",
     # loaders and zeros on the device
-    '''
+    """
 def make_buffers_{n}(batch_size, dim):
     mask = torch.zeros(batch_size, dim, device="cuda")
     pos = torch.arange(dim, device="cuda:0")
     return mask, pos
-''',
-    '''
+""",
+    """
 loader_{n} = torch.utils.data.DataLoader(dataset, batch_size=64, pin_memory=True, pin_memory_device="cuda")
-''',
+""",
     # legacy
-    '''
+    """
 def legacy_anchors_{n}(n_anchors):
     anchors = torch.cuda.FloatTensor(n_anchors, 4).zero_()
     ids = torch.cuda.LongTensor([0, 1, 2])
     return anchors, ids
-''',
+""",
     # attention kernels and streams
-    '''
+    """
 def attention_{n}(q, k, v):
     with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=True, enable_mem_efficient=True):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-''',
-    '''
+""",
+    """
 class Prefetcher{n}:
     def __init__(self, loader):
         self.loader = iter(loader)
@@ -197,22 +198,23 @@ class Prefetcher{n}:
             batch = batch.cuda(non_blocking=True)
         torch.cuda.current_stream().wait_stream(self.stream)
         return batch
-''',
+""",
     # env and NCCL settings
-    '''
+    """
 os.environ["NCCL_DEBUG"] = "INFO"
 os.environ["CUDA_VISIBLE_DEVICES"] = args.gpus
 os.environ.update({{"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "8"}})
-''',
+""",
     # profiler
-    '''
+    """
 def profile_{n}(model, x):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
         model(x)
     return prof
-''',
+""",
     # what no rewrite can port (manual by design)
-    '''
+    """
 import triton
 import triton.language as tl
 
@@ -223,36 +225,36 @@ def add_kernel_{n}(x_ptr, y_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n_elements
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + tl.load(y_ptr + offsets, mask=mask), mask=mask)
-''',
-    '''
+""",
+    """
 try:
     from flash_attn import flash_attn_func
 except ImportError:
     flash_attn_func = None
-''',
-    '''
+""",
+    """
 def save_rng_{n}():
     return {{"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state()}}
-''',
-    '''
+""",
+    """
 model_dp_{n} = nn.DataParallel(model)
-''',
+""",
     # the config-object pattern
-    '''
+    """
 @dataclass
 class TrainerConfig{n}:
     device: str = "cuda"
     backend: str = "nccl"
     precision: str = "bf16"
-''',
-    '''
+""",
+    """
 def get_args_{n}():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda", help="cuda or cpu")
     parser.add_argument("--dist-backend", default="nccl", type=str)
     parser.add_argument("--local_rank", type=int, default=0)
     return parser.parse_args()
-''',
+""",
 ]
 
 # ---- ordinary code (no CUDA token): models, data, metrics, utilities -------------------------------------
@@ -275,7 +277,7 @@ class ResidualBlock{n}(nn.Module):
         out = self.bn2(self.conv2(out))
         return self.act(out + x)
 ''',
-    '''
+    """
 
 class MLP{n}(nn.Module):
     def __init__(self, dim: int, hidden: int, dropout: float = 0.1) -> None:
@@ -286,7 +288,7 @@ class MLP{n}(nn.Module):
 
     def forward(self, x):
         return self.drop(self.fc2(F.gelu(self.fc1(x))))
-''',
+""",
     '''
 
 def accuracy_{n}(output, target, topk=(1,)):
@@ -328,7 +330,7 @@ class AverageMeter{n}:
         fmtstr = "{{name}} {{val" + self.fmt + "}} ({{avg" + self.fmt + "}})"
         return fmtstr.format(**self.__dict__)
 ''',
-    '''
+    """
 
 class TextDataset{n}(torch.utils.data.Dataset):
     def __init__(self, tokens, block_size: int) -> None:
@@ -343,24 +345,24 @@ class TextDataset{n}(torch.utils.data.Dataset):
         x = torch.tensor(chunk[:-1], dtype=torch.long)
         y = torch.tensor(chunk[1:], dtype=torch.long)
         return x, y
-''',
-    '''
+""",
+    """
 
 def cosine_lr_{n}(step: int, warmup: int, total: int, base_lr: float, min_lr: float = 0.0) -> float:
     if step < warmup:
         return base_lr * step / max(1, warmup)
     progress = (step - warmup) / max(1, total - warmup)
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-''',
-    '''
+""",
+    """
 
 def save_checkpoint_{n}(state: dict, is_best: bool, path: str = "checkpoint.pth.tar") -> None:
     torch.save(state, path)
     if is_best:
         shutil.copyfile(path, "model_best.pth.tar")
     logger.info("saved checkpoint to %s (best: %s)", path, is_best)
-''',
-    '''
+""",
+    """
 
 class CausalSelfAttention{n}(nn.Module):
     def __init__(self, n_embd: int, n_head: int) -> None:
@@ -379,7 +381,7 @@ class CausalSelfAttention{n}(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
-''',
+""",
     '''
 
 def collate_{n}(batch):

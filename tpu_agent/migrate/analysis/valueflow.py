@@ -25,15 +25,34 @@ from enum import Enum
 _CUDA_RE = re.compile(r"cuda(?::\d+)?")
 # positions whose argument is a device / a backend
 _DEVICE_KEYWORDS = frozenset({"device", "map_location", "device_type", "device_id"})
-_DEVICE_FIRST_FUNCS = frozenset({"to", "device", "set_default_device", "init_device_mesh", "get_device_module", "Generator"})
+_DEVICE_FIRST_FUNCS = frozenset(
+    {"to", "device", "set_default_device", "init_device_mesh", "get_device_module", "Generator"}
+)
 _BACKEND_KEYWORDS = frozenset({"backend"})
 _BACKEND_FIRST_FUNCS = frozenset({"init_process_group", "new_group", "get_default_backend_for_device"})
 _STR_METHODS = frozenset(
-    {"startswith", "endswith", "split", "rsplit", "partition", "lower", "upper", "replace", "strip", "format", "find",
-     "index", "count", "join", "encode"}
+    {
+        "startswith",
+        "endswith",
+        "split",
+        "rsplit",
+        "partition",
+        "lower",
+        "upper",
+        "replace",
+        "strip",
+        "format",
+        "find",
+        "index",
+        "count",
+        "join",
+        "encode",
+    }
 )
 # calls whose arguments are only shown to people
-_LOG_FUNCS = frozenset({"print", "info", "debug", "warning", "warn", "error", "log", "exception", "critical", "str", "repr"})
+_LOG_FUNCS = frozenset(
+    {"print", "info", "debug", "warning", "warn", "error", "log", "exception", "critical", "str", "repr"}
+)
 
 
 class UseKind(str, Enum):

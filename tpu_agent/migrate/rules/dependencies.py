@@ -100,8 +100,10 @@ FAMILY.text(
         kinds=_KINDS,
         pattern=_CUDA_TORCH_RE,
         replace=lambda ctx, m: None,
-        message=lambda ctx, m: f"{m.group(0)} is a CUDA build: pin the plain release ({m.group(0).split('+')[0]}) "
-        "and add torch_tpu on TPU hosts",
+        message=lambda ctx, m: (
+            f"{m.group(0)} is a CUDA build: pin the plain release ({m.group(0).split('+')[0]}) "
+            "and add torch_tpu on TPU hosts"
+        ),
     )
 )
 FAMILY.text(
@@ -110,8 +112,9 @@ FAMILY.text(
         kinds=_KINDS,
         pattern=_CUDA_INDEX_RE,
         replace=lambda ctx, m: None,
-        message=lambda ctx, m: f"CUDA wheel index {m.group(0)}: use PyPI (or https://download.pytorch.org/whl/cpu) on "
-        "TPU hosts",
+        message=lambda ctx, m: (
+            f"CUDA wheel index {m.group(0)}: use PyPI (or https://download.pytorch.org/whl/cpu) on TPU hosts"
+        ),
     )
 )
 

@@ -471,19 +471,22 @@ def is_rank_value(node: cst.CSTNode) -> bool:
         return bool(_RANK_NAME_RE.fullmatch(node.value))
     if isinstance(node, cst.Attribute):
         return bool(_RANK_NAME_RE.fullmatch(node.attr.value))
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int" and len(node.args) == 1:
-        inner = node.args[0].value
-        if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
-            key = inner.slice[0].slice
-            return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
-        if isinstance(inner, cst.Call) and inner.args:
-            return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int"):
+        return False
+    inner = node.args[0].value if len(node.args) == 1 else None
+    if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
+        key = inner.slice[0].slice
+        return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
+    if isinstance(inner, cst.Call) and inner.args:
+        return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
     return False
 
 
 def _integer_device(ctx: PyContext, value: cst.BaseExpression, form: str) -> cst.BaseExpression | None:
     build = ctx.device if form == "device" else ctx.device_value
-    return ctx.fix("TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)")
+    return ctx.fix(
+        "TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)"
+    )
 
 
 @FAMILY.leave(cst.Call)
@@ -507,7 +510,8 @@ def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst
     ):
         # torch.device(cfg.device, local_rank): the type stays, the rank's index goes (one device per process)
         index = original.args[1].value
-        if ctx.report("TPU107", index, f"device index {source(index)} dropped from {source(original)} (one device per process)"):
+        message = f"device index {source(index)} dropped from {source(original)} (one device per process)"
+        if ctx.report("TPU107", index, message):
             return drop_args(updated, lambda i, a: i == 1)
         return updated
     device = keyword(original, "device")
