@@ -117,6 +117,7 @@ def _load_factory(target: str) -> Any:
             if module_spec is None or module_spec.loader is None:
                 raise ImportError(f"cannot load {path}")
             module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = module  # torch.compile re-imports autograd.Functions by module name
             module_spec.loader.exec_module(module)
         else:
             if "" not in sys.path:

@@ -117,6 +117,14 @@ class OpRecord:
     error: str = ""
 
 
+def _host_copy(tensor: Any) -> Any:
+    """A CPU copy made by ``copy_`` into a CPU tensor: inside a dispatch-mode handler under DeferAndFuse, the
+    emulation's ``.to("cpu")`` hands back a deferred ``tpu`` tensor, while ``copy_`` always materialises."""
+    import torch
+
+    return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor.detach())
+
+
 def _op_recorder() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -136,7 +144,7 @@ def _op_recorder() -> Any:
             except Exception as error:
                 self.ops.append(OpRecord(name, location, None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"))
                 raise
-            self.ops.append(OpRecord(name, location, {key: t.detach().to("cpu") for key, t in flatten_tensors(out)}))
+            self.ops.append(OpRecord(name, location, {key: _host_copy(t) for key, t in flatten_tensors(out)}))
             return out
 
     return OpRecorder()
@@ -150,15 +158,24 @@ def _trace(module: Any, invocation: Invocation, device: Any, stage: str) -> list
 
 
 def first_diverging_op(cpu_ops: list[OpRecord], tpu_ops: list[OpRecord]) -> tuple[OpRecord, str] | None:
-    """Walk the tpu ops in order, pairing each with the next CPU op of the same name; the first that raises or
-    whose outputs differ is returned with a description. Ops only one side issued (a kernel choice that
-    differs by device) are skipped."""
+    """The first tpu op that raises or whose outputs differ from its CPU counterpart, with a description.
+
+    Ops are paired by name and calling source line, in order. A tpu op with no CPU counterpart comes from a
+    device-dependent branch in the model's code; it is reported when the values diverge after it, since
+    that branch is then the likeliest cause.
+    """
     position = 0
+    tpu_only: OpRecord | None = None
     for op in tpu_ops:
         if op.outputs is None:
             return op, f"raises on tpu: {op.error}"
-        match = next((index for index in range(position, len(cpu_ops)) if cpu_ops[index].name == op.name), None)
+        match = next(
+            (i for i in range(position, len(cpu_ops)) if (cpu_ops[i].name, cpu_ops[i].location) == (op.name, op.location)),
+            None,
+        )
         if match is None:
+            if op.location:  # ops of the check's own harness (moving inputs to the device) have no model line
+                tpu_only = tpu_only or op
             continue
         position = match + 1
         reference = cpu_ops[match]
@@ -166,6 +183,8 @@ def first_diverging_op(cpu_ops: list[OpRecord], tpu_ops: list[OpRecord]) -> tupl
             continue
         failing = [diff for diff in compare_named(op.outputs, reference.outputs) if not diff.ok]
         if failing:
+            if tpu_only is not None:
+                return tpu_only, f"issued on tpu only (a device-dependent branch); values differ after it: {failing[0].describe()}"
             return op, failing[0].describe()
     return None
 
