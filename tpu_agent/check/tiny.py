@@ -114,7 +114,7 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ShrinkRule(
         "head-dim",
         ("head_dim", "attention_head_dim", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-         "attention_head_size", "d_kv"),
+         "attention_head_size", "d_kv", "rotary_dim"),
         _at_most(TINY_HEAD_DIM),
         "an explicit head size follows the tiny width",
     ),
@@ -214,7 +214,8 @@ def model_class_name(model_type: str, task: str) -> str | None:
     """The transformers class that builds ``model_type`` for ``task`` (``None`` when the task has none)."""
     from transformers.models.auto import modeling_auto
 
-    return getattr(modeling_auto, TASK_MAPPINGS[task]).get(model_type)
+    name = getattr(modeling_auto, TASK_MAPPINGS[task]).get(model_type)
+    return name[0] if isinstance(name, (tuple, list)) else name  # a few types list alternatives; the first is canonical
 
 
 def default_task(model_type: str) -> str | None:
