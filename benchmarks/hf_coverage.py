@@ -33,11 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_agent.check import MODES, CheckOptions, CheckReport, ModelSpec, check_model  # noqa: E402
-from tpu_agent.check.spec import HF_TYPE  # noqa: E402
-from tpu_agent.check.tiny import TASK_MAPPINGS, model_class_name  # noqa: E402
-from tpu_agent.errors import TpuAgentError  # noqa: E402
-from tpu_agent.fsutil import atomic_write_text  # noqa: E402
+from tpu_agent.check import MODES, CheckOptions, CheckReport, ModelSpec, check_model
+from tpu_agent.check.spec import HF_TYPE
+from tpu_agent.check.tiny import TASK_MAPPINGS, model_class_name
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.fsutil import atomic_write_text
 
 SWEPT_TASKS = ("causal-lm", "masked-lm", "seq2seq", "image-classification")
 NOT_ON_CPU = "not on cpu"  # the tiny model does not build or run on plain CPU
@@ -96,7 +96,16 @@ def run_case(case: Case, options: CheckOptions) -> dict[str, Any]:
         report: CheckReport = check_model(ModelSpec(HF_TYPE, case.model_type, case.task), options)
         data = report.to_dict()
     except TpuAgentError as error:  # transformers lacks something for this type: counts as not buildable
-        data = {"modes": [{"mode": m, "status": "error", "error": {"stage": "build", "type": "TpuAgentError", "message": error.message, "location": ""}} for m in options.modes]}
+        data = {
+            "modes": [
+                {
+                    "mode": m,
+                    "status": "error",
+                    "error": {"stage": "build", "type": "TpuAgentError", "message": error.message, "location": ""},
+                }
+                for m in options.modes
+            ]
+        }
     data["case"] = case.__dict__
     data["wall_s"] = round(time.perf_counter() - started, 1)
     return data
@@ -120,7 +129,8 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         "positions padded (so attention masks take their real path), or 2 images at the config's size.",
         "",
         f"Run: {meta['date']}, transformers {meta['transformers']}, torch {meta['torch']}, "
-        f"{meta['selected']} of {meta['available']} architectures{meta['subset_note']}.",
+        f"{len(results)} of {meta['selected']} selected architectures checked ({meta['available']} in the mappings)"
+        f"{meta['subset_note']}.",
         "",
         "A model that does not build or run on plain CPU from its tiny config is listed under *not runnable on CPU*",
         "and left out of the rates: it says nothing about the device.",
@@ -135,7 +145,9 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         counts = Counter(verdicts[mode])
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]
         target = f">= {TARGET:.0%}" if mode in ("strict", "defer-and-fuse") else ""
-        lines.append(f"| {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} | {target} |")
+        lines.append(
+            f"| {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} | {target} |"
+        )
     not_on_cpu = [r for r in results if all(verdict(m) == NOT_ON_CPU for m in r["modes"])]
     lines += ["", f"Not runnable on CPU from a tiny config: {len(not_on_cpu)} of {len(results)}.", ""]
     timing = _timing_lines(results, modes)
@@ -143,10 +155,14 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
     lines += ["## Per task", "", "| task | mode | pass | mismatch | error | pass rate |", "|---|---|---|---|---|---|"]
     for task in SWEPT_TASKS:
         for mode in modes:
-            counts = Counter(verdict(m) for r in results if r["case"]["task"] == task for m in r["modes"] if m["mode"] == mode)
+            counts = Counter(
+                verdict(m) for r in results if r["case"]["task"] == task for m in r["modes"] if m["mode"] == mode
+            )
             runnable = counts["pass"] + counts["mismatch"] + counts["error"]
             if runnable or counts[NOT_ON_CPU]:
-                lines.append(f"| {task} | {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} |")
+                lines.append(
+                    f"| {task} | {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} |"
+                )
     lines += ["", "## Top causes", "", "| cause | modes | architectures | e.g. |", "|---|---|---|---|"]
     grouped: dict[str, dict[str, Any]] = defaultdict(lambda: {"modes": set(), "archs": set()})
     for result in results:
@@ -157,20 +173,32 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
                 entry["archs"].add(result["case"]["class_name"])
     for text, entry in sorted(grouped.items(), key=lambda item: -len(item[1]["archs"]))[:25]:
         examples = ", ".join(sorted(entry["archs"])[:4])
-        lines.append(f"| {_cell(text)} | {', '.join(m for m in modes if m in entry['modes'])} | {len(entry['archs'])} | {examples} |")
-    lines += ["", "## Failing architectures", "", "| architecture | type | task | " + " | ".join(modes) + " | where it starts |",
-              "|---|---|---|" + "---|" * len(modes) + "---|"]
+        lines.append(
+            f"| {_cell(text)} | {', '.join(m for m in modes if m in entry['modes'])} | {len(entry['archs'])} | {examples} |"
+        )
+    lines += [
+        "",
+        "## Failing architectures",
+        "",
+        "| architecture | type | task | " + " | ".join(modes) + " | where it starts |",
+        "|---|---|---|" + "---|" * len(modes) + "---|",
+    ]
     for result in sorted(results, key=lambda r: r["case"]["class_name"]):
         marks = [verdict(m) for m in result["modes"]]
         if all(mark in ("pass", NOT_ON_CPU) for mark in marks):
             continue
         first = next(m for m in result["modes"] if verdict(m) in ("mismatch", "error"))
-        lines.append(f"| {result['case']['class_name']} | {result['case']['model_type']} | {result['case']['task']} | "
-                     + " | ".join(marks) + f" | {_cell(_where(first))} |")
+        lines.append(
+            f"| {result['case']['class_name']} | {result['case']['model_type']} | {result['case']['task']} | "
+            + " | ".join(marks)
+            + f" | {_cell(_where(first))} |"
+        )
     lines += ["", "## Not runnable on CPU from a tiny config", "", "| architecture | type | why |", "|---|---|---|"]
     for result in sorted(not_on_cpu, key=lambda r: r["case"]["class_name"]):
         error = result["modes"][0]["error"]
-        lines.append(f"| {result['case']['class_name']} | {result['case']['model_type']} | {_cell(error['type'] + ': ' + error['message'].splitlines()[0] if error['message'] else error['type'])} |")
+        lines.append(
+            f"| {result['case']['class_name']} | {result['case']['model_type']} | {_cell(error['type'] + ': ' + error['message'].splitlines()[0] if error['message'] else error['type'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -191,18 +219,30 @@ def _cell(text: str) -> str:
 def _timing_lines(results: list[dict[str, Any]], modes: tuple[str, ...]) -> list[str]:
     rows = []
     for mode in modes:
-        ratios = [m["tpu_step_s"] / m["cpu_step_s"] for r in results for m in r["modes"]
-                  if m["mode"] == mode and m.get("tpu_step_s") and m.get("cpu_step_s")]
+        ratios = [
+            m["tpu_step_s"] / m["cpu_step_s"]
+            for r in results
+            for m in r["modes"]
+            if m["mode"] == mode and m.get("tpu_step_s") and m.get("cpu_step_s")
+        ]
         if ratios:
             rows.append(f"| {mode} | {len(ratios)} | {statistics.median(ratios):.2f}x | {max(ratios):.2f}x |")
     if not rows:
         return []
-    return ["Per-step time on `tpu` over CPU (a repeated forward + backward, after a warm-up step; measured under load):",
-            "", "| mode | architectures | median | worst |", "|---|---|---|---|", *rows, ""]
+    return [
+        "Per-step time on `tpu` over CPU (a repeated forward + backward, after a warm-up step; measured under load):",
+        "",
+        "| mode | architectures | median | worst |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=2, help="models checked in parallel (each in its own process)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model (all modes)")
     parser.add_argument("--limit", type=int, default=0, help="check only the first N architectures (0: all)")
@@ -226,16 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     cases = cases[:: max(1, args.stride)]
     if args.limit:
         cases = cases[: args.limit]
-    options = CheckOptions(modes=modes, backend="emulated", timeout_s=args.timeout, process_per_mode=args.process_per_mode,
-                           measure_steps=2 if args.timing else 0)
-    results: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_case, case, options): case for case in cases}
-        for future in as_completed(futures):
-            result = future.result()
-            results.append(result)
-            marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
-            print(f"[{len(results)}/{len(cases)}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)", file=sys.stderr, flush=True)
+    options = CheckOptions(
+        modes=modes,
+        backend="emulated",
+        timeout_s=args.timeout,
+        process_per_mode=args.process_per_mode,
+        measure_steps=2 if args.timing else 0,
+    )
     subset = len(cases) < len(every)
     meta = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -245,14 +282,29 @@ def main(argv: list[str] | None = None) -> int:
         "available": len(every),
         "subset_note": f" (a subset: {' '.join(argv if argv is not None else sys.argv[1:])})" if subset else "",
     }
-    atomic_write_text(args.output, render_markdown(results, modes, meta))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
+    results: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_case, case, options): case for case in cases}
+        for future in as_completed(futures):
+            result = future.result()
+            results.append(result)
+            marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
+            print(
+                f"[{len(results)}/{len(cases)}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            # rewritten after every model, so an interrupted sweep still leaves a consistent report
+            atomic_write_text(args.output, render_markdown(results, modes, meta))
+            if args.json:
+                atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
     for mode in modes:
         counts = Counter(verdict(m) for r in results for m in r["modes"] if m["mode"] == mode)
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]
-        print(f"{mode}: {counts['pass']}/{runnable} pass ({_rate(counts['pass'], runnable)}), {counts['mismatch']} mismatch, "
-              f"{counts['error']} error, {counts[NOT_ON_CPU]} not runnable on CPU")
+        print(
+            f"{mode}: {counts['pass']}/{runnable} pass ({_rate(counts['pass'], runnable)}), {counts['mismatch']} mismatch, "
+            f"{counts['error']} error, {counts[NOT_ON_CPU]} not runnable on CPU"
+        )
     print(f"wrote {args.output}")
     return 0
 

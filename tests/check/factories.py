@@ -22,11 +22,11 @@ class Scaled(nn.Module):
 
 class _GradOnTpuIsOff(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - autograd.Function signature
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         if grad.device.type == "tpu":
             return grad * 1.5  # the deliberate device-only difference, in backward only
         return grad.clone()

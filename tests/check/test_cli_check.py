@@ -22,7 +22,12 @@ pytestmark = pytest.mark.slow
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
-        [sys.executable, "-m", "tpu_agent", "check", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "tpu_agent", "check", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 

@@ -53,7 +53,9 @@ def test_crafted_config_files_are_refused(tmp_path: Path) -> None:
     assert str(config) in _refused(str(tmp_path), "bad-config").message
     config.write_text("[1, 2]", encoding="utf-8")
     _refused(str(tmp_path), "bad-config")
-    config.write_text(json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "modeling_evil.Evil"}}), encoding="utf-8")
+    config.write_text(
+        json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "modeling_evil.Evil"}}), encoding="utf-8"
+    )
     assert "never runs" in _refused(str(tmp_path), "unknown-model").message
 
 
@@ -67,7 +69,11 @@ def test_weight_index_naming_files_outside_the_directory_is_refused(tmp_path: Pa
 
 
 def test_factory_forms(tmp_path: Path) -> None:
-    assert parse_model_spec("mypkg.models:make").__dict__ == {"kind": FACTORY, "target": "mypkg.models:make", "task": None}
+    assert parse_model_spec("mypkg.models:make").__dict__ == {
+        "kind": FACTORY,
+        "target": "mypkg.models:make",
+        "task": None,
+    }
     assert parse_model_spec(f"{FACTORIES}:good_mlp").target == f"{FACTORIES.resolve()}:good_mlp"
     _refused(f"{tmp_path / 'missing.py'}:make", "factory-file-missing")
     _refused("mypkg.models:not-a-name", "bad-factory")
@@ -129,7 +135,11 @@ def test_first_diverging_op_pairs_by_name_and_line() -> None:
     cpu = [OpRecord("aten::tanh", "m.py:3", one), OpRecord("aten::mul", "loss.py:9", one)]
     same = [OpRecord("aten::tanh", "m.py:3", one), OpRecord("aten::mul", "loss.py:9", one)]
     assert first_diverging_op(cpu, same) is None
-    branch = [OpRecord("aten::tanh", "m.py:3", one), OpRecord("aten::mul", "m.py:4", two), OpRecord("aten::mul", "loss.py:9", two)]
+    branch = [
+        OpRecord("aten::tanh", "m.py:3", one),
+        OpRecord("aten::mul", "m.py:4", two),
+        OpRecord("aten::mul", "loss.py:9", two),
+    ]
     op, why = first_diverging_op(cpu, branch)
     assert (op.name, op.location) == ("aten::mul", "m.py:4") and "tpu only" in why
     raising = [OpRecord("aten::tanh", "m.py:3", None, "RuntimeError: boom")]

@@ -8,7 +8,14 @@ one :class:`CheckReport`. The CLI, the MCP server and ``benchmarks/hf_coverage.p
 """
 
 from tpu_agent.check.api import CheckOptions, check_model
-from tpu_agent.check.model import MODES, CheckReport, ErrorInfo, Localisation, ModelInfo, ModeResult
+from tpu_agent.check.model import (
+    MODES,
+    CheckReport,
+    ErrorInfo,
+    Localisation,
+    ModelInfo,
+    ModeResult,
+)
 from tpu_agent.check.spec import ModelSpec, parse_model_spec
 
 __all__ = [

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tpu_agent
-from tpu_agent.check.model import ERROR, MODES, CheckReport, ErrorInfo, ModelInfo, ModeResult
+from tpu_agent.check.model import (
+    ERROR,
+    MODES,
+    CheckReport,
+    ErrorInfo,
+    ModelInfo,
+    ModeResult,
+)
 from tpu_agent.check.spec import ModelSpec, parse_model_spec
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, apply_env, eager_mode_env
@@ -53,10 +60,14 @@ def _validate(options: CheckOptions) -> None:
     unknown = [mode for mode in options.modes if mode not in MODES]
     if unknown or not options.modes:
         raise TpuAgentError(
-            "unknown-mode", f"unknown check mode(s) {', '.join(unknown) or '(none given)'} (--mode)", f"use any of: {', '.join(MODES)}"
+            "unknown-mode",
+            f"unknown check mode(s) {', '.join(unknown) or '(none given)'} (--mode)",
+            f"use any of: {', '.join(MODES)}",
         )
     if options.matmul_precision not in ("highest", "high", "medium"):
-        raise TpuAgentError("bad-precision", f"unknown matmul precision {options.matmul_precision!r}", "use highest, high or medium")
+        raise TpuAgentError(
+            "bad-precision", f"unknown matmul precision {options.matmul_precision!r}", "use highest, high or medium"
+        )
 
 
 def _worker_env(options: CheckOptions, backend: str, mode: str) -> dict[str, str]:
@@ -75,7 +86,9 @@ def _failed(modes: list[str], stage: str, kind: str, message: str) -> list[ModeR
     return [ModeResult(mode, ERROR, error=ErrorInfo(stage, kind, message)) for mode in modes]
 
 
-def _run_worker(spec: ModelSpec, modes: list[str], options: CheckOptions, backend: str) -> tuple[ModelInfo | None, list[ModeResult]]:
+def _run_worker(
+    spec: ModelSpec, modes: list[str], options: CheckOptions, backend: str
+) -> tuple[ModelInfo | None, list[ModeResult]]:
     request = {
         "spec": spec.to_dict(),
         "modes": modes,
@@ -102,7 +115,9 @@ def _run_worker(spec: ModelSpec, modes: list[str], options: CheckOptions, backen
             return None, _failed(modes, "timeout", "Timeout", f"no result within {options.timeout_s:g} s (--timeout)")
         if not result_path.is_file():
             tail = stderr.decode("utf-8", "replace")[-STDERR_TAIL:].strip()
-            return None, _failed(modes, "worker", "WorkerDied", f"the worker exited with code {process.returncode}: {tail}")
+            return None, _failed(
+                modes, "worker", "WorkerDied", f"the worker exited with code {process.returncode}: {tail}"
+            )
         result = json.loads(result_path.read_text(encoding="utf-8"))
     if "usage_error" in result:
         raise TpuAgentError(**result["usage_error"])
@@ -138,10 +153,12 @@ def check_model(
         results.extend(group_results)
         if group_results and all(r.error is not None and r.error.on_reference for r in group_results):
             # the model does not build or run on CPU: the remaining modes would only repeat that
-            results.extend(ModeResult(mode, ERROR, error=group_results[0].error) for rest in groups[index + 1 :] for mode in rest)
+            results.extend(
+                ModeResult(mode, ERROR, error=group_results[0].error) for rest in groups[index + 1 :] for mode in rest
+            )
             break
     info = model or ModelInfo(spec=model_spec.target, kind=model_spec.kind, task=model_spec.task or "")
     return CheckReport(info, results, backend=backend, matmul_precision=options.matmul_precision)
 
 
-__all__ = ["CheckOptions", "DEFAULT_MAX_PARAMETERS", "check_model"]
+__all__ = ["DEFAULT_MAX_PARAMETERS", "CheckOptions", "check_model"]

@@ -17,7 +17,15 @@ from typing import Any
 
 from tpu_agent.check.execute import as_invocation
 from tpu_agent.check.model import ModelInfo
-from tpu_agent.check.spec import DIRECTORY, FACTORY, FACTORY_HINT, HF_TYPE, WEIGHT_FILES, WEIGHT_INDEXES, ModelSpec
+from tpu_agent.check.spec import (
+    DIRECTORY,
+    FACTORY,
+    FACTORY_HINT,
+    HF_TYPE,
+    WEIGHT_FILES,
+    WEIGHT_INDEXES,
+    ModelSpec,
+)
 from tpu_agent.errors import TpuAgentError
 
 SEED = 0
@@ -124,10 +132,14 @@ def _load_factory(target: str) -> Any:
                 sys.path.insert(0, "")  # like python -m: the working directory's packages are importable
             module = importlib.import_module(module_name)
     except ImportError as error:
-        raise TpuAgentError("bad-factory", f"cannot import {module_name!r} for MODEL {target!r}: {error}", FACTORY_HINT) from None
+        raise TpuAgentError(
+            "bad-factory", f"cannot import {module_name!r} for MODEL {target!r}: {error}", FACTORY_HINT
+        ) from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise TpuAgentError("bad-factory", f"{module_name!r} has no function {function_name!r} (MODEL {target!r})", FACTORY_HINT)
+        raise TpuAgentError(
+            "bad-factory", f"{module_name!r} has no function {function_name!r} (MODEL {target!r})", FACTORY_HINT
+        )
     return function
 
 
@@ -145,7 +157,9 @@ def _build_factory(spec: ModelSpec) -> Built:
         )
     model, inputs = result
     if not isinstance(inputs, (torch.Tensor, tuple, list, dict)):
-        raise TpuAgentError("bad-factory", f"{spec.target} returned inputs of type {type(inputs).__name__}", FACTORY_HINT)
+        raise TpuAgentError(
+            "bad-factory", f"{spec.target} returned inputs of type {type(inputs).__name__}", FACTORY_HINT
+        )
     info = ModelInfo(spec=spec.target, kind=FACTORY, name=type(model).__name__, weights="as the factory built it")
     return _finish(model, inputs, info)
 

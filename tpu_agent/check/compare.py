@@ -93,7 +93,9 @@ def compare_tensor(name: str, got: Any, ref: Any) -> TensorDiff:
         return TensorDiff(name, True)
     if not (ref.is_floating_point() or ref.is_complex()):
         unequal = int((got != ref).sum())
-        return TensorDiff(name, unequal == 0, problem="" if unequal == 0 else f"{unequal} of {ref.numel()} values differ")
+        return TensorDiff(
+            name, unequal == 0, problem="" if unequal == 0 else f"{unequal} of {ref.numel()} values differ"
+        )
     wide = torch.complex128 if ref.is_complex() else torch.float64
     got64, ref64 = got.detach().to(wide), ref.detach().to(wide)
     if not torch.equal(got64.isnan(), ref64.isnan()) or not torch.equal(got64.isinf(), ref64.isinf()):
@@ -119,4 +121,12 @@ def tolerances_table() -> dict[str, dict[str, float]]:
     return {name: asdict(tolerance) for name, tolerance in TOLERANCES.items()}
 
 
-__all__ = ["TOLERANCES", "TensorDiff", "Tolerance", "compare_named", "compare_tensor", "flatten_tensors", "tolerances_table"]
+__all__ = [
+    "TOLERANCES",
+    "TensorDiff",
+    "Tolerance",
+    "compare_named",
+    "compare_tensor",
+    "flatten_tensors",
+    "tolerances_table",
+]

@@ -27,9 +27,9 @@ def is_model_frame(filename: str) -> bool:
     """Frames of the model's own code (user or transformers), not torch, tpu-agent or the standard library."""
     path = os.path.abspath(filename)
     torch_dirs = (os.path.join(_TORCH_DIR, "torch") + os.sep, os.path.join(_TORCH_DIR, "functorch") + os.sep)
-    return not (path.startswith(torch_dirs) or path.startswith(_OWN_DIR + os.sep) or path.startswith(_STDLIB_DIR + os.sep)) and (
-        not filename.startswith("<")
-    )
+    return not (
+        path.startswith(torch_dirs) or path.startswith(_OWN_DIR + os.sep) or path.startswith(_STDLIB_DIR + os.sep)
+    ) and (not filename.startswith("<"))
 
 
 def describe_frame(frame: traceback.FrameSummary) -> str:
@@ -95,7 +95,13 @@ class StepResult:
     error: ErrorInfo | None = None
 
 
-def run_step(module: Any, invocation: tuple[tuple[Any, ...], dict[str, Any]], device: Any, stage_prefix: str, parameters: dict[str, Any] | None = None) -> StepResult:
+def run_step(
+    module: Any,
+    invocation: tuple[tuple[Any, ...], dict[str, Any]],
+    device: Any,
+    stage_prefix: str,
+    parameters: dict[str, Any] | None = None,
+) -> StepResult:
     """Forward ``invocation`` (args, kwargs) through ``module`` (already on ``device``), backward, and copy results to CPU.
 
     Gradients are taken with ``torch.autograd.grad`` (never accumulated into ``.grad``), for the parameters in
@@ -124,7 +130,9 @@ def run_step(module: Any, invocation: tuple[tuple[Any, ...], dict[str, Any]], de
     if not differentiable:
         return result
     try:
-        loss = sum((tensor * _loss_weight(name, tensor).to(tensor.device)).sum() for name, tensor in differentiable.items())
+        loss = sum(
+            (tensor * _loss_weight(name, tensor).to(tensor.device)).sum() for name, tensor in differentiable.items()
+        )
         targets = {**{f"param.{name}": p for name, p in trainable.items()}, **input_leaves}
         grads = torch.autograd.grad(loss, list(targets.values()), allow_unused=True)
         result.gradients = {
@@ -135,14 +143,4 @@ def run_step(module: Any, invocation: tuple[tuple[Any, ...], dict[str, Any]], de
     return result
 
 
-def synchronize(device: Any) -> None:
-    """Wait for queued device work (a step's time must include it)."""
-    import torch
-
-    module = getattr(torch, getattr(device, "type", str(device)), None)
-    sync = getattr(module, "synchronize", None)
-    if callable(sync):
-        sync()
-
-
-__all__ = ["StepResult", "as_invocation", "call_module", "error_info", "is_model_frame", "run_step", "synchronize", "tree_to"]
+__all__ = ["StepResult", "as_invocation", "call_module", "error_info", "is_model_frame", "run_step", "tree_to"]

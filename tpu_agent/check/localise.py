@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_agent.check.compare import TensorDiff, compare_named, flatten_tensors
-from tpu_agent.check.execute import StepResult, describe_frame, is_model_frame, run_step, tree_to
+from tpu_agent.check.execute import (
+    StepResult,
+    describe_frame,
+    is_model_frame,
+    run_step,
+    tree_to,
+)
 from tpu_agent.check.model import Localisation
 
 MAX_DEPTH = 32
@@ -91,7 +97,10 @@ def judge(got: StepResult, ref: StepResult) -> Verdict:
         return Verdict()  # the call does not run on CPU on its own; it cannot be judged in isolation
     if got.error is not None:
         return Verdict(kind="error", error=f"{got.error.type}: {got.error.message.splitlines()[0]}")
-    for kind, got_tensors, ref_tensors in (("forward", got.outputs, ref.outputs), ("backward", got.gradients, ref.gradients)):
+    for kind, got_tensors, ref_tensors in (
+        ("forward", got.outputs, ref.outputs),
+        ("backward", got.gradients, ref.gradients),
+    ):
         failing = [diff for diff in compare_named(got_tensors, ref_tensors) if not diff.ok]
         if failing:
             return Verdict(failing[0], kind)
@@ -142,7 +151,14 @@ def _op_recorder() -> Any:
             try:
                 out = func(*args, **(kwargs or {}))
             except Exception as error:
-                self.ops.append(OpRecord(name, location, None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"))
+                self.ops.append(
+                    OpRecord(
+                        name,
+                        location,
+                        None,
+                        f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+                    )
+                )
                 raise
             self.ops.append(OpRecord(name, location, {key: _host_copy(t) for key, t in flatten_tensors(out)}))
             return out
@@ -170,7 +186,11 @@ def first_diverging_op(cpu_ops: list[OpRecord], tpu_ops: list[OpRecord]) -> tupl
         if op.outputs is None:
             return op, f"raises on tpu: {op.error}"
         match = next(
-            (i for i in range(position, len(cpu_ops)) if (cpu_ops[i].name, cpu_ops[i].location) == (op.name, op.location)),
+            (
+                i
+                for i in range(position, len(cpu_ops))
+                if (cpu_ops[i].name, cpu_ops[i].location) == (op.name, op.location)
+            ),
             None,
         )
         if match is None:
@@ -184,7 +204,10 @@ def first_diverging_op(cpu_ops: list[OpRecord], tpu_ops: list[OpRecord]) -> tupl
         failing = [diff for diff in compare_named(op.outputs, reference.outputs) if not diff.ok]
         if failing:
             if tpu_only is not None:
-                return tpu_only, f"issued on tpu only (a device-dependent branch); values differ after it: {failing[0].describe()}"
+                return (
+                    tpu_only,
+                    f"issued on tpu only (a device-dependent branch); values differ after it: {failing[0].describe()}",
+                )
             return op, failing[0].describe()
     return None
 
@@ -228,7 +251,9 @@ def localise(
     cpu_module = cpu_model.get_submodule(culprit.name) if culprit.name else cpu_model
     tpu_module = tpu_model.get_submodule(culprit.name) if culprit.name else tpu_model
     try:
-        found = first_diverging_op(_trace(cpu_module, culprit.invocation, "cpu", "cpu"), _trace(tpu_module, culprit.invocation, device, "tpu"))
+        found = first_diverging_op(
+            _trace(cpu_module, culprit.invocation, "cpu", "cpu"), _trace(tpu_module, culprit.invocation, device, "tpu")
+        )
     except Exception as error:  # the recorder itself could not run this module; the module verdict stands
         result.note = f"op-level trace failed: {type(error).__name__}: {error}"[:300]
         return result

@@ -165,12 +165,6 @@ class CheckReport:
     def exit_code(self) -> ExitCode:
         return ExitCode.OK if self.status == PASS else ExitCode.FINDINGS
 
-    @property
-    def reference_error(self) -> ErrorInfo | None:
-        """The build or CPU failure that kept every mode from running, if that is what happened."""
-        errors = [result.error for result in self.modes if result.error is not None]
-        return errors[0] if errors and all(error.on_reference for error in errors) and len(errors) == len(self.modes) else None
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": "tpu-agent-check.v1",
@@ -183,4 +177,4 @@ class CheckReport:
         }
 
 
-__all__ = ["CheckReport", "ErrorInfo", "Localisation", "MODES", "ModeResult", "ModelInfo", "PASS", "MISMATCH", "ERROR"]
+__all__ = ["ERROR", "MISMATCH", "MODES", "PASS", "CheckReport", "ErrorInfo", "Localisation", "ModeResult", "ModelInfo"]

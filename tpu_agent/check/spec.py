@@ -68,7 +68,9 @@ def known_model_types() -> list[str]:
 
 def _check_task(task: str | None) -> None:
     if task is not None and task not in TASK_MAPPINGS:
-        raise TpuAgentError("unknown-task", f"unknown task {task!r} (--task)", f"use one of: {', '.join(TASK_MAPPINGS)}")
+        raise TpuAgentError(
+            "unknown-task", f"unknown task {task!r} (--task)", f"use one of: {', '.join(TASK_MAPPINGS)}"
+        )
 
 
 def _check_task_for_type(model_type: str, task: str | None, argument: str) -> str:
@@ -78,14 +80,16 @@ def _check_task_for_type(model_type: str, task: str | None, argument: str) -> st
         chosen = default_task(model_type)
         if chosen is None:
             raise TpuAgentError(
-                "no-model-class", f"transformers has no model class for type {model_type!r} ({argument})",
+                "no-model-class",
+                f"transformers has no model class for type {model_type!r} ({argument})",
                 "pass a module:factory that builds it",
             )
         return chosen
     if model_class_name(model_type, task) is None:
         tasks = [name for name in TASK_MAPPINGS if model_class_name(model_type, name) is not None]
         raise TpuAgentError(
-            "task-not-supported", f"model type {model_type!r} has no {task} class in transformers",
+            "task-not-supported",
+            f"model type {model_type!r} has no {task} class in transformers",
             f"use --task {' or --task '.join(tasks)}" if tasks else "pass a module:factory that builds it",
         )
     return task
@@ -119,7 +123,7 @@ def read_directory_config(directory: Path) -> dict[str, Any]:
         raise TpuAgentError("bad-config", f"{config_path} is not valid JSON: {error}", "fix or regenerate it") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise TpuAgentError(
-            "bad-config", f"{config_path} has no \"model_type\" string", "transformers writes one with save_pretrained"
+            "bad-config", f'{config_path} has no "model_type" string', "transformers writes one with save_pretrained"
         )
     return data
 
@@ -133,7 +137,9 @@ def _check_weight_index(directory: Path) -> None:
         try:
             weight_map = json.loads(index_path.read_text(encoding="utf-8")).get("weight_map", {})
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
-            raise TpuAgentError("bad-weight-index", f"{index_path} is not a valid index: {error}", "regenerate it") from None
+            raise TpuAgentError(
+                "bad-weight-index", f"{index_path} is not a valid index: {error}", "regenerate it"
+            ) from None
         if not isinstance(weight_map, dict):
             raise TpuAgentError("bad-weight-index", f"{index_path}: weight_map is not an object", "regenerate it")
         for shard in set(weight_map.values()):
@@ -142,18 +148,26 @@ def _check_weight_index(directory: Path) -> None:
                     "path-outside-model-dir",
                     f"{index_path} names shard {shard!r}, which is not a file inside {directory}",
                     "a weight index may only name files in its own directory",
-                    )
+                )
 
 
 def _parse_directory(directory: Path, task: str | None) -> ModelSpec:
     if not directory.exists():
-        raise TpuAgentError("model-dir-missing", f"model directory {directory} does not exist (MODEL)", "check the path")
+        raise TpuAgentError(
+            "model-dir-missing", f"model directory {directory} does not exist (MODEL)", "check the path"
+        )
     if not directory.is_dir():
-        raise TpuAgentError("not-a-model-dir", f"{directory} is not a directory (MODEL)", "pass the directory holding config.json")
+        raise TpuAgentError(
+            "not-a-model-dir", f"{directory} is not a directory (MODEL)", "pass the directory holding config.json"
+        )
     config = read_directory_config(directory)
     model_type = config["model_type"]
     if model_type not in known_model_types():
-        remote = " (its auto_map points at code in the directory, which tpu-agent never runs)" if "auto_map" in config else ""
+        remote = (
+            " (its auto_map points at code in the directory, which tpu-agent never runs)"
+            if "auto_map" in config
+            else ""
+        )
         raise TpuAgentError(
             "unknown-model",
             f"{directory / 'config.json'} has model_type {model_type!r}, which this transformers does not know{remote}",
@@ -173,7 +187,9 @@ def _parse_factory(value: str) -> ModelSpec:
             raise TpuAgentError("factory-file-missing", f"factory file {module} does not exist (MODEL)", FACTORY_HINT)
         return ModelSpec(FACTORY, f"{path.resolve()}:{function}")
     if not _MODULE_RE.match(module):
-        raise TpuAgentError("bad-factory", f"{value!r}: {module!r} is not a module name or .py file (MODEL)", FACTORY_HINT)
+        raise TpuAgentError(
+            "bad-factory", f"{value!r}: {module!r} is not a module name or .py file (MODEL)", FACTORY_HINT
+        )
     return ModelSpec(FACTORY, value)
 
 
@@ -193,4 +209,12 @@ def parse_model_spec(value: str, task: str | None = None) -> ModelSpec:
     return _parse_hf_type(value, task)
 
 
-__all__ = ["DIRECTORY", "FACTORY", "HF_TYPE", "ModelSpec", "known_model_types", "parse_model_spec", "read_directory_config"]
+__all__ = [
+    "DIRECTORY",
+    "FACTORY",
+    "HF_TYPE",
+    "ModelSpec",
+    "known_model_types",
+    "parse_model_spec",
+    "read_directory_config",
+]

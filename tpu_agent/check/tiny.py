@@ -67,7 +67,9 @@ def _per_stage(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
     """Lists with one width per stage (CNNs, hierarchical ViTs): scale every stage down, keep the ratios."""
 
     def shrink(value: Any, _: dict[str, Any]) -> Any:
-        if not (isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        if not (
+            isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             return value
         top = max(value)
         if top <= limit:
@@ -86,22 +88,41 @@ def _ones(value: Any, _: dict[str, Any]) -> Any:
 SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ShrinkRule(
         "layers",
-        ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
-         "num_encoder_layers", "num_decoder_layers", "decoder_num_layers", "text_layers"),
+        (
+            "num_hidden_layers",
+            "num_layers",
+            "n_layer",
+            "n_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "decoder_num_layers",
+            "text_layers",
+        ),
         _at_most(TINY_LAYERS),
         "two layers still exercise the layer-to-layer path (and alternating layer kinds start at layer 0 and 1)",
     ),
     ShrinkRule(
         "width",
-        ("hidden_size", "d_model", "n_embd", "embed_dim", "model_dim", "word_embed_proj_dim", "d_embed",
-         "embedding_size", "projection_dim", "dim"),
+        (
+            "hidden_size",
+            "d_model",
+            "n_embd",
+            "embed_dim",
+            "model_dim",
+            "word_embed_proj_dim",
+            "d_embed",
+            "embedding_size",
+            "projection_dim",
+            "dim",
+        ),
         _at_most(TINY_WIDTH),
         "a 64-wide model keeps every code path of a 4096-wide one at a fraction of the cost",
     ),
     ShrinkRule(
         "heads",
-        ("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
-         "num_heads"),
+        ("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads", "num_heads"),
         _at_most(TINY_HEADS),
         "four heads of 16 divide the 64-wide model",
     ),
@@ -113,23 +134,44 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ),
     ShrinkRule(
         "head-dim",
-        ("head_dim", "attention_head_dim", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-         "attention_head_size", "d_kv", "rotary_dim"),
+        (
+            "head_dim",
+            "attention_head_dim",
+            "kv_channels",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+            "attention_head_size",
+            "d_kv",
+            "rotary_dim",
+        ),
         _at_most(TINY_HEAD_DIM),
         "an explicit head size follows the tiny width",
     ),
     ShrinkRule(
         "low-rank",
-        ("q_lora_rank", "kv_lora_rank", "o_lora_rank", "embedding_rank", "intra_bottleneck_size",
-         "true_hidden_size"),
+        ("q_lora_rank", "kv_lora_rank", "o_lora_rank", "embedding_rank", "intra_bottleneck_size", "true_hidden_size"),
         _at_most(32),
         "latent / bottleneck projections below the width",
     ),
     ShrinkRule(
         "ffn",
-        ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
-         "moe_intermediate_size", "shared_expert_intermediate_size", "expert_ffn_hidden_size",
-         "dense_intermediate_size", "dim_ff", "dff", "feed_forward_size", "mlp_dim"),
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "d_ff",
+            "n_inner",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "expert_ffn_hidden_size",
+            "dense_intermediate_size",
+            "dim_ff",
+            "dff",
+            "feed_forward_size",
+            "mlp_dim",
+        ),
         _at_most(TINY_FFN),
         "the feed-forward block at twice the width",
     ),
@@ -148,10 +190,18 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
         _at_most(TINY_MAX_POSITIONS),
         "learned position tables sized for the tiny inputs",
     ),
-    ShrinkRule("stage-widths", ("hidden_sizes", "embed_dims", "neck_hidden_sizes"), _per_stage(64),
-               "CNN / hierarchical stage widths scaled down with their ratios kept"),
-    ShrinkRule("stage-depths", ("depths", "num_block_repeats", "stage_num_blocks", "block_repeats"), _ones,
-               "one block per stage"),
+    ShrinkRule(
+        "stage-widths",
+        ("hidden_sizes", "embed_dims", "neck_hidden_sizes"),
+        _per_stage(64),
+        "CNN / hierarchical stage widths scaled down with their ratios kept",
+    ),
+    ShrinkRule(
+        "stage-depths",
+        ("depths", "num_block_repeats", "stage_num_blocks", "block_repeats"),
+        _ones,
+        "one block per stage",
+    ),
 )
 
 _RULE_BY_ATTRIBUTE = {attribute: rule for rule in SHRINK_RULES for attribute in rule.attributes}
@@ -197,7 +247,9 @@ def shrink_config(config: Any) -> Any:
             setattr(config, name, _RULE_BY_ATTRIBUTE[name].value(value, original))
         elif any(word in name for word in _DROPOUT_WORDS) and isinstance(value, float):
             setattr(config, name, 0.0)
-    layers_name = next((n for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(original.get(n), int)), None)
+    layers_name = next(
+        (n for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(original.get(n), int)), None
+    )
     if layers_name is not None:
         _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name))
     heads = getattr(config, "num_attention_heads", None)
@@ -263,8 +315,8 @@ def example_inputs(model: Any, config: Any, task: str) -> dict[str, Any]:
 
 __all__ = [
     "SHRINK_RULES",
-    "ShrinkRule",
     "TASK_MAPPINGS",
+    "ShrinkRule",
     "default_task",
     "example_inputs",
     "model_class_name",

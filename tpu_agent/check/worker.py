@@ -34,7 +34,12 @@ def _worst(diffs: list[TensorDiff]) -> TensorDiff | None:
     """The diff closest to (or furthest past) its tolerance; a structural problem counts as the worst."""
     if not diffs:
         return None
-    return max(diffs, key=lambda d: float("inf") if d.problem else (d.max_abs_err / d.allowed if d.allowed else float(d.max_abs_err > 0)))
+    return max(
+        diffs,
+        key=lambda d: (
+            float("inf") if d.problem else (d.max_abs_err / d.allowed if d.allowed else float(d.max_abs_err > 0))
+        ),
+    )
 
 
 def _compare(mode: str, got: StepResult, ref: StepResult) -> ModeResult:
@@ -117,7 +122,10 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     except TpuAgentError as error:
         return {"usage_error": error.to_dict()}
     except Exception as error:  # the model does not build: every mode reports it
-        return {"model": None, "modes": [ModeResult(mode, ERROR, error=error_info("build", error)).to_dict() for mode in modes]}
+        return {
+            "model": None,
+            "modes": [ModeResult(mode, ERROR, error=error_info("build", error)).to_dict() for mode in modes],
+        }
     from tpu_agent.runtime.api import activate
 
     # Activate before the CPU reference's backward: torch's autograd engine sizes its per-device queues at its
@@ -145,7 +153,10 @@ def main(argv: list[str]) -> int:
     try:
         result = run_request(request)
     except Exception as error:  # report rather than die: the parent turns this into one error per mode
-        result = {"model": None, "modes": [ModeResult(m, ERROR, error=error_info("worker", error)).to_dict() for m in request["modes"]]}
+        result = {
+            "model": None,
+            "modes": [ModeResult(m, ERROR, error=error_info("worker", error)).to_dict() for m in request["modes"]],
+        }
     atomic_write_text(result_path, json.dumps(result, default=str))
     return 0
 

@@ -8,7 +8,14 @@ import typer
 from rich.table import Table
 
 from tpu_agent.cli._options import chip_option
-from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
+from tpu_agent.cli._output import (
+    FORMAT_HELP,
+    OutputFormat,
+    console,
+    console_err,
+    handles_errors,
+    print_json,
+)
 from tpu_agent.errors import TpuAgentError
 
 CHECK_HELP = """Validate a model on the TorchTPU 'tpu' device: forward + backward on CPU and on 'tpu' in Strict,
@@ -77,7 +84,10 @@ def _render_text(report: dict[str, Any]) -> None:
         where = result["localisation"]
         if not where:
             continue
-        console.print(f"[bold]{result['mode']}[/]: {where['kind']} diverges first in [bold]{where['module'] or '(model)'}[/] ({where['module_type']})", highlight=False)
+        console.print(
+            f"[bold]{result['mode']}[/]: {where['kind']} diverges first in [bold]{where['module'] or '(model)'}[/] ({where['module_type']})",
+            highlight=False,
+        )
         if where["detail"]:
             console.print(f"  {where['detail']}", highlight=False)
         if where["op"]:
@@ -100,19 +110,29 @@ def check(
         [], "--mode", "-m", help="strict | defer-and-fuse | compile (repeatable; default: all three)."
     ),
     task: str | None = typer.Option(
-        None, "--task", help="HF task class: causal-lm, masked-lm, seq2seq, image-classification, base (default: the first the type has)."
+        None,
+        "--task",
+        help="HF task class: causal-lm, masked-lm, seq2seq, image-classification, base (default: the first the type has).",
     ),
-    backend: str = typer.Option("auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."),
+    backend: str = typer.Option(
+        "auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."
+    ),
     chip: str | None = chip_option(None),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each mode may take (a mode past it is an error)."),
-    max_params: int = typer.Option(1_000_000_000, "--max-params", min=1, help="Refuse a model directory describing a larger model."),
+    timeout: float = typer.Option(
+        600.0, "--timeout", min=1.0, help="Seconds each mode may take (a mode past it is an error)."
+    ),
+    max_params: int = typer.Option(
+        1_000_000_000, "--max-params", min=1, help="Refuse a model directory describing a larger model."
+    ),
     localise: bool = typer.Option(True, "--localise/--no-localise", help="On a divergence, find the submodule and op."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
 ) -> None:
     from tpu_agent.check import CheckOptions, check_model, parse_model_spec
 
     if output_format not in (OutputFormat.text, OutputFormat.json):
-        raise TpuAgentError("bad-format", f"check prints text or json, not {output_format.value}", "use --format text or --format json")
+        raise TpuAgentError(
+            "bad-format", f"check prints text or json, not {output_format.value}", "use --format text or --format json"
+        )
     options = CheckOptions(
         backend=backend,
         chip=chip,
