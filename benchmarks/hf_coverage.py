@@ -204,7 +204,8 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
 
 def _where(mode: dict[str, Any]) -> str:
     where = mode.get("localisation")
-    text = cause(mode) if mode.get("error") else "mismatch"
+    error = mode.get("error")
+    text = cause(mode) + (f" at {error['location']}" if error["location"] else "") if error else "mismatch"
     if where:
         text += f" — in `{where['module'] or '(model)'}` ({where['module_type']})"
         if where.get("op"):
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated model types to check (e.g. llama,bert,vit)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     parser.add_argument("--timing", action="store_true", help="also time one repeated step per mode on CPU and tpu")
+    parser.add_argument(
+        "--localise-errors", action="store_true", help="also localise errors (mismatches always are; slower)"
+    )
     parser.add_argument("--process-per-mode", action="store_true", help="one process per mode (slower, fully isolated)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "model-coverage.md")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw reports here")
@@ -271,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         backend="emulated",
         timeout_s=args.timeout,
         process_per_mode=args.process_per_mode,
+        localise_errors=args.localise_errors,
         measure_steps=2 if args.timing else 0,
     )
     subset = len(cases) < len(every)

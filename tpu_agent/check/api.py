@@ -50,6 +50,7 @@ class CheckOptions:
     timeout_s: float = 600.0
     max_parameters: int = DEFAULT_MAX_PARAMETERS
     localise: bool = True
+    localise_errors: bool = True  # False: errors keep only the source line that raised (saves time in sweeps)
     measure_steps: int = 0
     process_per_mode: bool = True
     matmul_precision: str = "highest"
@@ -94,6 +95,7 @@ def _run_worker(
         "modes": modes,
         "max_parameters": options.max_parameters,
         "localise": options.localise,
+        "localise_errors": options.localise_errors,
         "measure_steps": options.measure_steps,
         "matmul_precision": options.matmul_precision,
     }

@@ -70,6 +70,16 @@ def _step_seconds(module: Any, built: Built, device: str, steps: int, parameters
     return statistics.median(times)
 
 
+def _settle() -> None:
+    """Run the device's queued work now (TorchTPU's ``torch.tpu.synchronize``), so that a later failing graph
+    cannot take the model's weight uploads down with it."""
+    import torch
+
+    synchronize = getattr(getattr(torch, "tpu", None), "synchronize", None)
+    if callable(synchronize):
+        synchronize()
+
+
 def _set_mode(mode: str) -> None:
     """Switch the eager mode in-process through TorchTPU's public ``torch.tpu.eager_mode`` property."""
     import torch
@@ -93,11 +103,13 @@ def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, 
         tpu_model = copy.deepcopy(built.model).to(DEVICE)
     except Exception as error:  # moving the model is the first thing the device must do right
         return ModeResult(mode, ERROR, error=error_info("tpu-forward", error), seconds=time.perf_counter() - started)
+    _settle()  # the weights are on the device before the first step (under DeferAndFuse the copies are deferred)
     parameters = dict(tpu_model.named_parameters())
     runner = prepare(tpu_model)
     got = run_step(runner, built.invocation, DEVICE, "tpu", parameters=parameters)
     result = _compare(mode, got, reference)
-    if result.status != PASS and request.get("localise", True):
+    wanted = result.status == MISMATCH or (result.status == ERROR and request.get("localise_errors", True))
+    if wanted and request.get("localise", True):
         try:
             result.localisation = localise(built.model, tpu_model, built.invocation, DEVICE, prepare, compiled)
         except Exception as error:  # localisation is a diagnosis aid; its own failure must not hide the verdict
