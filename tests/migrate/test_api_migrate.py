@@ -238,3 +238,24 @@ def test_plan_names_a_missing_path(tmp_path: Path) -> None:
         api.plan([missing], MigrateOptions())
     assert str(missing) in caught.value.message
     assert caught.value.exit_code == ExitCode.USAGE
+
+
+def test_rule_selection_is_canonical_and_checked_for_every_front_end(tmp_path: Path) -> None:
+    """plan() upper-cases select/ignore and refuses codes that match no rule, naming them: the MCP server
+    passes an agent's lists straight into MigrateOptions and gets the same checks as the CLI."""
+    source = tmp_path / "train.py"
+    source.write_text("import torch\nx = torch.zeros(1).cuda()\ntorch.cuda.synchronize()\n")
+    lowered = api.plan([source], MigrateOptions(select=frozenset({" tpu1 "}), ignore=frozenset({"tpu2"}), jobs=1))
+    assert lowered.options.select == frozenset({"TPU1"}) and lowered.options.ignore == frozenset({"TPU2"})
+    assert {f.code for f in lowered.findings} == {"TPU103"}
+    for options, bad in (
+        (MigrateOptions(select=frozenset({"tpu1", "XYZ9"})), "XYZ9"),
+        (MigrateOptions(ignore=frozenset({"TPU99"})), "TPU99"),
+    ):
+        with pytest.raises(TpuAgentError) as error:
+            api.plan([source], options)
+        assert error.value.code == "unknown-rule" and bad in error.value.message
+        assert error.value.exit_code == ExitCode.USAGE
+    with pytest.raises(TpuAgentError) as error:
+        api.plan([source], MigrateOptions(select=frozenset({" "})))
+    assert error.value.code == "bad-rule-selection"

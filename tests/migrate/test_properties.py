@@ -126,24 +126,20 @@ def test_generated_programs(parts, newline: str, target: Target, unsafe: bool, a
 @given(parts=program, newline=st.sampled_from(["\n", "\r\n"]), annotate=st.booleans())
 def test_spliced_output_equals_full_code_generation(parts, newline: str, annotate: bool) -> None:  # noqa: ANN001
     """The engine writes untouched statements from the original text; that must equal libcst's own output."""
-    import libcst as cst
-
-    from tpu_agent.migrate.engine import pypass
-    from tpu_agent.migrate.engine.context import PyContext
+    from tpu_agent.migrate.engine.positions import layout, positions
+    from tpu_agent.migrate.engine.pypass import rewrite
+    from tpu_agent.migrate.engine.splice import splice
     from tpu_agent.migrate.engine.worker import dispatch
     from tpu_agent.migrate.rules import ALL_RULES
 
     source, _ = render(parts, newline)
-    module = cst.parse_module(source)
-    ctx = PyContext.for_source(source, MigrateOptions(annotate=annotate), ALL_RULES)
-    transformer = pypass._Pass(ctx, dispatch())
-    statements = pypass.statement_map(module, source)
-    transformer.inert = statements.inert
-    new = module.visit(transformer)
+    result = rewrite(source, MigrateOptions(annotate=annotate), ALL_RULES, dispatch())
+    module = result.module
     # the statement layout read off line numbers is the one libcst's code generation produces
-    _, spans = pypass.positions(module, [], list(module.body))
-    layout = pypass._layout(module, source, statements.begins)  # type: ignore[arg-type]
-    assert layout is not None and layout.spans == spans
-    if transformer.top_removed or not (transformer.dirty or transformer.inserted[1]):
+    _, spans = positions(module, [], list(module.body))
+    assert result.statements.begins is not None
+    placed = layout(module, source, result.statements.begins)
+    assert placed is not None and placed.spans == spans
+    if result.edits.top_removed or not result.edits.changed:
         return
-    assert pypass._splice(source, module, new, spans, transformer) == new.code
+    assert splice(source, module, result.new_module, spans, result.edits) == result.new_module.code

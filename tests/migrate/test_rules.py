@@ -96,3 +96,23 @@ def test_cli_fixture_copy_keeps_name(tmp_path: Path) -> None:
     copy = tmp_path / "Dockerfile"
     shutil.copy(source, copy)
     assert migrate_one(copy).findings
+
+
+def test_family_order_does_not_change_any_result() -> None:
+    """Claims, not the order of FAMILIES, decide which family handles a call: reversed, every Python fixture
+    migrates to the same text with the same findings."""
+    from tpu_agent.migrate.engine.dispatch import Dispatch
+    from tpu_agent.migrate.engine.pypass import migrate_source
+    from tpu_agent.migrate.engine.worker import dispatch
+    from tpu_agent.migrate.rules import FAMILIES
+
+    reversed_dispatch = Dispatch.from_families(list(reversed(FAMILIES)))
+    for case in CASES:
+        if case.ext != "py":
+            continue
+        source = case.source.read_text(encoding="utf-8")
+        options = case.options()
+        forward = migrate_source(source, options, ALL_RULES, dispatch())
+        backward = migrate_source(source, options, ALL_RULES, reversed_dispatch)
+        assert forward.code == backward.code, case.source.name
+        assert [(f.code, p) for f, p in forward.findings] == [(f.code, p) for f, p in backward.findings]

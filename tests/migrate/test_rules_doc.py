@@ -38,8 +38,38 @@ def render() -> str:
             out += [r.summary, "", r.rationale, "", "Before:", "", f"{_FENCE}", r.before, _FENCE]
             if r.after:
                 out += ["", "After:", "", _FENCE, r.after, _FENCE]
-            out += ["", f"Reference: {r.reference}"]
+            out += ["", "References: " + ", ".join(_link(ref) for ref in r.references)]
     return "\n".join(out) + "\n"
+
+
+def _link(reference: str) -> str:
+    """A public URL as an autolink; a section of a doc shipped in docs/ as a link relative to docs/rules.md."""
+    if reference.startswith("https://"):
+        return f"<{reference}>"
+    relative = reference.removeprefix("docs/")
+    return f"[{relative}]({relative})"
+
+
+def test_every_reference_can_be_followed() -> None:
+    """Each rule cites public URLs and a section of the migration guide that exists (no private notes)."""
+    repo = DOC.parents[1]
+    for rule in ALL_RULES.values():
+        assert rule.references, rule.code
+        assert any(ref.startswith("docs/") for ref in rule.references), rule.code
+        for ref in rule.references:
+            if ref.startswith("https://"):
+                continue
+            path, _, anchor = ref.partition("#")
+            doc = repo / path
+            assert path.startswith("docs/") and doc.is_file(), (rule.code, ref)
+            headings = {_anchor(line) for line in doc.read_text(encoding="utf-8").splitlines() if line.startswith("#")}
+            assert anchor in headings, (rule.code, ref)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.lstrip("#").strip().lower()
+    return "".join(c for c in text if c.isalnum() or c in " -_").replace(" ", "-")
 
 
 def test_rules_doc_is_current() -> None:

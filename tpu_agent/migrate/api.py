@@ -34,7 +34,9 @@ def plan(paths: Sequence[Path | str], options: MigrateOptions | None = None, pro
     """Examine ``paths`` (files or directories) and return what migrating them would change.
 
     Touches nothing on disk. ``progress(done, total)`` is called as files are processed. Raises
-    :class:`TpuAgentError` (exit code USAGE) naming the first path that does not exist.
+    :class:`TpuAgentError` (exit code USAGE) naming the first path that does not exist, or a rule code in
+    ``options.select``/``options.ignore`` that matches no rule (``unknown-rule``); codes are upper-cased, so
+    the plan's options hold them canonical.
     """
     roots = [Path(p) for p in paths]
     if not roots:
@@ -46,8 +48,9 @@ def plan(paths: Sequence[Path | str], options: MigrateOptions | None = None, pro
             raise TpuAgentError("path-not-found", f"{root}: no such file or directory", "Check the path and try again.")
     # Imported here: the engine pulls in libcst and every rule, which apply() and the renderers do not need.
     from tpu_agent.migrate.engine import build_plan
+    from tpu_agent.migrate.rules import with_rule_selection
 
-    return build_plan(roots, options or MigrateOptions(), progress)
+    return build_plan(roots, with_rule_selection(options or MigrateOptions()), progress)
 
 
 def apply(plan: Plan, *, output_dir: Path | None = None, allow_dirty: bool = False) -> ApplyResult:

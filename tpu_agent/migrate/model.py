@@ -30,8 +30,26 @@ class Target(str, Enum):
 
 
 @dataclass(frozen=True)
+class ApiEquivalent:
+    """One CUDA API a rule covers and what it becomes on TPU: the rows ``tpu_lookup_api`` answers with.
+
+    ``cuda`` is how the API is written in user code (``torch.cuda.synchronize()``); ``tpu`` the TorchTPU or
+    device-agnostic form (for MANUAL rules: what a person should use); ``note`` anything the rule's
+    rationale does not already say about this one API.
+    """
+
+    cuda: str
+    tpu: str
+    note: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"cuda": self.cuda, "tpu": self.tpu, "note": self.note}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Rule:
-    """One migration rule as data: what ``tpu-agent rules CODE`` prints and the report cites."""
+    """One migration rule as data: what ``tpu-agent rules CODE`` prints, the report cites and the API lookup
+    answers from. Declared with keyword fields only (``Family.rule(code=..., name=..., ...)``)."""
 
     code: str  # stable, e.g. "TPU101"; never reused once published
     name: str  # kebab-case, e.g. "cuda-device-string"
@@ -41,8 +59,15 @@ class Rule:
     rationale: str  # why it matters on TPU
     before: str  # example input (a few lines of Python or shell)
     after: str  # the same example after the rule (for MANUAL rules: the TODO / suggested port)
-    reference: str  # doc reference, e.g. "torchtpu_api.md §5.2" or a URL
+    # where to read more: public URLs and sections of docs/ shipped with tpu-agent (docs/torchtpu-migration.md#...)
+    references: tuple[str, ...]
     since_torch: str | None = None  # the oldest torch that has the emitted API, when it matters
+    apis: tuple[ApiEquivalent, ...] = ()  # the CUDA APIs the rule covers, one row each for the API lookup
+
+    @property
+    def reference(self) -> str:
+        """The references as one line (what the text report and ``tpu-agent rules CODE`` print)."""
+        return "; ".join(self.references)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -55,7 +80,9 @@ class Rule:
             "before": self.before,
             "after": self.after,
             "reference": self.reference,
+            "references": list(self.references),
             "since_torch": self.since_torch,
+            "apis": [api.to_dict() for api in self.apis],
         }
 
 
@@ -138,6 +165,9 @@ class MigrateOptions:
     target: Target = Target.ACCELERATOR
     annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
     jobs: int = 0  # 0: one worker per core
+    # the oldest torch the migrated code must run on: a rewrite whose target API is newer (Rule.since_torch)
+    # is reported instead of applied; None: the installed torch's APIs are all allowed
+    min_torch: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The options as reports and stored plans record them (the JSON schema's ``options`` object)."""
@@ -147,6 +177,7 @@ class MigrateOptions:
             "unsafe_fixes": self.unsafe_fixes,
             "target": self.target.value,
             "annotate": self.annotate,
+            "min_torch": self.min_torch,
         }
 
     @classmethod
@@ -159,7 +190,14 @@ class MigrateOptions:
             unsafe_fixes=bool(data.get("unsafe_fixes")),
             target=Target(str(data.get("target", Target.ACCELERATOR.value))),
             annotate=bool(data.get("annotate")),
+            min_torch=str(data["min_torch"]) if data.get("min_torch") else None,
         )
+
+    def torch_allows(self, since_torch: str | None) -> bool:
+        """Whether an API that exists since ``since_torch`` may be emitted under ``--min-torch``."""
+        if self.min_torch is None or since_torch is None:
+            return True
+        return torch_version(since_torch) <= torch_version(self.min_torch)
 
     def rule_enabled(self, code: str) -> bool:
         if any(code.startswith(prefix) for prefix in self.ignore):
@@ -195,6 +233,14 @@ class ApplyResult:
     written: list[Path]
     unchanged: list[Path]
     output_dir: Path | None = None
+
+
+def torch_version(text: str) -> tuple[int, int]:
+    """``"2.7"``, ``"2.7.1"`` or ``"2.7.0+cu121"`` as (major, minor); ValueError for anything else."""
+    parts = text.strip().split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"not a torch version: {text!r} (expected MAJOR.MINOR, e.g. 2.5)")
+    return int(parts[0]), int(parts[1])
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tpu_agent.migrate.engine.discovery import Candidate, discover
 from tpu_agent.migrate.engine.prefilter import may_need_migration
-from tpu_agent.migrate.engine.worker import migrate_file
-from tpu_agent.migrate.model import FileKind, FileResult, MigrateOptions, Plan
+from tpu_agent.migrate.engine.worker import migrate_file, whole_file_rules
+from tpu_agent.migrate.model import FileResult, MigrateOptions, Plan
 
 # Below this much parse work a pool costs more to start than it saves.
 POOL_MIN_BYTES = 256 * 1024
@@ -62,7 +62,7 @@ def build_plan(
         data = _read(candidate)
         needs_parse = (
             not candidate.skipped_reason
-            and candidate.kind is not FileKind.CUDA_SOURCE
+            and candidate.kind not in whole_file_rules()
             and may_need_migration(data)
         )
         if needs_parse:

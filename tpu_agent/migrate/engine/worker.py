@@ -14,14 +14,14 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from tpu_agent.migrate.engine.discovery import Candidate
+from tpu_agent.migrate.engine.dispatch import Dispatch
 from tpu_agent.migrate.engine.notebook import NotebookError, migrate_notebook
 from tpu_agent.migrate.engine.prefilter import may_need_migration
-from tpu_agent.migrate.engine.pypass import Dispatch, ParseFailure, PyOutcome, migrate_source
+from tpu_agent.migrate.engine.pypass import ParseFailure, PyOutcome, migrate_source
 from tpu_agent.migrate.engine.textfiles import migrate_text
 from tpu_agent.migrate.model import FileKind, FileResult, Finding, MigrateOptions, sha256_bytes
 from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
-from tpu_agent.migrate.rules._base import TextFix
-from tpu_agent.migrate.rules.third_party import cuda_source_message
+from tpu_agent.migrate.rules._base import TextFix, WholeFileRule
 
 
 @lru_cache(maxsize=1)
@@ -32,6 +32,17 @@ def dispatch() -> Dispatch:
 @lru_cache(maxsize=1)
 def text_fixes() -> tuple[TextFix, ...]:
     return tuple(fix for family in FAMILIES for fix in family.text_fixes)
+
+
+@lru_cache(maxsize=1)
+def whole_file_rules() -> dict[FileKind, tuple[WholeFileRule, ...]]:
+    """Per file kind, the rules that judge a whole file of it without parsing (``.cu`` sources)."""
+    by_kind: dict[FileKind, list[WholeFileRule]] = {}
+    for family in FAMILIES:
+        for rule in family.file_rules:
+            for kind in rule.kinds:
+                by_kind.setdefault(kind, []).append(rule)
+    return {kind: tuple(rules) for kind, rules in by_kind.items()}
 
 
 def count_lines(data: bytes) -> int:
@@ -109,10 +120,12 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
     if candidate.skipped_reason:
         result.skipped_reason = candidate.skipped_reason
         return result
-    if candidate.kind is FileKind.CUDA_SOURCE:
-        if options.rule_enabled("TPU801"):
-            message = cuda_source_message(data)
-            result.findings.append(Finding("TPU801", where, 1, 1, message, ALL_RULES["TPU801"].safety, False))
+    file_rules = whole_file_rules().get(candidate.kind)
+    if file_rules is not None:
+        for rule in file_rules:
+            if options.rule_enabled(rule.code):
+                safety = ALL_RULES[rule.code].safety
+                result.findings.append(Finding(rule.code, where, 1, 1, rule.message(data), safety, False))
         return result
     if not may_need_migration(data):
         result.prefiltered = True

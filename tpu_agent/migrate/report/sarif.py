@@ -48,8 +48,9 @@ def _descriptor(rule: RuleStats) -> dict[str, Any]:
         descriptor["fullDescription"] = {"text": info.rationale}
         descriptor["help"] = {"text": help_text, "markdown": help_markdown}
         descriptor["properties"]["tags"] = [info.family, info.safety.value]
-        if info.reference.startswith(("https://", "http://")):
-            descriptor["helpUri"] = info.reference
+        url = next((ref for ref in info.references if ref.startswith("https://")), None)
+        if url is not None:
+            descriptor["helpUri"] = url
     return descriptor
 
 

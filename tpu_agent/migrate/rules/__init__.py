@@ -7,22 +7,28 @@ other manual work. Each family module also registers the handlers the engine dis
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.migrate.model import Rule
+from tpu_agent.migrate.model import MigrateOptions, Rule
 from tpu_agent.migrate.rules import (
     amp,
     backend_flags,
     compile,
     cuda_api,
+    cuda_classes,  # registers its rules and handlers with the cuda-api and backend-flags families
     devices,
     distributed,
     env_vars,
     third_party,
+    value_flow,  # registers its rules and handlers with the devices and distributed families
 )
 from tpu_agent.migrate.rules._base import Family
 
-# Order matters for handlers of the same node type: the device rules see a call before the families that
-# drop or rebuild its arguments.
+# Listed in code order (docs/rules.md follows it). Results do not depend on it: a family that rewrites a
+# call's device arguments itself claims the call (Family.claim), and tests/migrate/test_rules.py runs every
+# fixture with the families reversed.
 FAMILIES: tuple[Family, ...] = (
     devices.FAMILY,
     cuda_api.FAMILY,
@@ -50,4 +56,38 @@ def get_rule(code: str) -> Rule:
     return rule
 
 
-__all__ = ["ALL_RULES", "FAMILIES", "get_rule"]
+def rule_codes(values: Iterable[str], option: str) -> frozenset[str]:
+    """Rule codes or code prefixes as given by a user or an agent, canonical: stripped, upper-cased, each
+    matching at least one rule (``tpu1`` -> ``TPU1``; ``TPU9``, a typo, is refused by name rather than
+    silently selecting nothing). ``option`` names the argument in the error (``--select``, ``select``)."""
+    prefixes = frozenset(value.strip().upper() for value in values if value.strip())
+    if not prefixes:
+        raise TpuAgentError(
+            "bad-rule-selection",
+            f"{option} needs at least one rule code or prefix",
+            f"Example: {option} TPU1,TPU201 (run `tpu-agent rules` to list the codes).",
+            exit_code=ExitCode.USAGE,
+        )
+    unknown = sorted(prefix for prefix in prefixes if not any(code.startswith(prefix) for code in ALL_RULES))
+    if unknown:
+        these = "these" if len(unknown) > 1 else "this"
+        raise TpuAgentError(
+            "unknown-rule",
+            f"unknown rule code {', '.join(unknown)} in {option}: no rule code starts with {these}",
+            "Run `tpu-agent rules` to list the rule codes (TPU101 ... TPU809); prefixes such as TPU2 select a family.",
+            exit_code=ExitCode.USAGE,
+        )
+    return prefixes
+
+
+def with_rule_selection(options: MigrateOptions) -> MigrateOptions:
+    """``options`` with canonical ``select``/``ignore`` (see :func:`rule_codes`); every front end's options
+    pass through here in :func:`tpu_agent.migrate.api.plan`, so the CLI and the MCP server agree."""
+    select = rule_codes(options.select, "select") if options.select is not None else None
+    ignore = rule_codes(options.ignore, "ignore") if options.ignore else frozenset()
+    if select == options.select and ignore == options.ignore:
+        return options
+    return dataclasses.replace(options, select=select, ignore=ignore)
+
+
+__all__ = ["ALL_RULES", "FAMILIES", "get_rule", "rule_codes", "with_rule_selection"]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
-from tpu_agent.migrate.model import FileKind, Rule, Safety
+from tpu_agent.migrate.model import ApiEquivalent, FileKind, Rule, Safety
+from tpu_agent.migrate.rules.references import guide
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -72,8 +73,30 @@ class TextFix:
     drop_line: bool = False
 
 
+FileFn = Callable[[bytes], str]
+
+
+@dataclass(frozen=True)
+class WholeFileRule:
+    """A rule that judges a whole file of one of ``kinds`` without parsing it (``.cu`` sources: TPU801).
+
+    ``message`` turns the file's bytes into the finding's message; the engine reports one finding at the
+    top of the file and never rewrites it.
+    """
+
+    code: str
+    kinds: frozenset[FileKind]
+    message: FileFn
+
+
 class Family:
-    """One rule family: its rules, its Python handlers and its text fixes."""
+    """One rule family: its rules, its Python handlers, its text fixes, its whole-file rules and its claims.
+
+    A *claim* is a call (by qualified name) whose device or backend arguments this family rewrites as a
+    whole; the generic device-argument rule (TPU101) leaves claimed calls alone so that one finding, not
+    two, is reported per occurrence. Claims are part of the family record, collected by the engine from
+    every enabled family, so no rule depends on the order the families are listed in.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -82,9 +105,17 @@ class Family:
         self.visit_handlers: list[VisitHandler] = []
         self.reference_handlers: list[ReferenceHandler] = []
         self.text_fixes: list[TextFix] = []
+        self.file_rules: list[WholeFileRule] = []
+        self.claims: set[str] = set()
+
+    @property
+    def guide(self) -> str:
+        """The section of the shipped migration guide that explains this family (cited by every rule)."""
+        return guide(self.name)
 
     def rule(
         self,
+        *,
         code: str,
         name: str,
         safety: Safety,
@@ -92,12 +123,30 @@ class Family:
         rationale: str,
         before: str,
         after: str,
-        reference: str,
+        references: tuple[str, ...],
         since_torch: str | None = None,
+        apis: tuple[ApiEquivalent, ...] = (),
     ) -> Rule:
-        rule = Rule(code, name, self.name, safety, summary, rationale, before, after, reference, since_torch)
+        """Declare a rule of this family; the family's guide section is appended to ``references``."""
+        rule = Rule(
+            code=code,
+            name=name,
+            family=self.name,
+            safety=safety,
+            summary=summary,
+            rationale=rationale,
+            before=before,
+            after=after,
+            references=(*references, self.guide),
+            since_torch=since_torch,
+            apis=apis,
+        )
         self.rules.append(rule)
         return rule
+
+    def claim(self, *qualnames: str) -> None:
+        """Claim calls whose device/backend arguments this family rewrites itself (see the class docstring)."""
+        self.claims.update(qualnames)
 
     def leave(self, node_type: type[cst.CSTNode]) -> Callable[[LeaveFn], LeaveFn]:
         def register(fn: LeaveFn) -> LeaveFn:
@@ -124,7 +173,11 @@ class Family:
         self.text_fixes.append(fix)
         return fix
 
+    def whole_file(self, code: str, *kinds: FileKind) -> Callable[[FileFn], FileFn]:
+        """Register ``fn(data) -> message`` as rule ``code`` for every file of ``kinds`` (never parsed)."""
 
-# Call qualified names whose device/backend arguments one family rewrites as a whole; the generic device
-# argument rule leaves them alone so that one finding, not two, is reported per occurrence.
-CLAIMED_CALLS: set[str] = set()
+        def register(fn: FileFn) -> FileFn:
+            self.file_rules.append(WholeFileRule(code, frozenset(kinds), fn))
+            return fn
+
+        return register

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety
-from tpu_agent.migrate.rules._base import CLAIMED_CALLS, Family
+from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import (
     append_args,
     arg_position,
@@ -27,6 +27,7 @@ from tpu_agent.migrate.rules._cst import (
     string_value,
 )
 from tpu_agent.migrate.rules.devices import cuda_device_code
+from tpu_agent.migrate.rules.references import AMP
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -34,41 +35,59 @@ if TYPE_CHECKING:
 FAMILY = Family("amp")
 
 FAMILY.rule(
-    "TPU301",
-    "cuda-autocast",
-    Safety.SAFE,
-    'CUDA autocast: torch.cuda.amp.autocast(...), torch.autocast("cuda", ...), float16 autocast.',
-    "TorchTPU registers autocast for 'tpu' with bfloat16 (float16 is not native on TPU); the device-agnostic "
+    code="TPU301",
+    name="cuda-autocast",
+    safety=Safety.SAFE,
+    summary='CUDA autocast: torch.cuda.amp.autocast(...), torch.autocast("cuda", ...), float16 autocast.',
+    rationale="TorchTPU registers autocast for 'tpu' with bfloat16 (float16 is not native on TPU); the device-agnostic "
     "torch.autocast with bf16 runs on TPU, CUDA (Ampere and newer) and CPU. torch.cuda.amp.autocast is "
     "deprecated since torch 2.4.",
-    "with torch.cuda.amp.autocast():\n    loss = model(x)",
-    "with torch.autocast(DEVICE.type, dtype=torch.bfloat16):\n    loss = model(x)",
-    "torchtpu_api.md §5.2, §6.2; migration_anchors.md P01, P02",
+    before="with torch.cuda.amp.autocast():\n    loss = model(x)",
+    after="with torch.autocast(DEVICE.type, dtype=torch.bfloat16):\n    loss = model(x)",
+    references=(AMP,),
     since_torch="2.4",
+    apis=(
+        ApiEquivalent("torch.cuda.amp.autocast()", "torch.autocast(DEVICE.type, dtype=torch.bfloat16)"),
+        ApiEquivalent(
+            "torch.autocast(\"cuda\", dtype=torch.float16)",
+            "torch.autocast(DEVICE.type, dtype=torch.bfloat16)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU302",
-    "cuda-grad-scaler",
-    Safety.UNSAFE,
-    "A CUDA GradScaler: torch.cuda.amp.GradScaler(), torch.amp.GradScaler(\"cuda\").",
-    "Loss scaling exists for float16; with bf16 autocast it is not needed, and TorchTPU does not document a TPU "
-    "scaler. The fix keeps the scale/step/update calls but makes the scaler a pass-through (enabled=False); it "
+    code="TPU302",
+    name="cuda-grad-scaler",
+    safety=Safety.UNSAFE,
+    summary="A CUDA GradScaler: torch.cuda.amp.GradScaler(), torch.amp.GradScaler(\"cuda\").",
+    rationale="Loss scaling exists for float16; with bf16 autocast it is not needed, and TorchTPU does not document a "
+    "TPU scaler. The fix keeps the scale/step/update calls but makes the scaler a pass-through (enabled=False); it "
     "assumes the autocast dtype is bf16 (TPU301).",
-    "scaler = torch.cuda.amp.GradScaler()",
-    "scaler = torch.amp.GradScaler(DEVICE.type, enabled=False)",
-    "torchtpu_api.md §5.2, §6.2; migration_anchors.md P03",
+    before="scaler = torch.cuda.amp.GradScaler()",
+    after="scaler = torch.amp.GradScaler(DEVICE.type, enabled=False)",
+    references=(AMP,),
     since_torch="2.3",
+    apis=(
+        ApiEquivalent("torch.cuda.amp.GradScaler()", "torch.amp.GradScaler(DEVICE.type, enabled=False)"),
+        ApiEquivalent("torch.amp.GradScaler(\"cuda\")", "torch.amp.GradScaler(DEVICE.type, enabled=False)"),
+    ),
 )
 FAMILY.rule(
-    "TPU303",
-    "cuda-amp-custom-fwd",
-    Safety.SAFE,
-    "torch.cuda.amp.custom_fwd / custom_bwd decorators.",
-    "torch.amp.custom_fwd/custom_bwd take the device type, so the same autograd function works on every device.",
-    "@torch.cuda.amp.custom_fwd\ndef forward(ctx, x): ...",
-    "@torch.amp.custom_fwd(device_type=DEVICE.type)\ndef forward(ctx, x): ...",
-    "migration_anchors.md P04",
+    code="TPU303",
+    name="cuda-amp-custom-fwd",
+    safety=Safety.SAFE,
+    summary="torch.cuda.amp.custom_fwd / custom_bwd decorators.",
+    rationale="torch.amp.custom_fwd/custom_bwd take the device type, so the same autograd function works on every "
+    "device.",
+    before="@torch.cuda.amp.custom_fwd\ndef forward(ctx, x): ...",
+    after="@torch.amp.custom_fwd(device_type=DEVICE.type)\ndef forward(ctx, x): ...",
+    references=(AMP,),
     since_torch="2.4",
+    apis=(
+        ApiEquivalent(
+            "torch.cuda.amp.custom_fwd, torch.cuda.amp.custom_bwd",
+            "torch.amp.custom_fwd(device_type=DEVICE.type), torch.amp.custom_bwd(device_type=DEVICE.type)",
+        ),
+    ),
 )
 
 _CUDA_AUTOCAST = "torch.cuda.amp.autocast"
@@ -76,7 +95,7 @@ _AUTOCASTS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autoc
 _CUDA_SCALER = "torch.cuda.amp.GradScaler"
 _SCALERS = frozenset({"torch.amp.GradScaler", "torch.GradScaler", "torch.amp.grad_scaler.GradScaler"})
 _CUSTOM = frozenset({"torch.cuda.amp.custom_fwd", "torch.cuda.amp.custom_bwd"})
-CLAIMED_CALLS.update(_AUTOCASTS, _SCALERS, {_CUDA_AUTOCAST, _CUDA_SCALER}, _CUSTOM)
+FAMILY.claim(*_AUTOCASTS, *_SCALERS, _CUDA_AUTOCAST, _CUDA_SCALER, *_CUSTOM)
 _HALF = frozenset({"torch.float16", "torch.half"})
 # torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True), by position
 _CUDA_AUTOCAST_POSITIONS = ("enabled", "dtype", "cache_enabled")

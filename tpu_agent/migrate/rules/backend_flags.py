@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety, Target
+from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import call, source, string_like
+from tpu_agent.migrate.rules.references import BACKENDS, MATMUL_PRECISION
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -21,60 +22,86 @@ if TYPE_CHECKING:
 FAMILY = Family("backend-flags")
 
 FAMILY.rule(
-    "TPU601",
-    "cudnn-flags",
-    Safety.SAFE,
-    "cuDNN tuning flags: torch.backends.cudnn.benchmark / enabled / allow_tf32, deterministic = False.",
-    "They select cuDNN algorithms and have no TPU meaning; removing them changes CUDA speed, never results "
+    code="TPU601",
+    name="cudnn-flags",
+    safety=Safety.SAFE,
+    summary="cuDNN tuning flags: torch.backends.cudnn.benchmark / enabled / allow_tf32, deterministic = False.",
+    rationale="They select cuDNN algorithms and have no TPU meaning; removing them changes CUDA speed, never results "
     "(deterministic = False is the default).",
-    "torch.backends.cudnn.benchmark = True",
-    "",
-    "torchtpu_api.md §5.2; migration_anchors.md B01, B04, P06",
+    before="torch.backends.cudnn.benchmark = True",
+    after="",
+    references=(BACKENDS,),
+    apis=(
+        ApiEquivalent(
+            "torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32",
+            "delete it",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU602",
-    "cudnn-deterministic",
-    Safety.UNSAFE,
-    "torch.backends.cudnn.deterministic = True.",
-    "The device-agnostic switch is torch.use_deterministic_algorithms(True); it is stricter (it raises on "
+    code="TPU602",
+    name="cudnn-deterministic",
+    safety=Safety.UNSAFE,
+    summary="torch.backends.cudnn.deterministic = True.",
+    rationale="The device-agnostic switch is torch.use_deterministic_algorithms(True); it is stricter (it raises on "
     "operations without a deterministic implementation), hence unsafe.",
-    "torch.backends.cudnn.deterministic = True",
-    "torch.use_deterministic_algorithms(True)",
-    "migration_anchors.md B02",
+    before="torch.backends.cudnn.deterministic = True",
+    after="torch.use_deterministic_algorithms(True)",
+    references=(BACKENDS,),
     since_torch="1.8",
+    apis=(
+        ApiEquivalent("torch.backends.cudnn.deterministic = True", "torch.use_deterministic_algorithms(True)"),
+    ),
 )
 FAMILY.rule(
-    "TPU603",
-    "tf32-matmul",
-    Safety.SAFE,
-    "torch.backends.cuda.matmul.allow_tf32 = ...",
-    "TF32 is an NVIDIA format. torch.set_float32_matmul_precision is the global form: 'high' is TF32 on CUDA; "
-    "on TPU 'medium' is the 1-pass bf16 MXU default (TPU target), 'highest' the full-precision 6-pass mode.",
-    "torch.backends.cuda.matmul.allow_tf32 = True",
-    'torch.set_float32_matmul_precision("high")',
-    "torchtpu_api.md §5.2, §6.2; migration_anchors.md P05",
+    code="TPU603",
+    name="tf32-matmul",
+    safety=Safety.SAFE,
+    summary="torch.backends.cuda.matmul.allow_tf32 = ...",
+    rationale="TF32 is an NVIDIA format. torch.set_float32_matmul_precision is the global form: 'high' is TF32 on "
+    "CUDA; on TPU 'medium' is the 1-pass bf16 MXU default (TPU target), 'highest' the full-precision 6-pass mode.",
+    before="torch.backends.cuda.matmul.allow_tf32 = True",
+    after='torch.set_float32_matmul_precision("high")',
+    references=(MATMUL_PRECISION,),
     since_torch="1.12",
+    apis=(
+        ApiEquivalent("torch.backends.cuda.matmul.allow_tf32", "torch.set_float32_matmul_precision(\"high\")"),
+    ),
 )
 FAMILY.rule(
-    "TPU604",
-    "cuda-backend-knobs",
-    Safety.SAFE,
-    "CUDA-only kernel knobs: enable_flash_sdp / enable_mem_efficient_sdp / enable_math_sdp / enable_cudnn_sdp, "
+    code="TPU604",
+    name="cuda-backend-knobs",
+    safety=Safety.SAFE,
+    summary="CUDA-only kernel knobs: enable_flash_sdp / enable_mem_efficient_sdp / enable_math_sdp / enable_cudnn_sdp, "
     "preferred_linalg_library, reduced-precision reduction flags.",
-    "They choose among NVIDIA kernels; TorchTPU lowers attention and linear algebra through XLA, so they are removed.",
-    "torch.backends.cuda.enable_flash_sdp(True)",
-    "",
-    "migration_anchors.md B06, B07, P07",
+    rationale="They choose among NVIDIA kernels; TorchTPU lowers attention and linear algebra through XLA, so they "
+    "are removed.",
+    before="torch.backends.cuda.enable_flash_sdp(True)",
+    after="",
+    references=(BACKENDS,),
+    apis=(
+        ApiEquivalent(
+            "torch.backends.cuda.enable_flash_sdp(), enable_mem_efficient_sdp(), preferred_linalg_library()",
+            "delete it: XLA chooses the kernels",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU605",
-    "cuda-backend-other",
-    Safety.MANUAL,
-    "Other torch.backends.cuda / torch.backends.cudnn uses: sdp_kernel contexts, cudnn.is_available(), version().",
-    "These read or scope NVIDIA library state; on TPU drop them or guard them with DEVICE.type == 'cuda'.",
-    "with torch.backends.cuda.sdp_kernel(enable_flash=True):",
-    "with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # or drop it on TPU",
-    "migration_anchors.md B05, B08",
+    code="TPU605",
+    name="cuda-backend-other",
+    safety=Safety.MANUAL,
+    summary="Other torch.backends.cuda / torch.backends.cudnn uses: sdp_kernel contexts, cudnn.is_available(), "
+    "version().",
+    rationale="These read or scope NVIDIA library state; on TPU drop them or guard them with DEVICE.type == 'cuda'.",
+    before="with torch.backends.cuda.sdp_kernel(enable_flash=True):",
+    after="with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # or drop it on TPU",
+    references=(BACKENDS,),
+    apis=(
+        ApiEquivalent(
+            "torch.backends.cuda.sdp_kernel(), torch.backends.cudnn.is_available(), torch.backends.cudnn.version()",
+            "torch.nn.attention.sdpa_kernel(...), or drop it on TPU",
+        ),
+    ),
 )
 
 _REMOVE_FLAGS = {

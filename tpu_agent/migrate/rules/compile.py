@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety, Target
+from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import arg_source, drop_args, replace_arg_value, string_like, string_value
+from tpu_agent.migrate.rules.references import COMPILE, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -21,38 +22,57 @@ if TYPE_CHECKING:
 FAMILY = Family("compile")
 
 FAMILY.rule(
-    "TPU501",
-    "compile-cuda-options",
-    Safety.SAFE,
-    'torch.compile arguments TorchTPU rejects: mode=..., options={...}, dynamic=True, backend="inductor"/"cudagraphs".',
-    "The tpu backend raises TypeError on Inductor keywords and NotImplementedError on dynamic=True; modes such as "
-    "reduce-overhead are CUDA graphs and max-autotune tunes Triton kernels. Without them torch.compile picks the "
-    "right backend for the inputs on every device (TPU target: backend='tpu').",
-    'model = torch.compile(model, mode="max-autotune", dynamic=True)',
-    "model = torch.compile(model)",
-    "torchtpu_api.md §3.1-§3.3; migration_anchors.md G03, G04, G06",
+    code="TPU501",
+    name="compile-cuda-options",
+    safety=Safety.SAFE,
+    summary="torch.compile arguments TorchTPU rejects: mode=..., options={...}, dynamic=True, "
+    'backend="inductor"/"cudagraphs".',
+    rationale="The tpu backend raises TypeError on Inductor keywords and NotImplementedError on dynamic=True; modes "
+    "such as reduce-overhead are CUDA graphs and max-autotune tunes Triton kernels. Without them torch.compile picks "
+    "the right backend for the inputs on every device (TPU target: backend='tpu').",
+    before='model = torch.compile(model, mode="max-autotune", dynamic=True)',
+    after="model = torch.compile(model)",
+    references=(COMPILE, TORCH_TPU),
+    apis=(
+        ApiEquivalent(
+            "torch.compile(model, mode=\"max-autotune\", options={...}, dynamic=True)",
+            "torch.compile(model) (--target tpu: backend=\"tpu\")",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU502",
-    "cuda-graphs",
-    Safety.MANUAL,
-    "CUDA graphs: torch.cuda.CUDAGraph, torch.cuda.graph, make_graphed_callables, graph_pool_handle.",
-    "TPU programs are already compiled into whole XLA graphs; capture and replay become "
+    code="TPU502",
+    name="cuda-graphs",
+    safety=Safety.MANUAL,
+    summary="CUDA graphs: torch.cuda.CUDAGraph, torch.cuda.graph, make_graphed_callables, graph_pool_handle.",
+    rationale="TPU programs are already compiled into whole XLA graphs; capture and replay become "
     'torch.compile(fn, backend="tpu") over the captured region (with static shapes).',
-    "g = torch.cuda.CUDAGraph()\nwith torch.cuda.graph(g):\n    out = model(x)",
-    'step = torch.compile(model, backend="tpu")\nout = step(x)',
-    "torchtpu_api.md §5.2; migration_anchors.md G01, G02",
+    before="g = torch.cuda.CUDAGraph()\nwith torch.cuda.graph(g):\n    out = model(x)",
+    after='step = torch.compile(model, backend="tpu")\nout = step(x)',
+    references=(COMPILE,),
+    apis=(
+        ApiEquivalent(
+            "torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.make_graphed_callables",
+            "torch.compile(fn, backend=\"tpu\") over the captured region",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU503",
-    "inductor-config",
-    Safety.MANUAL,
-    "torch._inductor.config settings (Triton, CUDA-graph and autotune knobs).",
-    "Inductor settings do not reach TorchTPU's XLA backend; TPU compile options go in "
+    code="TPU503",
+    name="inductor-config",
+    safety=Safety.MANUAL,
+    summary="torch._inductor.config settings (Triton, CUDA-graph and autotune knobs).",
+    rationale="Inductor settings do not reach TorchTPU's XLA backend; TPU compile options go in "
     'torch.compile(..., backend="tpu", options={...}).',
-    "torch._inductor.config.triton.cudagraphs = True",
-    "# TODO(tpu-agent TPU503): no effect on TPU",
-    "torchtpu_api.md §3.2; migration_anchors.md G05",
+    before="torch._inductor.config.triton.cudagraphs = True",
+    after="# TODO(tpu-agent TPU503): no effect on TPU",
+    references=(COMPILE,),
+    apis=(
+        ApiEquivalent(
+            "torch._inductor.config",
+            "no effect on TPU; TPU options go in torch.compile(..., backend=\"tpu\", options={...})",
+        ),
+    ),
 )
 
 _COMPILE = frozenset({"torch.compile"})

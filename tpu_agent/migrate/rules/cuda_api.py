@@ -12,161 +12,15 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety, Target
+from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, source
+from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED, PROFILER, RANDOM
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
 
 FAMILY = Family("cuda-api")
-
-FAMILY.rule(
-    "TPU201",
-    "cuda-device-api",
-    Safety.SAFE,
-    "torch.cuda device queries: is_available, device_count, current_device, set_device, device(i), "
-    "get_device_name, get_device_properties.",
-    "TorchTPU implements the torch.accelerator API (its own torch.tpu twins raise when called from user code); "
-    "torch.accelerator works on CUDA builds too. TorchTPU binds one device per process and rejects "
-    "set_device_index with any other index, so set_device is deleted for the tpu target and, for the "
-    "accelerator target, still binds the CUDA device of each rank but is skipped on TPU. The device name and "
-    "properties come from the device's own module (torch.tpu on TPU). For the accelerator target, calls that "
-    "need a device are guarded with torch.accelerator.is_available() (statements) or get their CPU value "
-    "(expressions) so CPU-only runs keep working.",
-    "torch.cuda.set_device(local_rank)\nn = torch.cuda.device_count()\nname = torch.cuda.get_device_name()",
-    'if torch.accelerator.is_available() and DEVICE.type != "tpu":  # TorchTPU binds one device per process\n'
-    "    torch.accelerator.set_device_index(local_rank)\n"
-    "n = torch.accelerator.device_count()\n"
-    'name = torch.get_device_module(DEVICE).get_device_name() if torch.accelerator.is_available() else "cpu"\n'
-    "# --target tpu: the set_device line is deleted; name = torch.tpu.get_device_name()",
-    "torchtpu_api.md §1.2, §1.3, §1.4, §5.2; migration_anchors.md §3, D07-D12",
-    since_torch="2.8",
-)
-FAMILY.rule(
-    "TPU202",
-    "cuda-sync-stream-event",
-    Safety.SAFE,
-    "torch.cuda synchronisation, streams and events: synchronize, current_stream, set_stream, Stream, Event.",
-    "torch.accelerator.synchronize/current_stream/set_stream and the generic torch.Stream/torch.Event are what "
-    "TorchTPU implements (streams are placeholders; event times are measured on the host).",
-    "torch.cuda.synchronize()\nstart = torch.cuda.Event(enable_timing=True)",
-    "if torch.accelerator.is_available():\n    torch.accelerator.synchronize()\nstart = torch.Event(enable_timing=True)",
-    "torchtpu_api.md §1.4, §1.5; migration_anchors.md S01-S06",
-    since_torch="2.6",
-)
-FAMILY.rule(
-    "TPU203",
-    "cuda-memory-api",
-    Safety.SAFE,
-    "torch.cuda memory statistics and cache calls: memory_allocated, max_memory_allocated, empty_cache, mem_get_info...",
-    "The same functions live in torch.accelerator (legacy *_cached names map to *_reserved); they work for any "
-    "accelerator whose allocator reports statistics.",
-    "peak = torch.cuda.max_memory_allocated()\ntorch.cuda.empty_cache()",
-    "peak = torch.accelerator.max_memory_allocated() if torch.accelerator.is_available() else 0\n"
-    "if torch.accelerator.is_available():\n    torch.accelerator.empty_cache()",
-    "torchtpu_api.md §1.6; migration_anchors.md M01-M04",
-    since_torch="2.10",
-)
-FAMILY.rule(
-    "TPU204",
-    "cuda-manual-seed",
-    Safety.SAFE,
-    "torch.cuda.manual_seed / manual_seed_all / seed / seed_all.",
-    "torch.manual_seed seeds the CPU and every accelerator, TPU included.",
-    "torch.cuda.manual_seed_all(0)",
-    "torch.manual_seed(0)",
-    "torchtpu_api.md §5.2; migration_anchors.md L08",
-)
-FAMILY.rule(
-    "TPU205",
-    "cuda-oom-error",
-    Safety.SAFE,
-    "torch.cuda.OutOfMemoryError.",
-    "torch.OutOfMemoryError is the device-agnostic exception (torch.cuda.OutOfMemoryError is its CUDA alias).",
-    "except torch.cuda.OutOfMemoryError:",
-    "except torch.OutOfMemoryError:",
-    "migration_anchors.md M09",
-    since_torch="2.5",
-)
-FAMILY.rule(
-    "TPU206",
-    "cuda-nvtx-range",
-    Safety.SAFE,
-    "torch.cuda.nvtx.range(...) context.",
-    "NVTX ranges exist only in NVIDIA tools; torch.profiler.record_function ranges appear in XProf traces on TPU "
-    "and in every torch profiler trace.",
-    'with torch.cuda.nvtx.range("forward"):',
-    'with torch.profiler.record_function("forward"):',
-    "torchtpu_api.md §5.2; migration_anchors.md S09",
-)
-FAMILY.rule(
-    "TPU207",
-    "cuda-nvtx-push-pop",
-    Safety.MANUAL,
-    "torch.cuda.nvtx.range_push / range_pop / mark.",
-    "The push/pop pairs need block structure to become a torch.profiler.record_function context; that is a "
-    "person's call.",
-    'torch.cuda.nvtx.range_push("step")\n...\ntorch.cuda.nvtx.range_pop()',
-    'with torch.profiler.record_function("step"):\n    ...',
-    "migration_anchors.md S10",
-)
-FAMILY.rule(
-    "TPU208",
-    "cuda-capability-check",
-    Safety.MANUAL,
-    "GPU capability checks: get_device_capability, is_bf16_supported, get_arch_list, torch.version.cuda.",
-    "There is no device-agnostic capability query (TorchTPU's compute capability is an empty string); gates on "
-    "(major, minor) usually protect bf16/flash/TF32 paths, and bf16 is always native on TPU.",
-    "if torch.cuda.get_device_capability()[0] >= 8:\n    dtype = torch.bfloat16",
-    "# on TPU bf16 is always available: make the gate an explicit option\ndtype = torch.bfloat16",
-    "torchtpu_api.md §5.2; migration_anchors.md D22-D26",
-)
-FAMILY.rule(
-    "TPU209",
-    "cuda-memory-introspection",
-    Safety.MANUAL,
-    "CUDA allocator introspection and limits: memory_summary, memory_snapshot, _record_memory_history, "
-    "set_per_process_memory_fraction, list_gpu_processes.",
-    "No device-agnostic equivalent exists in torch 2.13; on TPU use the XProf memory profile "
-    "(tpu-agent profile) and torch.tpu._hbm_usage_summary().",
-    "torch.cuda.memory._record_memory_history()\ntorch.cuda.set_per_process_memory_fraction(0.5)",
-    "# TODO(tpu-agent TPU209): use tpu-agent profile's memory view",
-    "migration_anchors.md M05, M06",
-)
-FAMILY.rule(
-    "TPU210",
-    "cuda-ipc",
-    Safety.MANUAL,
-    "CUDA inter-process sharing: torch.cuda.ipc_collect, Event(interprocess=True).",
-    "TorchTPU has no IPC handles (ipc_handle raises NotImplementedError); share tensors through the host or "
-    "torch.distributed instead.",
-    "torch.cuda.ipc_collect()",
-    "# TODO(tpu-agent TPU210): share through the host or torch.distributed",
-    "torchtpu_api.md §1.5, §5.2; migration_anchors.md M07",
-)
-FAMILY.rule(
-    "TPU211",
-    "cuda-api-no-equivalent",
-    Safety.MANUAL,
-    "Any other torch.cuda reference (default_stream, stream(s), RNG state, legacy tensor types, nccl, comm...).",
-    "These have no device-agnostic twin in torch 2.13; each message says what to use instead.",
-    "state = torch.cuda.get_rng_state()",
-    "state = torch.get_device_module(DEVICE).get_rng_state()",
-    "migration_anchors.md §3, D29",
-)
-
-FAMILY.rule(
-    "TPU212",
-    "profiler-cuda-activity",
-    Safety.MANUAL,
-    "torch.profiler.ProfilerActivity.CUDA.",
-    "There is no device-agnostic profiler activity; TorchTPU traces through ProfilerActivity.PrivateUse1 with "
-    "its own profiler config, and tpu-agent profile captures an XProf trace without code changes.",
-    "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
-    "activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]  # or run tpu-agent profile",
-    "torchtpu_api.md §5.2, §7; migration_anchors.md S11",
-)
 
 _MEMORY = {
     "empty_cache": "empty_cache",
@@ -241,9 +95,227 @@ MANUAL: dict[str, tuple[str, str]] = {
     "torch.cuda.nccl": ("TPU211", "use torch.distributed collectives (tpu_dist backend on TPU)"),
     "torch.cuda.comm": ("TPU211", "use torch.distributed collectives (tpu_dist backend on TPU)"),
 }
-_LEGACY_TENSORS = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor")
+_LEGACY_TENSORS = (
+    "FloatTensor",
+    "DoubleTensor",
+    "HalfTensor",
+    "BFloat16Tensor",
+    "LongTensor",
+    "IntTensor",
+    "ShortTensor",
+    "CharTensor",
+    "ByteTensor",
+    "BoolTensor",
+)
 for _name in _LEGACY_TENSORS:
-    MANUAL[f"torch.cuda.{_name}"] = ("TPU211", "use torch.empty(..., dtype=..., device=DEVICE) or torch.tensor(..., device=DEVICE)")
+    MANUAL[f"torch.cuda.{_name}"] = (
+        "TPU211",
+        "use torch.empty(..., dtype=..., device=DEVICE) or torch.tensor(..., device=DEVICE)",
+    )
+
+
+# names under torch.cuda that are read or imported, not called (the rest are functions or classes)
+_NOT_CALLED = frozenset({"torch.version.cuda", "torch.cuda.nccl", "torch.cuda.comm"})
+
+
+def _written(qualname: str) -> str:
+    """How user code writes the API: ``torch.cuda.synchronize()`` for a function, the bare name otherwise."""
+    last = qualname.rpartition(".")[2]
+    return qualname if qualname in _NOT_CALLED or last[:1].isupper() else f"{qualname}()"
+
+
+def _apis(code: str) -> tuple[ApiEquivalent, ...]:
+    """The API rows of rule ``code``, read off the tables the handler rewrites and reports from."""
+    rows = [
+        ApiEquivalent(_written(qualname), _written(f"torch.{path}"))
+        for qualname, (rule, path) in RENAMES.items()
+        if rule == code and not qualname.startswith("torch.cuda.memory.")
+    ]
+    if code == "TPU201":
+        rows += [
+            ApiEquivalent(
+                _written(qualname),
+                f"torch.get_device_module(DEVICE).{function}() (--target tpu: torch.tpu.{function}())",
+            )
+            for qualname, function in DEVICE_MODULE.items()
+        ]
+    rows += [ApiEquivalent(_written(qualname), advice) for qualname, (rule, advice) in MANUAL.items() if rule == code]
+    return tuple(rows)
+
+
+FAMILY.rule(
+    code="TPU201",
+    name="cuda-device-api",
+    safety=Safety.SAFE,
+    summary="torch.cuda device queries: is_available, device_count, current_device, set_device, device(i), "
+    "get_device_name, get_device_properties.",
+    rationale="TorchTPU implements the torch.accelerator API (its own torch.tpu twins raise when called from user "
+    "code); torch.accelerator works on CUDA builds too. TorchTPU binds one device per process and rejects "
+    "set_device_index with any other index, so set_device is deleted for the tpu target and, for the accelerator "
+    "target, still binds the CUDA device of each rank but is skipped on TPU. The device name and properties come from "
+    "the device's own module (torch.tpu on TPU). For the accelerator target, calls that need a device are guarded "
+    "with torch.accelerator.is_available() (statements) or get their CPU value (expressions) so CPU-only runs keep "
+    "working.",
+    before="torch.cuda.set_device(local_rank)\nn = torch.cuda.device_count()\nname = torch.cuda.get_device_name()",
+    after='if torch.accelerator.is_available() and DEVICE.type != "tpu":  # TorchTPU binds one device per process\n'
+    "    torch.accelerator.set_device_index(local_rank)\n"
+    "n = torch.accelerator.device_count()\n"
+    'name = torch.get_device_module(DEVICE).get_device_name() if torch.accelerator.is_available() else "cpu"\n'
+    "# --target tpu: the set_device line is deleted; name = torch.tpu.get_device_name()",
+    references=(ACCELERATOR,),
+    since_torch="2.8",
+    apis=_apis("TPU201"),
+)
+FAMILY.rule(
+    code="TPU202",
+    name="cuda-sync-stream-event",
+    safety=Safety.SAFE,
+    summary="torch.cuda synchronisation, streams and events: synchronize, current_stream, set_stream, Stream, Event.",
+    rationale="torch.accelerator.synchronize/current_stream/set_stream and the generic torch.Stream/torch.Event are "
+    "what TorchTPU implements (streams are placeholders; event times are measured on the host).",
+    before="torch.cuda.synchronize()\nstart = torch.cuda.Event(enable_timing=True)",
+    after="if torch.accelerator.is_available():\n    torch.accelerator.synchronize()\nstart = "
+    "torch.Event(enable_timing=True)",
+    references=(ACCELERATOR,),
+    since_torch="2.6",
+    apis=_apis("TPU202"),
+)
+FAMILY.rule(
+    code="TPU203",
+    name="cuda-memory-api",
+    safety=Safety.SAFE,
+    summary="torch.cuda memory statistics and cache calls: memory_allocated, max_memory_allocated, empty_cache, "
+    "mem_get_info...",
+    rationale="The same functions live in torch.accelerator (legacy *_cached names map to *_reserved); they work for "
+    "any accelerator whose allocator reports statistics.",
+    before="peak = torch.cuda.max_memory_allocated()\ntorch.cuda.empty_cache()",
+    after="peak = torch.accelerator.max_memory_allocated() if torch.accelerator.is_available() else 0\n"
+    "if torch.accelerator.is_available():\n    torch.accelerator.empty_cache()",
+    references=(ACCELERATOR,),
+    since_torch="2.10",
+    apis=_apis("TPU203"),
+)
+FAMILY.rule(
+    code="TPU204",
+    name="cuda-manual-seed",
+    safety=Safety.SAFE,
+    summary="torch.cuda.manual_seed / manual_seed_all / seed / seed_all.",
+    rationale="torch.manual_seed seeds the CPU and every accelerator, TPU included.",
+    before="torch.cuda.manual_seed_all(0)",
+    after="torch.manual_seed(0)",
+    references=(RANDOM,),
+    apis=_apis("TPU204"),
+)
+FAMILY.rule(
+    code="TPU205",
+    name="cuda-oom-error",
+    safety=Safety.SAFE,
+    summary="torch.cuda.OutOfMemoryError.",
+    rationale="torch.OutOfMemoryError is the device-agnostic exception (torch.cuda.OutOfMemoryError is its CUDA "
+    "alias).",
+    before="except torch.cuda.OutOfMemoryError:",
+    after="except torch.OutOfMemoryError:",
+    references=(ACCELERATOR,),
+    since_torch="2.5",
+    apis=_apis("TPU205"),
+)
+FAMILY.rule(
+    code="TPU206",
+    name="cuda-nvtx-range",
+    safety=Safety.SAFE,
+    summary="torch.cuda.nvtx.range(...) context.",
+    rationale="NVTX ranges exist only in NVIDIA tools; torch.profiler.record_function ranges appear in XProf traces "
+    "on TPU and in every torch profiler trace.",
+    before='with torch.cuda.nvtx.range("forward"):',
+    after='with torch.profiler.record_function("forward"):',
+    references=(PROFILER,),
+    apis=_apis("TPU206"),
+)
+FAMILY.rule(
+    code="TPU207",
+    name="cuda-nvtx-push-pop",
+    safety=Safety.MANUAL,
+    summary="torch.cuda.nvtx.range_push / range_pop / mark.",
+    rationale="The push/pop pairs need block structure to become a torch.profiler.record_function context; that is a "
+    "person's call.",
+    before='torch.cuda.nvtx.range_push("step")\n...\ntorch.cuda.nvtx.range_pop()',
+    after='with torch.profiler.record_function("step"):\n    ...',
+    references=(PROFILER,),
+    apis=_apis("TPU207"),
+)
+FAMILY.rule(
+    code="TPU208",
+    name="cuda-capability-check",
+    safety=Safety.MANUAL,
+    summary="GPU capability checks: get_device_capability, is_bf16_supported, get_arch_list, torch.version.cuda.",
+    rationale="There is no device-agnostic capability query (TorchTPU's compute capability is an empty string); gates "
+    "on (major, minor) usually protect bf16/flash/TF32 paths, and bf16 is always native on TPU.",
+    before="if torch.cuda.get_device_capability()[0] >= 8:\n    dtype = torch.bfloat16",
+    after="# on TPU bf16 is always available: make the gate an explicit option\ndtype = torch.bfloat16",
+    references=(ACCELERATOR,),
+    apis=_apis("TPU208"),
+)
+FAMILY.rule(
+    code="TPU209",
+    name="cuda-memory-introspection",
+    safety=Safety.MANUAL,
+    summary="CUDA allocator introspection and limits: memory_summary, memory_snapshot, _record_memory_history, "
+    "set_per_process_memory_fraction, list_gpu_processes.",
+    rationale="No device-agnostic equivalent exists in torch 2.13; on TPU use the XProf memory profile "
+    "(tpu-agent profile) and torch.tpu._hbm_usage_summary().",
+    before="torch.cuda.memory._record_memory_history()\ntorch.cuda.set_per_process_memory_fraction(0.5)",
+    after="# TODO(tpu-agent TPU209): use tpu-agent profile's memory view",
+    references=(ACCELERATOR,),
+    apis=_apis("TPU209"),
+)
+FAMILY.rule(
+    code="TPU210",
+    name="cuda-ipc",
+    safety=Safety.MANUAL,
+    summary="CUDA inter-process sharing: torch.cuda.ipc_collect, Event(interprocess=True).",
+    rationale="TorchTPU has no IPC handles (ipc_handle raises NotImplementedError); share tensors through the host or "
+    "torch.distributed instead.",
+    before="torch.cuda.ipc_collect()",
+    after="# TODO(tpu-agent TPU210): share through the host or torch.distributed",
+    references=(DISTRIBUTED,),
+    apis=_apis("TPU210"),
+)
+FAMILY.rule(
+    code="TPU211",
+    name="cuda-api-no-equivalent",
+    safety=Safety.MANUAL,
+    summary="Any other torch.cuda reference (default_stream, stream(s), RNG state, legacy tensor types, nccl, "
+    "comm...).",
+    rationale="These have no device-agnostic twin in torch 2.13; each message says what to use instead.",
+    before="state = torch.cuda.get_rng_state()",
+    after="state = torch.get_device_module(DEVICE).get_rng_state()",
+    references=(ACCELERATOR, RANDOM),
+    apis=(
+        *_apis("TPU211"),
+        ApiEquivalent(
+            "any other torch.cuda.* name",
+            "torch.get_device_module(DEVICE).<name> where the backend provides it, else remove it",
+        ),
+    ),
+)
+
+FAMILY.rule(
+    code="TPU212",
+    name="profiler-cuda-activity",
+    safety=Safety.MANUAL,
+    summary="torch.profiler.ProfilerActivity.CUDA.",
+    rationale="There is no device-agnostic profiler activity; TorchTPU traces through ProfilerActivity.PrivateUse1 "
+    "with its own profiler config, and tpu-agent profile captures an XProf trace without code changes.",
+    before="activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
+    after="activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]  # or run tpu-agent profile",
+    references=(PROFILER,),
+    apis=(
+        ApiEquivalent(
+            "torch.profiler.ProfilerActivity.CUDA",
+            "torch.profiler.ProfilerActivity.PrivateUse1 (TorchTPU), or capture with tpu-agent profile",
+        ),
+    ),
+)
 
 
 def _lookup(table: dict[str, tuple[str, str]], qualname: str) -> tuple[str, str] | None:

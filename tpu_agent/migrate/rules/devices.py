@@ -14,20 +14,21 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety
-from tpu_agent.migrate.rules._base import CLAIMED_CALLS, TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import (
     arg_position,
-    replace_arg_value,
     arg_source,
     drop_args,
     keep_parens,
     keyword,
     positional,
     prepend_args,
+    replace_arg_value,
     source,
     string_value,
 )
+from tpu_agent.migrate.rules.references import ACCELERATOR, DATA, DDP, DEVICE, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -35,77 +36,107 @@ if TYPE_CHECKING:
 FAMILY = Family("devices")
 
 FAMILY.rule(
-    "TPU101",
-    "cuda-device-string",
-    Safety.SAFE,
-    'A CUDA device ("cuda", "cuda:N", torch.device("cuda")) in a device position.',
-    "TorchTPU's device is 'tpu'. The accelerator target writes one module-level resolver (the accelerator in use, "
-    "or the CPU) so that the same file keeps running on CUDA and CPU-only machines. TorchTPU runs one device per "
-    "process, so an index is dropped: the process's device is selected by the launcher (and on CUDA by "
+    code="TPU101",
+    name="cuda-device-string",
+    safety=Safety.SAFE,
+    summary='A CUDA device ("cuda", "cuda:N", torch.device("cuda")) in a device position.',
+    rationale="TorchTPU's device is 'tpu'. The accelerator target writes one module-level resolver (the accelerator "
+    "in use, or the CPU) so that the same file keeps running on CUDA and CPU-only machines. TorchTPU runs one device "
+    "per process, so an index is dropped: the process's device is selected by the launcher (and on CUDA by "
     "torch.accelerator.set_device_index).",
-    'x = torch.zeros(3, device="cuda:0")\nmodel.to(torch.device("cuda"))',
-    'DEVICE = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")\n'
+    before='x = torch.zeros(3, device="cuda:0")\nmodel.to(torch.device("cuda"))',
+    after='DEVICE = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")\n'
     "x = torch.zeros(3, device=DEVICE)\nmodel.to(DEVICE)",
-    "torchtpu_api.md §5.2; migration_anchors.md D01, D02, D05, D20, L05, L12",
+    references=(DEVICE, ACCELERATOR),
     since_torch="2.7",
+    apis=(
+        ApiEquivalent(
+            "torch.device(\"cuda\"), \"cuda\", \"cuda:N\" in a device position",
+            "DEVICE, the module's accelerator-or-CPU resolver (--target tpu: \"tpu\")",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU102",
-    "cuda-device-formatted",
-    Safety.SAFE,
-    'A CUDA device built from an index: f"cuda:{rank}", "cuda:%d" % rank, "cuda:" + str(rank).',
-    "TorchTPU maps one device to each process (the device index is always 0 and the launcher selects the chip), "
-    "so a per-rank device string becomes the plain device; on CUDA the rank's device comes from "
+    code="TPU102",
+    name="cuda-device-formatted",
+    safety=Safety.SAFE,
+    summary='A CUDA device built from an index: f"cuda:{rank}", "cuda:%d" % rank, "cuda:" + str(rank).',
+    rationale="TorchTPU maps one device to each process (the device index is always 0 and the launcher selects the "
+    "chip), so a per-rank device string becomes the plain device; on CUDA the rank's device comes from "
     "torch.accelerator.set_device_index(local_rank).",
-    'device = f"cuda:{local_rank}"',
-    "device = DEVICE.type",
-    "torchtpu_api.md §1.2, §5.2; migration_anchors.md D04",
+    before='device = f"cuda:{local_rank}"',
+    after="device = DEVICE.type",
+    references=(DEVICE, ACCELERATOR),
     since_torch="2.7",
+    apis=(
+        ApiEquivalent(
+            "f\"cuda:{rank}\", \"cuda:%d\" % rank, \"cuda:\" + str(rank)",
+            "DEVICE.type (--target tpu: \"tpu\")",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU103",
-    "tensor-cuda-method",
-    Safety.SAFE,
-    "Tensor/Module .cuda() moves data to CUDA.",
-    "TorchTPU has no .cuda(); .to(device) works for tensors and modules on every backend. A class of this file "
-    "that defines its own cuda() method (and is not a tensor or module) is left alone.",
-    "model = Net().cuda()\nx = x.cuda(non_blocking=True)",
-    "model = Net().to(DEVICE)\nx = x.to(DEVICE, non_blocking=True)",
-    "torchtpu_api.md §5.2; migration_anchors.md D14, D15",
+    code="TPU103",
+    name="tensor-cuda-method",
+    safety=Safety.SAFE,
+    summary="Tensor/Module .cuda() moves data to CUDA.",
+    rationale="TorchTPU has no .cuda(); .to(device) works for tensors and modules on every backend. A class of this "
+    "file that defines its own cuda() method (and is not a tensor or module) is left alone.",
+    before="model = Net().cuda()\nx = x.cuda(non_blocking=True)",
+    after="model = Net().to(DEVICE)\nx = x.to(DEVICE, non_blocking=True)",
+    references=(DEVICE, ACCELERATOR),
+    apis=(
+        ApiEquivalent("tensor.cuda(), module.cuda()", ".to(DEVICE)"),
+    ),
 )
 FAMILY.rule(
-    "TPU104",
-    "cuda-device-check",
-    Safety.UNSAFE,
-    'A check that a tensor is on CUDA: t.is_cuda, t.device.type == "cuda".',
-    "On TPU such checks are always False, silently skipping code meant for the accelerator. The fix compares with "
-    "the device in use, which assumes the check meant 'on the accelerator' rather than 'on an NVIDIA GPU'.",
-    "if x.is_cuda:\n    ...",
-    "if x.device.type == DEVICE.type:\n    ...",
-    "torchtpu_api.md §5.2; migration_anchors.md D16, D17",
+    code="TPU104",
+    name="cuda-device-check",
+    safety=Safety.UNSAFE,
+    summary='A check that a tensor is on CUDA: t.is_cuda, t.device.type == "cuda".',
+    rationale="On TPU such checks are always False, silently skipping code meant for the accelerator. The fix "
+    "compares with the device in use, which assumes the check meant 'on the accelerator' rather than 'on an NVIDIA "
+    "GPU'.",
+    before="if x.is_cuda:\n    ...",
+    after="if x.device.type == DEVICE.type:\n    ...",
+    references=(DEVICE, ACCELERATOR),
+    apis=(
+        ApiEquivalent("t.is_cuda", "t.device.type == DEVICE.type"),
+        ApiEquivalent("t.device.type == \"cuda\"", "t.device.type == DEVICE.type"),
+    ),
 )
 FAMILY.rule(
-    "TPU105",
-    "pin-memory-device",
-    Safety.SAFE,
-    'A pinned-memory device argument: DataLoader(pin_memory_device="cuda"), t.pin_memory("cuda").',
-    "Pinned memory is allocated for the current accelerator without a device argument (deprecated since torch 2.8); "
-    "naming 'cuda' fails where there is no CUDA.",
-    'DataLoader(ds, pin_memory=True, pin_memory_device="cuda")',
-    "DataLoader(ds, pin_memory=True)",
-    "migration_anchors.md L02, L03",
+    code="TPU105",
+    name="pin-memory-device",
+    safety=Safety.SAFE,
+    summary='A pinned-memory device argument: DataLoader(pin_memory_device="cuda"), t.pin_memory("cuda").',
+    rationale="Pinned memory is allocated for the current accelerator without a device argument (deprecated since "
+    "torch 2.8); naming 'cuda' fails where there is no CUDA.",
+    before='DataLoader(ds, pin_memory=True, pin_memory_device="cuda")',
+    after="DataLoader(ds, pin_memory=True)",
+    references=(DATA,),
     since_torch="2.5",
+    apis=(
+        ApiEquivalent("DataLoader(..., pin_memory_device=\"cuda\")", "DataLoader(..., pin_memory=True)"),
+        ApiEquivalent("t.pin_memory(\"cuda\")", "t.pin_memory()"),
+    ),
 )
 FAMILY.rule(
-    "TPU106",
-    "config-device-value",
-    Safety.SAFE,
-    "A CUDA device in a launch script or config: device: cuda, --device cuda, DEVICE=cuda.",
-    "Config values are read by code this tool cannot see, so they change only for the TPU target (to 'tpu'); "
+    code="TPU106",
+    name="config-device-value",
+    safety=Safety.SAFE,
+    summary="A CUDA device in a launch script or config: device: cuda, --device cuda, DEVICE=cuda.",
+    rationale="Config values are read by code this tool cannot see, so they change only for the TPU target (to 'tpu'); "
     "for the accelerator target they are reported.",
-    "device: cuda:0",
-    "device: tpu",
-    "migration_anchors.md D06",
+    before="device: cuda:0",
+    after="device: tpu",
+    references=(TORCH_TPU,),
+    apis=(
+        ApiEquivalent(
+            "device: cuda, --device cuda, DEVICE=cuda in configs and launch scripts",
+            "device: tpu (--target tpu; reported for the accelerator target)",
+        ),
+    ),
 )
 
 _CUDA_DEVICE_RE = re.compile(r"cuda(?::\d+)?")
@@ -209,7 +240,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             return replace_arg_value(updated, index, branch) if branch is not None else updated
         new = rewrite_device(ctx, arg.value, "device")
         return keep_parens(original, new) if new is not None else updated
-    if qualname in CLAIMED_CALLS:
+    if qualname in ctx.claimed_calls:
         return updated
     func = original.func
     if isinstance(func, cst.Attribute) and qualname is None:
@@ -385,3 +416,78 @@ FAMILY.text(
         message=_config_device_message,
     )
 )
+
+
+# ---- integer devices: the rank used as a device index -------------------------------------------------
+FAMILY.rule(
+    code="TPU107",
+    name="integer-device",
+    safety=Safety.SAFE,
+    summary="A process's rank used as a device: .to(local_rank), torch.device(local_rank), device=rank.",
+    rationale="An integer device means a CUDA index. TorchTPU binds one device per process and rejects any index "
+    "other than the bound one (each rank sees its chip as tpu:0), so the process's device replaces the index; on "
+    "CUDA the rank's device is still the one torch.accelerator.set_device_index(local_rank) selects.",
+    before="model = Net().to(local_rank)\nx = torch.zeros(3, device=torch.device(args.gpu))",
+    after="model = Net().to(DEVICE)\nx = torch.zeros(3, device=DEVICE)",
+    references=(ACCELERATOR, DDP),
+    apis=(
+        ApiEquivalent(".to(local_rank), torch.device(local_rank), device=rank", "DEVICE (the process's device)"),
+        ApiEquivalent("torch.device(cfg.device, local_rank)", "torch.device(cfg.device)"),
+    ),
+)
+
+# names that hold a rank or a GPU index in training scripts (``local_rank``, ``args.gpu``, ``gpu_id``)
+_RANK_NAME_RE = re.compile(r"(?:local_?rank|rank|gpu|gpu_?id|gpu_?idx|local_?gpu|cuda_?id)", re.IGNORECASE)
+
+
+def is_rank_value(node: cst.CSTNode) -> bool:
+    """``local_rank``, ``args.gpu``, ``self.rank`` or ``int(os.environ["LOCAL_RANK"])``: an integer device index."""
+    if isinstance(node, cst.Name):
+        return bool(_RANK_NAME_RE.fullmatch(node.value))
+    if isinstance(node, cst.Attribute):
+        return bool(_RANK_NAME_RE.fullmatch(node.attr.value))
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int" and len(node.args) == 1:
+        inner = node.args[0].value
+        if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
+            key = inner.slice[0].slice
+            return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
+        if isinstance(inner, cst.Call) and inner.args:
+            return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
+    return False
+
+
+def _integer_device(ctx: PyContext, value: cst.BaseExpression, form: str) -> cst.BaseExpression | None:
+    build = ctx.device if form == "device" else ctx.device_value
+    return ctx.fix("TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)")
+
+
+@FAMILY.leave(cst.Call)
+def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if type(updated) is not cst.Call:
+        return updated
+    func = original.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "to" and ctx.qualname(original) is None:
+        first = positional(original, 0)
+        if first is not None and is_rank_value(first.value) and original.args[0] is first:
+            new = _integer_device(ctx, first.value, "value")
+            return replace_arg_value(updated, 0, new) if new is not None else updated
+    elif ctx.qualname(original) == "torch.device" and len(original.args) == 1 and is_rank_value(original.args[0].value):
+        new = _integer_device(ctx, original.args[0].value, "device")
+        return keep_parens(original, new) if new is not None else updated
+    elif (
+        ctx.qualname(original) == "torch.device"
+        and len(original.args) == 2
+        and is_rank_value(original.args[1].value)
+        and cuda_device_code(ctx, original.args[0].value) is None  # torch.device("cuda", rank) is TPU101's
+    ):
+        # torch.device(cfg.device, local_rank): the type stays, the rank's index goes (one device per process)
+        index = original.args[1].value
+        if ctx.report("TPU107", index, f"device index {source(index)} dropped from {source(original)} (one device per process)"):
+            return drop_args(updated, lambda i, a: i == 1)
+        return updated
+    device = keyword(original, "device")
+    if device is not None and is_rank_value(device.value):
+        new = _integer_device(ctx, device.value, "value")
+        if new is not None:
+            return replace_arg_value(updated, arg_position(original, device), new)
+    return updated

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety
-from tpu_agent.migrate.rules._base import CLAIMED_CALLS, TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import (
-    arg_source,
     arg_position,
+    arg_source,
     drop_args,
     keyword,
     positional,
@@ -25,6 +25,7 @@ from tpu_agent.migrate.rules._cst import (
     string_value,
 )
 from tpu_agent.migrate.rules.devices import is_availability_fallback, rewrite_device
+from tpu_agent.migrate.rules.references import DDP, DEVICE_MESH, DISTRIBUTED, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -32,73 +33,105 @@ if TYPE_CHECKING:
 FAMILY = Family("distributed")
 
 FAMILY.rule(
-    "TPU401",
-    "nccl-backend",
-    Safety.SAFE,
-    'The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
+    code="TPU401",
+    name="nccl-backend",
+    safety=Safety.SAFE,
+    summary='The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
     "Backend.NCCL, a --backend default or a backend variable.",
-    "NCCL is CUDA-only; TorchTPU's backend is tpu_dist. torch.distributed.get_default_backend_for_device(DEVICE) "
-    "picks nccl, tpu_dist or gloo for the device in use; omitting the backend gives cpu:gloo plus the "
-    "accelerator's default, the device-agnostic form of the mixed string.",
-    'dist.init_process_group("nccl")',
-    "dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE))",
-    "torchtpu_api.md §4.1; migration_anchors.md X01, X04, X06",
+    rationale="NCCL is CUDA-only; TorchTPU's backend is tpu_dist. "
+    "torch.distributed.get_default_backend_for_device(DEVICE) picks nccl, tpu_dist or gloo for the device in use; "
+    "omitting the backend gives cpu:gloo plus the accelerator's default, the device-agnostic form of the mixed string.",
+    before='dist.init_process_group("nccl")',
+    after="dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE))",
+    references=(DISTRIBUTED, TORCH_TPU),
     since_torch="2.6",
+    apis=(
+        ApiEquivalent(
+            "dist.init_process_group(\"nccl\")",
+            "dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE)) "
+            '(--target tpu: "tpu_dist")',
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU402",
-    "nccl-backend-check",
-    Safety.UNSAFE,
-    'Code that tests for NCCL: dist.get_backend() == "nccl", Backend.NCCL outside init, dist.is_nccl_available().',
-    "On TPU the backend is never nccl, so such branches silently change. The fix compares with the backend of "
-    "the device in use, which assumes the branch meant 'the accelerator backend' rather than NCCL itself.",
-    'if dist.get_backend() == "nccl":',
-    "if dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE):",
-    "migration_anchors.md X03, X05",
+    code="TPU402",
+    name="nccl-backend-check",
+    safety=Safety.UNSAFE,
+    summary='Code that tests for NCCL: dist.get_backend() == "nccl", Backend.NCCL outside init, '
+    "dist.is_nccl_available().",
+    rationale="On TPU the backend is never nccl, so such branches silently change. The fix compares with the backend "
+    "of the device in use, which assumes the branch meant 'the accelerator backend' rather than NCCL itself.",
+    before='if dist.get_backend() == "nccl":',
+    after="if dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE):",
+    references=(DISTRIBUTED,),
     since_torch="2.6",
+    apis=(
+        ApiEquivalent(
+            "dist.get_backend() == \"nccl\", dist.is_nccl_available()",
+            "dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU403",
-    "ddp-device-ids",
-    Safety.SAFE,
-    "DistributedDataParallel(model, device_ids=[...], output_device=...).",
-    "TorchTPU's DDP takes no device_ids (integer ids mean CUDA devices); for a module on one device DDP infers "
-    "the device from the module on every backend, CUDA included.",
-    "DDP(model, device_ids=[local_rank], output_device=local_rank)",
-    "DDP(model)",
-    "torchtpu_api.md §4.1; migration_anchors.md X07",
+    code="TPU403",
+    name="ddp-device-ids",
+    safety=Safety.SAFE,
+    summary="DistributedDataParallel(model, device_ids=[...], output_device=...).",
+    rationale="TorchTPU's DDP takes no device_ids (integer ids mean CUDA devices); for a module on one device DDP "
+    "infers the device from the module on every backend, CUDA included.",
+    before="DDP(model, device_ids=[local_rank], output_device=local_rank)",
+    after="DDP(model)",
+    references=(DDP,),
+    apis=(
+        ApiEquivalent(
+            "DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)",
+            "DistributedDataParallel(model)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU404",
-    "device-mesh-cuda",
-    Safety.SAFE,
-    'A CUDA device mesh: init_device_mesh("cuda", shape), DeviceMesh("cuda", ...).',
-    "Device meshes name the device type; TorchTPU meshes are 'tpu' meshes.",
-    'mesh = init_device_mesh("cuda", (world_size,))',
-    "mesh = init_device_mesh(DEVICE.type, (world_size,))",
-    "torchtpu_api.md §4.4; migration_anchors.md X09",
+    code="TPU404",
+    name="device-mesh-cuda",
+    safety=Safety.SAFE,
+    summary='A CUDA device mesh: init_device_mesh("cuda", shape), DeviceMesh("cuda", ...).',
+    rationale="Device meshes name the device type; TorchTPU meshes are 'tpu' meshes.",
+    before='mesh = init_device_mesh("cuda", (world_size,))',
+    after="mesh = init_device_mesh(DEVICE.type, (world_size,))",
+    references=(DEVICE_MESH,),
+    apis=(
+        ApiEquivalent(
+            "init_device_mesh(\"cuda\", shape), DeviceMesh(\"cuda\", ...)",
+            "init_device_mesh(DEVICE.type, shape)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU405",
-    "barrier-device-ids",
-    Safety.SAFE,
-    "dist.barrier(device_ids=[...]).",
-    "device_ids is an NCCL-only barrier option; TorchTPU rejects it (except [0]).",
-    "dist.barrier(device_ids=[local_rank])",
-    "dist.barrier()",
-    "torchtpu_api.md §4.3; migration_anchors.md X10",
+    code="TPU405",
+    name="barrier-device-ids",
+    safety=Safety.SAFE,
+    summary="dist.barrier(device_ids=[...]).",
+    rationale="device_ids is an NCCL-only barrier option; TorchTPU rejects it (except [0]).",
+    before="dist.barrier(device_ids=[local_rank])",
+    after="dist.barrier()",
+    references=(DISTRIBUTED,),
+    apis=(
+        ApiEquivalent("dist.barrier(device_ids=[local_rank])", "dist.barrier()"),
+    ),
 )
 
 FAMILY.rule(
-    "TPU406",
-    "data-parallel",
-    Safety.MANUAL,
-    "torch.nn.DataParallel (single-process, multi-GPU).",
-    "DataParallel replicates a module over CUDA devices in one process; TorchTPU runs one device per process, so "
-    "the TPU path is DistributedDataParallel (or FSDP2) launched with one process per chip.",
-    "model = nn.DataParallel(model, device_ids=[0, 1])",
-    "model = DDP(model)  # launched with torchrun / tpu-agent run --nproc N",
-    "torchtpu_api.md §4.1; migration_anchors.md X15",
+    code="TPU406",
+    name="data-parallel",
+    safety=Safety.MANUAL,
+    summary="torch.nn.DataParallel (single-process, multi-GPU).",
+    rationale="DataParallel replicates a module over CUDA devices in one process; TorchTPU runs one device per "
+    "process, so the TPU path is DistributedDataParallel (or FSDP2) launched with one process per chip.",
+    before="model = nn.DataParallel(model, device_ids=[0, 1])",
+    after="model = DDP(model)  # launched with torchrun / tpu-agent run --nproc N",
+    references=(DDP,),
+    apis=(
+        ApiEquivalent("torch.nn.DataParallel(model)", "DistributedDataParallel(model) or FSDP2, one process per chip"),
+    ),
 )
 
 _DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel")
@@ -124,7 +157,7 @@ _MESHES = frozenset(
 _BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"})
 _NCCL_AVAILABLE = frozenset({"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"})
 _BACKEND_NCCL = ("torch.distributed.Backend.NCCL", "torch.distributed.distributed_c10d.Backend.NCCL")
-CLAIMED_CALLS.update(_INITS, _DDPS, _MESHES, _BARRIERS)
+FAMILY.claim(*_INITS, *_DDPS, *_MESHES, *_BARRIERS)
 _MIXED_RE = re.compile(r"(?:\w+:\w+,)*cuda:nccl(?:,\w+:\w+)*")
 _BACKEND_NAME_RE = re.compile(r"backend$", re.IGNORECASE)
 
@@ -186,7 +219,7 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             if new is not None:
                 return replace_arg_value(updated, arg_position(original, device), new)
         return updated
-    if qualname in _NCCL_AVAILABLE:
+    if qualname in _NCCL_AVAILABLE and not ctx.is_claimed(original):
         new = ctx.fix(
             "TPU402",
             original,
@@ -294,9 +327,18 @@ def backend_nccl_reference(ctx: PyContext, original: cst.BaseExpression, updated
     return new if new is not None else updated
 
 
+DATA_PARALLEL_RECIPE = (
+    "DataParallel drives several GPUs from one process; TorchTPU runs one device per process. Port to DDP: "
+    "launch N processes (`tpu-agent run --nproc N train.py` or torchrun), call "
+    "dist.init_process_group(backend=dist.get_default_backend_for_device(DEVICE)), wrap "
+    "DistributedDataParallel(model.to(DEVICE)) without device_ids, shard the data with DistributedSampler, and "
+    "divide the global batch size by the number of processes"
+)
+
+
 @FAMILY.reference(*_DATA_PARALLEL)
 def data_parallel_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
-    ctx.report("TPU406", original, "DataParallel: use DistributedDataParallel with one process per TPU chip")
+    ctx.report("TPU406", original, DATA_PARALLEL_RECIPE)
     return updated
 
 
@@ -323,3 +365,60 @@ FAMILY.text(
         message=_backend_message,
     )
 )
+
+
+# ---- device_id needs an index -------------------------------------------------------------------------
+FAMILY.rule(
+    code="TPU407",
+    name="device-id-index",
+    safety=Safety.SAFE,
+    summary="init_process_group(device_id=...) given a device without an index, a rank, or a CUDA device.",
+    rationale="torch raises 'Please use a device_id with index' for a device without an index, and under TorchTPU an "
+    "integer or a CUDA index other than the bound one fails. The process's own device, with the index the "
+    "process is bound to, is what every backend accepts (on CUDA it is the device set_device_index selected).",
+    before="dist.init_process_group(backend=\"nccl\", device_id=torch.device(f\"cuda:{local_rank}\"))",
+    after="dist.init_process_group(backend=..., "
+    "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index()))",
+    references=(f"{DISTRIBUTED}#torch.distributed.init_process_group",),
+    apis=(
+        ApiEquivalent(
+            "init_process_group(..., device_id=device)",
+            "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index())",
+        ),
+    ),
+    since_torch="2.7",
+)
+
+
+def _is_indexed_current_device(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """``torch.device(<type>, torch.accelerator.current_device_index())``: what this rule writes."""
+    return (
+        isinstance(node, cst.Call)
+        and ctx.qualname(node) == "torch.device"
+        and len(node.args) == 2
+        and ctx.qualname(node.args[1].value) == "torch.accelerator.current_device_index"
+    )
+
+
+def indexed_process_device(ctx: PyContext) -> cst.Call:
+    """The process's device with its index: ``torch.device(DEVICE.type, torch.accelerator.current_device_index())``."""
+    index = cst.Call(func=ctx.torch_attr("accelerator.current_device_index"))
+    return cst.Call(func=ctx.torch_attr("device"), args=[cst.Arg(ctx.device_type()), cst.Arg(index)])
+
+
+@FAMILY.leave(cst.Call)
+def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if type(updated) is not cst.Call or ctx.qualname(original) not in _INITS:
+        return updated
+    device_id = keyword(original, "device_id")
+    if device_id is None or _is_indexed_current_device(ctx, device_id.value):
+        return updated
+    if isinstance(device_id.value, cst.Name) and device_id.value.value == "None":
+        return updated
+    new = ctx.fix(
+        "TPU407",
+        device_id.value,
+        lambda: indexed_process_device(ctx),
+        lambda n: f"device_id={source(device_id.value)} -> {source(n)} (a device_id needs an index)",
+    )
+    return replace_arg_value(updated, arg_position(original, device_id), new) if new is not None else updated

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import FileKind, Safety
+from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import positional, source, string_like, string_value
+from tpu_agent.migrate.rules.references import CLOUD_TPU_PYTORCH, DISTRIBUTED, ENV_VARS, TORCH_TPU, TORCHRUN
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -23,81 +24,111 @@ if TYPE_CHECKING:
 FAMILY = Family("env-vars")
 
 FAMILY.rule(
-    "TPU701",
-    "cuda-visible-devices",
-    Safety.SAFE,
-    "CUDA_VISIBLE_DEVICES.",
-    "TorchTPU reads TPU_VISIBLE_DEVICES as the source of truth for the devices a process sees (and rewrites "
+    code="TPU701",
+    name="cuda-visible-devices",
+    safety=Safety.SAFE,
+    summary="CUDA_VISIBLE_DEVICES.",
+    rationale="TorchTPU reads TPU_VISIBLE_DEVICES as the source of truth for the devices a process sees (and rewrites "
     "libtpu's TPU_VISIBLE_CHIPS to match).",
-    "CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
-    "TPU_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
-    "torchtpu_api.md §5.2, §8.1",
+    before="CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
+    after="TPU_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
+    references=(TORCH_TPU,),
+    apis=(
+        ApiEquivalent("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_DEVICES"),
+    ),
 )
 FAMILY.rule(
-    "TPU702",
-    "cuda-launch-blocking",
-    Safety.SAFE,
-    "CUDA_LAUNCH_BLOCKING.",
-    "TORCH_TPU_LAUNCH_BLOCKING=1 selects TorchTPU's launch-blocking eager mode, the TPU equivalent for finding "
-    "the operation that fails.",
-    "CUDA_LAUNCH_BLOCKING=1 python train.py",
-    "TORCH_TPU_LAUNCH_BLOCKING=1 python train.py",
-    "torchtpu_api.md §5.2, §8.1",
+    code="TPU702",
+    name="cuda-launch-blocking",
+    safety=Safety.SAFE,
+    summary="CUDA_LAUNCH_BLOCKING.",
+    rationale="TORCH_TPU_LAUNCH_BLOCKING=1 selects TorchTPU's launch-blocking eager mode, the TPU equivalent for "
+    "finding the operation that fails.",
+    before="CUDA_LAUNCH_BLOCKING=1 python train.py",
+    after="TORCH_TPU_LAUNCH_BLOCKING=1 python train.py",
+    references=(TORCH_TPU,),
+    apis=(
+        ApiEquivalent("CUDA_LAUNCH_BLOCKING", "TORCH_TPU_LAUNCH_BLOCKING"),
+    ),
 )
 FAMILY.rule(
-    "TPU703",
-    "nccl-debug-env",
-    Safety.SAFE,
-    "NCCL diagnostic and error-handling variables: NCCL_DEBUG, NCCL_DEBUG_SUBSYS, TORCH_NCCL_ASYNC_ERROR_HANDLING...",
-    "They configure the NCCL library only and have no effect on TPU (tpu_dist); removing them changes no results.",
-    "export NCCL_DEBUG=INFO",
-    "",
-    "migration_anchors.md X12",
+    code="TPU703",
+    name="nccl-debug-env",
+    safety=Safety.SAFE,
+    summary="NCCL diagnostic and error-handling variables: NCCL_DEBUG, NCCL_DEBUG_SUBSYS, "
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING...",
+    rationale="They configure the NCCL library only and have no effect on TPU (tpu_dist); removing them changes no "
+    "results.",
+    before="export NCCL_DEBUG=INFO",
+    after="",
+    references=(DISTRIBUTED,),
+    apis=(
+        ApiEquivalent("NCCL_DEBUG, NCCL_DEBUG_SUBSYS, TORCH_NCCL_ASYNC_ERROR_HANDLING", "delete it"),
+    ),
 )
 FAMILY.rule(
-    "TPU704",
-    "nccl-network-env",
-    Safety.UNSAFE,
-    "Other NCCL variables: NCCL_SOCKET_IFNAME, NCCL_IB_*, NCCL_P2P_DISABLE...",
-    "They tune NCCL transport and are ignored on TPU, but may still be needed where the same script runs on the "
-    "CUDA cluster; TPU interconnect settings are TORCH_TPU_TOPOLOGY and the slice-builder addresses instead.",
-    "export NCCL_SOCKET_IFNAME=eth0",
-    "",
-    "migration_anchors.md X12; torchtpu_api.md §4.2",
+    code="TPU704",
+    name="nccl-network-env",
+    safety=Safety.UNSAFE,
+    summary="Other NCCL variables: NCCL_SOCKET_IFNAME, NCCL_IB_*, NCCL_P2P_DISABLE...",
+    rationale="They tune NCCL transport and are ignored on TPU, but may still be needed where the same script runs on "
+    "the CUDA cluster; TPU interconnect settings are TORCH_TPU_TOPOLOGY and the slice-builder addresses instead.",
+    before="export NCCL_SOCKET_IFNAME=eth0",
+    after="",
+    references=(DISTRIBUTED,),
+    apis=(
+        ApiEquivalent(
+            "NCCL_SOCKET_IFNAME, NCCL_IB_*, NCCL_P2P_DISABLE",
+            "delete it for TPU runs (TPU interconnect: TORCH_TPU_TOPOLOGY)",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU705",
-    "cuda-alloc-conf",
-    Safety.SAFE,
-    "PYTORCH_CUDA_ALLOC_CONF.",
-    "PYTORCH_ALLOC_CONF is the device-agnostic name (the CUDA name is a deprecated alias since torch 2.9); the "
-    "options themselves are backend-specific.",
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-    "PYTORCH_ALLOC_CONF=expandable_segments:True",
-    "migration_anchors.md M08",
+    code="TPU705",
+    name="cuda-alloc-conf",
+    safety=Safety.SAFE,
+    summary="PYTORCH_CUDA_ALLOC_CONF.",
+    rationale="PYTORCH_ALLOC_CONF is the device-agnostic name (the CUDA name is a deprecated alias since torch 2.9); "
+    "the options themselves are backend-specific.",
+    before="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    after="PYTORCH_ALLOC_CONF=expandable_segments:True",
+    references=(ENV_VARS,),
     since_torch="2.9",
+    apis=(
+        ApiEquivalent("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),
+    ),
 )
 FAMILY.rule(
-    "TPU706",
-    "cuda-toolkit-env",
-    Safety.MANUAL,
-    "CUDA toolkit and library variables: CUDA_HOME, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, TORCH_CUDA_ARCH_LIST...",
-    "They configure the CUDA toolchain and cuBLAS; remove them for TPU runs (CUBLAS_WORKSPACE_CONFIG's "
+    code="TPU706",
+    name="cuda-toolkit-env",
+    safety=Safety.MANUAL,
+    summary="CUDA toolkit and library variables: CUDA_HOME, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, "
+    "TORCH_CUDA_ARCH_LIST...",
+    rationale="They configure the CUDA toolchain and cuBLAS; remove them for TPU runs (CUBLAS_WORKSPACE_CONFIG's "
     "determinism is torch.use_deterministic_algorithms on every device).",
-    "export CUBLAS_WORKSPACE_CONFIG=:4096:8",
-    "# TODO(tpu-agent TPU706): remove for TPU runs",
-    "migration_anchors.md B03",
+    before="export CUBLAS_WORKSPACE_CONFIG=:4096:8",
+    after="# TODO(tpu-agent TPU706): remove for TPU runs",
+    references=(CLOUD_TPU_PYTORCH,),
+    apis=(
+        ApiEquivalent(
+            "CUDA_HOME, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, TORCH_CUDA_ARCH_LIST",
+            "remove it for TPU runs",
+        ),
+    ),
 )
 FAMILY.rule(
-    "TPU707",
-    "launcher-nproc-gpu",
-    Safety.SAFE,
-    "torchrun --nproc-per-node=gpu.",
-    "'gpu' counts CUDA devices and fails without CUDA; 'auto' counts the devices of the current accelerator "
+    code="TPU707",
+    name="launcher-nproc-gpu",
+    safety=Safety.SAFE,
+    summary="torchrun --nproc-per-node=gpu.",
+    rationale="'gpu' counts CUDA devices and fails without CUDA; 'auto' counts the devices of the current accelerator "
     "(TPU chips, GPUs) and falls back to CPUs.",
-    "torchrun --nproc-per-node=gpu train.py",
-    "torchrun --nproc-per-node=auto train.py",
-    "migration_anchors.md X14",
+    before="torchrun --nproc-per-node=gpu train.py",
+    after="torchrun --nproc-per-node=auto train.py",
+    references=(TORCHRUN,),
+    apis=(
+        ApiEquivalent("torchrun --nproc-per-node=gpu", "torchrun --nproc-per-node=auto"),
+    ),
 )
 
 RENAMES = {
@@ -131,6 +162,8 @@ CUDA_TOOLKIT = frozenset(
         "CUDNN_LOGINFO_DBG",
         "TORCH_CUDA_ARCH_LIST",
         "TORCH_CUDNN_V8_API_ENABLED",
+        "NVIDIA_TF32_OVERRIDE",
+        "NVIDIA_VISIBLE_DEVICES",
     }
 )
 _NCCL_NAME_RE = re.compile(r"(?:TORCH_)?NCCL_[A-Z0-9_]+")
@@ -267,3 +300,39 @@ FAMILY.text(
         message=lambda ctx, m: "--nproc-per-node gpu -> auto (counts the current accelerator's devices)",
     )
 )
+
+
+# ---- NCCL settings in dicts: os.environ.update({...}), subprocess env={...}, os.environ |= {...} ---------
+def _nccl_entries(node: cst.Dict) -> list[tuple[int, cst.SimpleString, str]]:
+    """(index, key node, rule) of the dict's NCCL variable entries."""
+    found = []
+    for i, element in enumerate(node.elements):
+        if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+            code = nccl_code(string_value(element.key) or "")
+            if code is not None:
+                found.append((i, element.key, code))
+    return found
+
+
+@FAMILY.visit(cst.Dict)
+def _claim_nccl_entries(ctx: PyContext, node: cst.Dict) -> None:
+    if "NCCL" in ctx.source:
+        for _, key, _ in _nccl_entries(node):
+            ctx.claim(key)
+
+
+@FAMILY.leave(cst.Dict)
+def nccl_dict_entries(ctx: PyContext, original: cst.Dict, updated: cst.Dict) -> cst.Dict:
+    if "NCCL" not in ctx.source:
+        return updated
+    dropped = set()
+    for i, key, code in _nccl_entries(original):
+        name = string_value(key)
+        if ctx.report(code, key, f"removed {name} from the dict: it only configures NCCL, no effect on TPU"):
+            dropped.add(i)
+    if not dropped:
+        return updated
+    kept = [el for i, el in enumerate(updated.elements) if i not in dropped]
+    if kept:
+        kept[-1] = kept[-1].with_changes(comma=updated.elements[-1].comma)
+    return updated.with_changes(elements=kept)

@@ -12,8 +12,18 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import Safety
+from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.rules.references import (
+    ACCELERATOR,
+    AMP,
+    CLOUD_TPU_PYTORCH,
+    CPP_EXTENSION,
+    DDP,
+    FSDP2,
+    SDPA,
+    TORCH_TPU,
+)
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -39,48 +49,131 @@ _ADVICE = {
     "TPU resources (google.com/tpu)",
 }
 
-for code, name, summary, before, after, reference in (
-    (
-        "TPU801",
-        "cuda-extension",
-        "Custom CUDA/C++ extensions: torch.utils.cpp_extension (load, load_inline, CUDAExtension), "
-        "torch.ops.load_library, .cu/.cuh sources.",
-        'ext = load_inline("ops", cpp_sources=src, cuda_sources=kernel)',
-        "# TODO(tpu-agent TPU801): reimplement as a Pallas kernel (torch.tpu.pallas.jax_op)",
-        "torchtpu_api.md §1.3, §5.2; migration_anchors.md T09",
+FAMILY.rule(
+    code="TPU801",
+    name="cuda-extension",
+    safety=Safety.MANUAL,
+    summary="Custom CUDA/C++ extensions: torch.utils.cpp_extension (load, load_inline, CUDAExtension), "
+    "torch.ops.load_library, .cu/.cuh sources.",
+    rationale=_ADVICE["TPU801"],
+    before='ext = load_inline("ops", cpp_sources=src, cuda_sources=kernel)',
+    after="# TODO(tpu-agent TPU801): reimplement as a Pallas kernel (torch.tpu.pallas.jax_op)",
+    references=(CPP_EXTENSION, TORCH_TPU),
+    apis=(
+        ApiEquivalent(
+            "torch.utils.cpp_extension.load, load_inline, CUDAExtension, torch.ops.load_library, .cu/.cuh files",
+            _ADVICE["TPU801"],
+        ),
     ),
-    (
-        "TPU802",
-        "triton-kernel",
-        "Triton kernels: import triton, @triton.jit, @triton.autotune.",
-        "@triton.jit\ndef add_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr): ...",
-        "# TODO(tpu-agent TPU802): port to Pallas (torch.tpu.pallas.jax_op)",
-        "torchtpu_api.md §5.2; migration_anchors.md T08",
+)
+FAMILY.rule(
+    code="TPU802",
+    name="triton-kernel",
+    safety=Safety.MANUAL,
+    summary="Triton kernels: import triton, @triton.jit, @triton.autotune.",
+    rationale=_ADVICE["TPU802"],
+    before="@triton.jit\ndef add_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr): ...",
+    after="# TODO(tpu-agent TPU802): port to Pallas (torch.tpu.pallas.jax_op)",
+    references=(TORCH_TPU,),
+    apis=(
+        ApiEquivalent("import triton, @triton.jit, @triton.autotune", _ADVICE["TPU802"]),
     ),
-    (
-        "TPU803",
-        "flash-attention-kernels",
-        "flash_attn and xformers attention kernels.",
-        "out = flash_attn_func(q, k, v, causal=True)",
-        "out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "
-        "is_causal=True).transpose(1, 2)",
-        "torchtpu_api.md §6.1; migration_anchors.md T04-T06",
+)
+FAMILY.rule(
+    code="TPU803",
+    name="flash-attention-kernels",
+    safety=Safety.MANUAL,
+    summary="flash_attn and xformers attention kernels.",
+    rationale=_ADVICE["TPU803"],
+    before="out = flash_attn_func(q, k, v, causal=True)",
+    after="out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "
+    "is_causal=True).transpose(1, 2)",
+    references=(SDPA,),
+    apis=(
+        ApiEquivalent("flash_attn.flash_attn_func, xformers.ops.memory_efficient_attention", _ADVICE["TPU803"]),
     ),
-    ("TPU804", "apex", "NVIDIA apex (amp, FusedAdam, FusedLayerNorm, apex DDP).", "from apex import amp", "torch.autocast / torch.optim.AdamW", "migration_anchors.md T01-T03, P09"),
-    ("TPU805", "bitsandbytes", "bitsandbytes 8-bit/4-bit optimizers and layers.", "import bitsandbytes as bnb", "torch.optim.AdamW with bf16", "migration_anchors.md T07"),
-    ("TPU806", "cupy", "CuPy arrays and kernels.", "import cupy as cp", "torch ops on DEVICE", "migration_anchors.md T10"),
-    ("TPU807", "deepspeed", "DeepSpeed engines and CUDA ops.", "import deepspeed", "torch.distributed.fsdp.fully_shard", "migration_anchors.md T13, X18"),
-    ("TPU808", "nvidia-tools", "NVML bindings and GPU monitoring: pynvml, GPUtil, nvidia_smi.", "import pynvml", "torch.accelerator.memory_stats()", "migration_anchors.md T11"),
-    (
-        "TPU809",
-        "cuda-container",
-        "CUDA container images and GPU scheduling: FROM nvidia/cuda, docker --gpus, nvidia.com/gpu.",
-        "FROM nvidia/cuda:12.4.1-runtime-ubuntu22.04",
-        "# a TPU VM image with torch_tpu installed",
-        "migration_anchors.md T16",
+)
+FAMILY.rule(
+    code="TPU804",
+    name="apex",
+    safety=Safety.MANUAL,
+    summary="NVIDIA apex (amp, FusedAdam, FusedLayerNorm, apex DDP).",
+    rationale=_ADVICE["TPU804"],
+    before="from apex import amp",
+    after="torch.autocast / torch.optim.AdamW",
+    references=(AMP, DDP),
+    apis=(
+        ApiEquivalent(
+            "apex.amp, apex.optimizers.FusedAdam, apex.normalization.FusedLayerNorm, apex.parallel",
+            _ADVICE["TPU804"],
+        ),
     ),
-):
-    FAMILY.rule(code, name, Safety.MANUAL, summary, _ADVICE[code], before, after, reference)
+)
+FAMILY.rule(
+    code="TPU805",
+    name="bitsandbytes",
+    safety=Safety.MANUAL,
+    summary="bitsandbytes 8-bit/4-bit optimizers and layers.",
+    rationale=_ADVICE["TPU805"],
+    before="import bitsandbytes as bnb",
+    after="torch.optim.AdamW with bf16",
+    references=(AMP,),
+    apis=(
+        ApiEquivalent("bitsandbytes optimizers and layers", _ADVICE["TPU805"]),
+    ),
+)
+FAMILY.rule(
+    code="TPU806",
+    name="cupy",
+    safety=Safety.MANUAL,
+    summary="CuPy arrays and kernels.",
+    rationale=_ADVICE["TPU806"],
+    before="import cupy as cp",
+    after="torch ops on DEVICE",
+    references=(ACCELERATOR,),
+    apis=(
+        ApiEquivalent("cupy, cupyx", _ADVICE["TPU806"]),
+    ),
+)
+FAMILY.rule(
+    code="TPU807",
+    name="deepspeed",
+    safety=Safety.MANUAL,
+    summary="DeepSpeed engines and CUDA ops.",
+    rationale=_ADVICE["TPU807"],
+    before="import deepspeed",
+    after="torch.distributed.fsdp.fully_shard",
+    references=(FSDP2,),
+    apis=(
+        ApiEquivalent("deepspeed.initialize, DeepSpeed CUDA ops", _ADVICE["TPU807"]),
+    ),
+)
+FAMILY.rule(
+    code="TPU808",
+    name="nvidia-tools",
+    safety=Safety.MANUAL,
+    summary="NVML bindings and GPU monitoring: pynvml, GPUtil, nvidia_smi.",
+    rationale=_ADVICE["TPU808"],
+    before="import pynvml",
+    after="torch.accelerator.memory_stats()",
+    references=(ACCELERATOR,),
+    apis=(
+        ApiEquivalent("pynvml, GPUtil, nvidia_smi, nvidia-smi", _ADVICE["TPU808"]),
+    ),
+)
+FAMILY.rule(
+    code="TPU809",
+    name="cuda-container",
+    safety=Safety.MANUAL,
+    summary="CUDA container images and GPU scheduling: FROM nvidia/cuda, docker --gpus, nvidia.com/gpu.",
+    rationale=_ADVICE["TPU809"],
+    before="FROM nvidia/cuda:12.4.1-runtime-ubuntu22.04",
+    after="# a TPU VM image with torch_tpu installed",
+    references=(CLOUD_TPU_PYTORCH,),
+    apis=(
+        ApiEquivalent("FROM nvidia/cuda, docker --gpus, nvidia.com/gpu", _ADVICE["TPU809"]),
+    ),
+)
 
 # top-level module (or dotted prefix) -> rule, for imports and call sites
 _MODULES = {
@@ -167,6 +260,7 @@ _KERNEL_RE = re.compile(rb"__global__\s+\w+[\s*]+(\w+)\s*\(")
 _OP_RE = re.compile(rb"(?:TORCH_LIBRARY(?:_IMPL)?|PYBIND11_MODULE)\s*\(\s*(\w+)")
 
 
+@FAMILY.whole_file("TPU801", FileKind.CUDA_SOURCE)
 def cuda_source_message(data: bytes) -> str:
     """The inventory line for a ``.cu``/``.cuh`` file: its kernels and the op libraries it registers."""
     kernels = sorted({m.decode("ascii", "replace") for m in _KERNEL_RE.findall(data)})

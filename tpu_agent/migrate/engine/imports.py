@@ -1,0 +1,157 @@
+"""Import bookkeeping after the rules ran: add what the rewrites need, drop what they left unused.
+
+Rules only mark needs on the context (``needs_torch``, ``needs_device``); :func:`finish_module` adds
+``import torch`` and the module-level device resolver once, after the leading imports. When the rewrites
+leave a CUDA import without a single use, :func:`remove_unused_cuda_imports` drops it, so the output
+does not keep ``from torch.cuda import amp`` for nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tpu_agent.migrate.engine.context import RESOLVER_COMMENT, PyContext
+from tpu_agent.migrate.model import Target
+
+CUDA_MODULE_PREFIXES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
+
+
+def is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body
+    )
+
+
+def _imports_only(stmt: cst.CSTNode) -> bool:
+    """A ``try:``/``if`` block that only imports (``try: import x / except ImportError: x = None``)."""
+    if isinstance(stmt, cst.Try):
+        return isinstance(stmt.body, cst.IndentedBlock) and all(is_import_line(s) for s in stmt.body.body)
+    if isinstance(stmt, cst.If):
+        return isinstance(stmt.body, cst.IndentedBlock) and all(is_import_line(s) for s in stmt.body.body)
+    return False
+
+
+def _binds_torch(stmt: cst.CSTNode, torch_name: str) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    for small in stmt.body:
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                name = alias.evaluated_name
+                bound = alias.evaluated_alias
+                if (bound is None and name.split(".")[0] == torch_name == "torch") or (
+                    bound == torch_name and name == "torch"
+                ):
+                    return True
+    return False
+
+
+def _insertion_index(ctx: PyContext, body: list[cst.BaseStatement]) -> int:
+    """After the file's leading imports, and before the first top-level statement that uses the resolver."""
+    start = 0
+    if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Expr):
+        if isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+            start = 1
+    index = start
+    for i in range(start, len(body)):
+        stmt = body[i]
+        if is_import_line(stmt) or _imports_only(stmt):
+            index = i + 1
+        elif not isinstance(stmt, cst.SimpleStatementLine):
+            break
+    if ctx.device_first_top is not None:
+        index = min(index, max(ctx.device_first_top, start))
+    # never before ``from __future__`` imports
+    for i in range(start, len(body)):
+        stmt = body[i]
+        if is_import_line(stmt) and any(
+            isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+            for s in stmt.body
+        ):
+            index = max(index, i + 1)
+    return index
+
+
+def finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> tuple[cst.Module, tuple[int, int]]:
+    """Add ``import torch`` and the device resolver when the rewrites need them and the file lacks them.
+
+    Returns the module and (index, count) of the statements added.
+    """
+    need_resolver = ctx.needs_device and ctx.target is Target.ACCELERATOR and not ctx.resolver_exists
+    if not (need_resolver or ctx.needs_torch):
+        return module, (0, 0)
+    body = list(module.body)
+    index = _insertion_index(ctx, list(original.body))
+    new: list[cst.BaseStatement] = []
+    if not any(_binds_torch(stmt, ctx.torch_name) for stmt in original.body[:index]):
+        if ctx.torch_name == "torch":
+            new.append(cst.parse_statement("import torch\n"))
+        else:
+            new.append(cst.parse_statement(f"import torch as {ctx.torch_name}\n"))
+    if need_resolver:
+        t = ctx.torch_name
+        resolver = cst.parse_statement(
+            f'{ctx.device_name} = {t}.accelerator.current_accelerator(check_available=True) or {t}.device("cpu")\n'
+        )
+        new.append(
+            resolver.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(RESOLVER_COMMENT))])
+        )
+    if not new:
+        return module, (0, 0)
+    return module.with_changes(body=[*body[:index], *new, *body[index:]]), (index, len(new))
+
+
+def remove_unused_cuda_imports(ctx: PyContext, module: cst.Module, code: str) -> str:
+    """Drop ``from torch.cuda import amp``-style aliases the rewrites left without a single use, and turn
+    ``import torch.cuda`` into ``import torch`` once no ``torch.cuda`` is left."""
+    unused: set[str] = set()
+    for name, qualname in ctx.aliases.items():
+        if qualname.startswith(CUDA_MODULE_PREFIXES) and name != "torch":
+            if len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) == 1:
+                unused.add(name)
+    plain_cuda_imports = len(re.findall(r"^import[ \t]+torch\.cuda\b", code, re.MULTILINE))
+    retire_module = plain_cuda_imports > 0 and len(re.findall(r"\btorch\.cuda\b", code)) == plain_cuda_imports
+    if not unused and not retire_module:
+        return code
+    body = []
+    changed = False
+    for stmt in module.body:
+        if is_import_line(stmt):
+            smalls = []
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    keep = []
+                    for alias in small.names:
+                        if _bound_name(alias) in unused and not (
+                            isinstance(small, cst.Import) and alias.asname is None
+                        ):
+                            continue
+                        if (
+                            retire_module
+                            and isinstance(small, cst.Import)
+                            and alias.asname is None
+                            and alias.evaluated_name.startswith(CUDA_MODULE_PREFIXES[0])
+                        ):
+                            alias = alias.with_changes(name=cst.Name("torch"))
+                        keep.append(alias)
+                    if keep != list(small.names):
+                        changed = True
+                        if not keep:
+                            continue
+                        keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                        small = small.with_changes(names=keep)
+                        if isinstance(small, cst.ImportFrom) and small.lpar is not None and len(keep) == 1:
+                            small = small.with_changes(lpar=None, rpar=None)
+                smalls.append(small)
+            if not smalls:
+                continue
+            stmt = stmt.with_changes(body=smalls)
+        body.append(stmt)
+    return module.with_changes(body=body).code if changed else code
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    bound = alias.evaluated_alias
+    return bound if bound is not None else alias.evaluated_name.split(".")[0]
