@@ -71,13 +71,11 @@ def _step_seconds(module: Any, built: Built, device: str, steps: int, parameters
 
 
 def _settle() -> None:
-    """Run the device's queued work now (TorchTPU's ``torch.tpu.synchronize``), so that a later failing graph
-    cannot take the model's weight uploads down with it."""
+    """Run the device's queued work now (``torch.accelerator.synchronize``, TorchTPU's public spelling), so that
+    a later failing graph cannot take the model's weight uploads down with it."""
     import torch
 
-    synchronize = getattr(getattr(torch, "tpu", None), "synchronize", None)
-    if callable(synchronize):
-        synchronize()
+    torch.accelerator.synchronize()
 
 
 def _set_mode(mode: str) -> None:
