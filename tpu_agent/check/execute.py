@@ -143,4 +143,28 @@ def run_step(
     return result
 
 
-__all__ = ["StepResult", "as_invocation", "call_module", "error_info", "is_model_frame", "run_step", "tree_to"]
+def settle(device: Any) -> ErrorInfo | None:
+    """Run the device's queued work now (``torch.accelerator.synchronize``, TorchTPU's public spelling) and
+    return the error it raises, if any. Under DeferAndFuse an op nobody read back runs only at the next flush;
+    settling after each step keeps its failure with the step that issued it."""
+    import torch
+
+    if str(device) == "cpu":
+        return None
+    try:
+        torch.accelerator.synchronize()
+    except Exception as error:  # the queued work's own failure is the finding
+        return error_info("flush", error)
+    return None
+
+
+__all__ = [
+    "StepResult",
+    "as_invocation",
+    "call_module",
+    "error_info",
+    "is_model_frame",
+    "run_step",
+    "settle",
+    "tree_to",
+]

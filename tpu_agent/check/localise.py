@@ -25,6 +25,7 @@ from tpu_agent.check.execute import (
     describe_frame,
     is_model_frame,
     run_step,
+    settle,
     tree_to,
 )
 from tpu_agent.check.model import Localisation
@@ -112,6 +113,9 @@ def _replay(call: ModuleCall, cpu_model: Any, tpu_model: Any, device: Any, prepa
     tpu_module = tpu_model.get_submodule(call.name) if call.name else tpu_model
     ref = run_step(cpu_module, call.invocation, "cpu", "cpu")
     got = run_step(prepare(tpu_module), call.invocation, device, "tpu", parameters=dict(tpu_module.named_parameters()))
+    leftover_error = settle(device)
+    if got.error is None and leftover_error is not None:
+        got.error = leftover_error
     return judge(got, ref)
 
 

@@ -27,7 +27,7 @@ REFERENCE_STAGES = ("build", "cpu")
 class ErrorInfo:
     """An exception (or a dead / timed-out worker), where it happened and in which stage."""
 
-    stage: str  # build | cpu | tpu-forward | tpu-backward | worker | timeout
+    stage: str  # build | cpu | tpu-forward | tpu-backward | flush | worker | timeout
     type: str
     message: str
     location: str = ""  # innermost frame in model or user code, "file:line in function"

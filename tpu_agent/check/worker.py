@@ -19,7 +19,7 @@ from typing import Any
 
 from tpu_agent.check.build import Built, build
 from tpu_agent.check.compare import TensorDiff, compare_named
-from tpu_agent.check.execute import StepResult, error_info, run_step
+from tpu_agent.check.execute import StepResult, error_info, run_step, settle
 from tpu_agent.check.localise import localise
 from tpu_agent.check.model import ERROR, MISMATCH, PASS, ModeResult
 from tpu_agent.check.spec import ModelSpec
@@ -70,14 +70,6 @@ def _step_seconds(module: Any, built: Built, device: str, steps: int, parameters
     return statistics.median(times)
 
 
-def _settle() -> None:
-    """Run the device's queued work now (``torch.accelerator.synchronize``, TorchTPU's public spelling), so that
-    a later failing graph cannot take the model's weight uploads down with it."""
-    import torch
-
-    torch.accelerator.synchronize()
-
-
 def _set_mode(mode: str) -> None:
     """Switch the eager mode in-process through TorchTPU's public ``torch.tpu.eager_mode`` property."""
     import torch
@@ -101,7 +93,11 @@ def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, 
         tpu_model = copy.deepcopy(built.model).to(DEVICE)
     except Exception as error:  # moving the model is the first thing the device must do right
         return ModeResult(mode, ERROR, error=error_info("tpu-forward", error), seconds=time.perf_counter() - started)
-    _settle()  # the weights are on the device before the first step (under DeferAndFuse the copies are deferred)
+    # the weights are on the device before the first step: under DeferAndFuse their copies are deferred, and a
+    # failing first graph would otherwise take them down with it
+    upload_error = settle(DEVICE)
+    if upload_error is not None:
+        return ModeResult(mode, ERROR, error=upload_error, seconds=time.perf_counter() - started)
     parameters = dict(tpu_model.named_parameters())
     runner = prepare(tpu_model)
     got = run_step(runner, built.invocation, DEVICE, "tpu", parameters=parameters)
@@ -117,6 +113,9 @@ def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, 
     if steps and result.status == PASS:
         result.cpu_step_s = _step_seconds(built.model, built, "cpu", steps, None)
         result.tpu_step_s = _step_seconds(runner, built, DEVICE, steps, parameters)
+    leftover_error = settle(DEVICE)  # queued work the step never read back fails here, in this mode
+    if leftover_error is not None and result.error is None:
+        result.status, result.error = ERROR, leftover_error
     result.seconds = time.perf_counter() - started
     return result
 
@@ -148,9 +147,9 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         return {"model": built.info.to_dict(), "modes": failed}
     results = []
     for mode in modes:
-        if len(modes) > 1:  # one process for several modes (the sweep's cheaper layout): switch in-process
-            _set_mode(mode)
         try:
+            if len(modes) > 1:  # one process for several modes (the sweep's cheaper layout): switch in-process
+                _set_mode(mode)
             results.append(run_mode(mode, built, reference, request).to_dict())
         except Exception as error:  # a failure outside the model's own run: report it against this mode only
             results.append(ModeResult(mode, ERROR, error=error_info("worker", error)).to_dict())
