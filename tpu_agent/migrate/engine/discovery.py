@@ -9,6 +9,7 @@ writing through a link would replace the link with a file.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,14 @@ _SUFFIXES = {
     ".cu": FileKind.CUDA_SOURCE,
     ".cuh": FileKind.CUDA_SOURCE,
 }
-SUPPORTED = ".py, .ipynb, .sh/.bash/.zsh, .env, .yaml/.yml, Dockerfile, .cu/.cuh"
+SUPPORTED = (
+    ".py, .ipynb, .sh/.bash/.zsh, .env, .yaml/.yml, Dockerfile, .cu/.cuh, "
+    "requirements*.txt/pyproject.toml/setup.cfg/Pipfile"
+)
+_DEPENDENCY_FILE_RE = re.compile(
+    r"[\w.-]*(?:requirements|constraints)[\w.-]*\.(?:txt|in)|pyproject\.toml|setup\.cfg|Pipfile",
+    re.IGNORECASE,
+)
 
 
 def classify(name: str) -> FileKind | None:
@@ -59,6 +67,8 @@ def classify(name: str) -> FileKind | None:
         return FileKind.DOCKERFILE
     if name == ".env" or name.startswith(".env."):
         return FileKind.ENV
+    if _DEPENDENCY_FILE_RE.fullmatch(name):
+        return FileKind.DEPENDENCIES
     return _SUFFIXES.get(os.path.splitext(name)[1].lower())
 
 

@@ -77,6 +77,7 @@ def rewrite(source: str, options: MigrateOptions, rules: Mapping[str, Rule], dis
     transformer = RulePass(ctx, dispatch)
     statements = statement_map(module, source)
     transformer.inert = statements.inert
+    ctx.ast_tree = statements.tree
     new_module = module.visit(transformer)
     return Rewrite(source, module, new_module, ctx, statements, transformer.edits)
 
