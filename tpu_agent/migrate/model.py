@@ -165,6 +165,9 @@ class MigrateOptions:
     target: Target = Target.ACCELERATOR
     annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
     jobs: int = 0  # 0: one worker per core
+    # seconds a file the parse guard deems risky (deeply nested, or rejected by the stdlib parser) may take in
+    # its sacrificial process before it is skipped; ordinary files are migrated in-process with no budget
+    file_budget_s: float = 60.0
 
     def to_dict(self) -> dict[str, object]:
         """The options as reports and stored plans record them (the JSON schema's ``options`` object)."""
@@ -178,7 +181,7 @@ class MigrateOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> MigrateOptions:
-        """Inverse of :meth:`to_dict` (``jobs`` is a runtime choice, not part of a plan)."""
+        """Inverse of :meth:`to_dict` (``jobs`` and ``file_budget_s`` are runtime choices, not part of a plan)."""
         select = data.get("select")
         return cls(
             select=frozenset(select) if isinstance(select, list) else None,
@@ -201,6 +204,8 @@ class Plan:
     roots: list[Path]
     options: MigrateOptions
     files: list[FileResult]
+    # temporary files an interrupted in-place run left in the tree; an in-place apply removes them
+    stale_temp_files: list[Path] = field(default_factory=list)
 
     @property
     def changed_files(self) -> list[FileResult]:
@@ -222,6 +227,8 @@ class ApplyResult:
     written: list[Path]
     unchanged: list[Path]
     output_dir: Path | None = None
+    removed_temp_files: list[Path] = field(default_factory=list)  # left by an interrupted run, now gone
+    not_copied: list[str] = field(default_factory=list)  # "path: why" for files an --output-dir copy left out
 
 
 def sha256_bytes(data: bytes) -> str:
