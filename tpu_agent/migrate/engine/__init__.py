@@ -76,9 +76,7 @@ def build_plan(
         candidate, data = _read(candidate)
         candidates[index] = candidate
         needs_parse = (
-            not candidate.skipped_reason
-            and candidate.kind not in whole_file_rules()
-            and may_need_migration(data)
+            not candidate.skipped_reason and candidate.kind not in whole_file_rules() and may_need_migration(data)
         )
         if needs_parse:
             heavy.append((index, data))
@@ -88,17 +86,20 @@ def build_plan(
     jobs = options.jobs or os.cpu_count() or 1
     work_bytes = sum(len(data) for _, data in heavy)
     if jobs > 1 and len(heavy) > 1 and work_bytes >= POOL_MIN_BYTES:
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(heavy)), mp_context=process_context())
         try:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(heavy)), mp_context=process_context()) as pool:
-                futures = {
-                    pool.submit(migrate_file, candidates[index], data, options): index for index, data in heavy
-                }
-                for future in as_completed(futures):
-                    finished(futures[future], future.result())
+            futures = {pool.submit(migrate_file, candidates[index], data, options): index for index, data in heavy}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
         except BrokenProcessPool:
             for index, data in heavy:
                 if results[index] is None:
                     finished(index, _isolated_file(candidates[index], data, options))
+        except BaseException:  # Ctrl-C or SIGTERM: drop the queued files instead of migrating them all first
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
     else:
         for index, data in heavy:
             finished(index, migrate_file(candidates[index], data, options))

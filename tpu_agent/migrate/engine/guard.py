@@ -88,9 +88,7 @@ def assess(source: str) -> Assessment:
         return dataclasses.replace(assessment, error=ParseFailure(exc.msg or "invalid syntax", line, column))
     except (RecursionError, MemoryError) as exc:
         line = _deepest_line(source)
-        raise ParseFailure(
-            "nested too deeply for Python's parser (Python cannot compile it either)", line, 1
-        ) from exc
+        raise ParseFailure("nested too deeply for Python's parser (Python cannot compile it either)", line, 1) from exc
     node = _too_deep(tree, SAFE_DEPTH)
     if node is not None:
         return Assessment(tree, True, getattr(node, "lineno", 1), f"code nested more than {SAFE_DEPTH} levels deep")

@@ -109,11 +109,11 @@ def _run_python(source: str, options: MigrateOptions) -> PyOutcome:
     """Migrate a Python text in-process when the stdlib parser finds it ordinary, else in a sacrificial process
     under the per-file time budget (:mod:`~tpu_agent.migrate.engine.guard`)."""
     assessment = assess(source)
-    if not assessment.isolate:
-        return migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree)
     try:
+        if not assessment.isolate:
+            return migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree)
         return run_isolated(_run_in_isolation, (source, options), options.file_budget_s, process_context())
-    except ParseFailure as exc:
+    except ParseFailure as exc:  # libcst's positions are rough where the stdlib parser gave one
         raise assessment.error or exc from None  # the stdlib parser places syntax errors more exactly
     except IsolationFailure as exc:
         raise IsolationFailure(f"{exc} on {assessment.reason}", assessment.line) from None
