@@ -5,7 +5,8 @@ fills a :class:`~tpu_agent.migrate.model.Plan` and touches nothing on disk. File
 the calling process; the parse work goes to a process pool when there is enough of it, and results come back
 in input order whatever order the workers finish in. A file that vanishes or turns into something other than
 a regular file is reported as skipped; a worker that dies takes no result with it: the files it left
-unfinished are migrated again one by one in sacrificial processes (:func:`~tpu_agent.migrate.engine.guard.run_isolated`).
+unfinished are migrated again one by one in sacrificial processes
+(:func:`~tpu_agent.migrate.engine.guard.run_isolated`).
 """
 
 from __future__ import annotations

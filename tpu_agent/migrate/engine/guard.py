@@ -20,8 +20,8 @@ import ast
 import copy
 import dataclasses
 import functools
-import multiprocessing
 import io
+import multiprocessing
 import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass
