@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from tpu_agent.chips import get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile.api import diagnose
 from tpu_agent.profile.estimate import estimate
-from tpu_agent.profile.load import load_raw, raw_dir
+from tpu_agent.profile.layout import raw_dir
+from tpu_agent.profile.load import load_raw
 from tpu_agent.profile.model import ProfileModel, RankProfile, RunConfig, Status, Step
 from tpu_agent.profile.rules import ALL_RULES, get_rule, run_rules
 from tpu_agent.profile.rules.sh_mxu_alignment import waste
@@ -61,7 +63,7 @@ def test_synthetic_capture_findings_and_numbers(tmp_path: Path) -> None:
     assert set(found) == {"HS-1", "SH-2", "PR-1"}
     assert (found["HS-1"].locations[0].file, found["HS-1"].locations[0].line) == (str(script), 16)
     assert found["HS-1"].evidence.value == 1.0 and found["HS-1"].evidence.steps == tuple(range(2, 40))
-    assert found["SH-2"].evidence.value == pytest.approx(waste((200, 200), 128), abs=1e-3)  # 256*256/200^2 - 1
+    assert found["SH-2"].evidence.value == pytest.approx(waste((200, 200), 128), abs=1e-3)  # 1 - 200^2/256^2
     data = diagnosis.to_dict()
     assert data["step_time"] == {"count": 38, "median_ms": 4.0, "mean_ms": 4.0, "min_ms": 4.0, "max_ms": 4.0}
     # Per step: 2*64*200*200 + 2*64*200*100 forward, 2*64*100*200 + 2*200*64*200 backward.
@@ -78,7 +80,7 @@ def test_chip_override_changes_the_tile(tmp_path: Path) -> None:
     on_v5e = {f.rule_id for f in diagnose(tmp_path, chip="v5e").findings}
     on_v6e = {f.rule_id for f in diagnose(tmp_path, chip="v6e").findings}
     assert "SH-2" not in on_v5e  # a 128x128 weight fills v5e's 128 tile
-    assert "SH-2" in on_v6e  # but pads to 256x256 on v6e: 300 % extra MXU work
+    assert "SH-2" in on_v6e  # but pads to 256x256 on v6e: 75 % of its MXU work is padding
 
 
 def test_rules_without_data_report_insufficient_data() -> None:
@@ -199,3 +201,17 @@ def test_debug_mode_left_on_is_a_capture_error_ranked_first(tmp_path: Path) -> N
     assert "DEFER_NEVER_AND_LAUNCH_BLOCKING" in findings[0].title and "--xla_dump_to" in findings[0].title
     model.config.eager_mode, model.config.env = "DEFER_NEVER", {}
     assert "CAP-6" not in {f.rule_id for f in run_rules(model)[0]}
+
+
+def test_tiny_layer_padding_is_a_bounded_share() -> None:
+    """A Linear(8, 8) on v6e's 256 tile: 1023/1024 of its MXU work is padding, reported as 99.9 %, not 102300 %."""
+    from tpu_agent.profile.model import Weight
+    from tpu_agent.runtime.events import Site
+
+    rank = RankProfile(rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(4)])
+    rank.weights = [Weight("fc", "Linear", (8, 8), "float32", Site("model.py", 3, "Net.__init__"))]
+    model = ProfileModel(config=RunConfig(chip=get_chip("v6e")), ranks={0: rank})
+    (finding,) = get_rule("SH-2").check(model)
+    assert "99.9% of its MXU work" in finding.title and finding.evidence.value == pytest.approx(1023 / 1024, abs=1e-4)
+    percents = [float(p) for p in re.findall(r"(\d+(?:\.\d+)?)%", finding.title + finding.suggestion)]
+    assert percents and all(0 <= p <= 100 for p in percents)

@@ -1,4 +1,4 @@
-"""CLI commands of ``tpu_agent.migrate``: ``tpu-agent migrate`` and ``tpu-agent rules``.
+"""CLI command of ``tpu_agent.migrate``: ``tpu-agent migrate`` (``tpu-agent rules`` lives in :mod:`tpu_agent.cli.rules`).
 
 Argument parsing and rendering only: the plan, the writes and every safety check live in
 :mod:`tpu_agent.migrate.api`, the numbers and formats in :mod:`tpu_agent.migrate.report`.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,15 +15,12 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
-from rich.text import Text
 
-from tpu_agent.cli._output import console, console_err, handles_errors, print_json
+from tpu_agent.cli._output import console, console_err, handles_errors
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.migrate.model import MigrateOptions, Rule, Target
+from tpu_agent.migrate.model import MigrateOptions, Target, torch_version
 
 # The API, report and rule modules are imported inside the commands: every `tpu-agent` invocation
 # imports this module, and they pull in libcst and the whole rule catalogue.
@@ -38,11 +34,6 @@ class ReportFormat(str, Enum):
     json = "json"
     sarif = "sarif"
     markdown = "markdown"
-
-
-class RulesFormat(str, Enum):
-    text = "text"
-    json = "json"
 
 
 MIGRATE_HELP = """Rewrite CUDA-specific PyTorch code into device-agnostic / TorchTPU code.
@@ -62,19 +53,9 @@ Examples:
   tpu-agent migrate ./repo --output-dir ./repo-tpu --select TPU1,TPU2 --ignore TPU105
 
   tpu-agent migrate ./repo --format json > plan.json
+
+  tpu-agent migrate ./repo --min-torch 2.5 --diff
 """
-
-RULES_HELP = """List the migration rules, or explain one (summary, rationale, before/after, reference).
-
-Examples:
-
-  tpu-agent rules
-
-  tpu-agent rules TPU101
-
-  tpu-agent rules --format json
-"""
-
 
 def parse_codes(value: str | None) -> frozenset[str] | None:
     """``"TPU1,TPU201"`` -> the codes as given; :func:`tpu_agent.migrate.api.plan` upper-cases and checks them
@@ -146,6 +127,18 @@ def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_
         )
 
 
+def _check_min_torch(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        torch_version(value)
+    except ValueError as exc:
+        raise TpuAgentError(
+            "bad-option", f"--min-torch: {exc}", hint="give a torch release such as --min-torch 2.5", exit_code=ExitCode.USAGE
+        ) from None
+    return value
+
+
 def migrate(
     paths: list[Path] = typer.Argument(..., help="Files or directories to migrate (.py, .ipynb, shell, env, YAML, Dockerfile).", show_default=False),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the rewrite and write nothing."),
@@ -156,6 +149,7 @@ def migrate(
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also apply fixes that rest on an assumption the report names."),
     target: Target = typer.Option(Target.ACCELERATOR, "--target", help="accelerator: device-agnostic torch.accelerator code; tpu: literal TorchTPU forms.", case_sensitive=False),
     annotate: bool = typer.Option(False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."),
+    min_torch: str | None = typer.Option(None, "--min-torch", help="Oldest torch the output must run on (e.g. 2.5): rewrites to newer APIs are reported, not applied.", metavar="VERSION"),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Worker processes for parsing; 0 means one per core."),
     file_budget: float = typer.Option(
         60.0,
@@ -181,6 +175,7 @@ def migrate(
         target=target,
         annotate=annotate,
         jobs=jobs,
+        min_torch=_check_min_torch(min_torch),
         file_budget_s=file_budget,
     )
     show_progress = output_format == ReportFormat.text and console_err.is_terminal
@@ -210,51 +205,6 @@ def migrate(
         raise typer.Exit(int(ExitCode.FINDINGS))
 
 
-def _explain(rule: Rule) -> None:
-    """Print one rule the way ``ruff rule`` does: what, why, before/after, where to read more."""
-    console.print(Text.assemble((rule.code, "bold cyan"), " ", (rule.name, "bold"), f"  ({rule.family}, {rule.safety.value})"))
-    console.print()
-    console.print(rule.summary, highlight=False)
-    console.print()
-    console.print("[bold]Why[/]")
-    console.print(Padding(Text(rule.rationale), (0, 0, 0, 4)), highlight=False)
-    for title, code in (("Before", rule.before), ("After", rule.after)):
-        console.print()
-        console.print(f"[bold]{title}[/]")
-        # Code keeps its lines: wrapping it would change what the example says.
-        console.print(Text(textwrap.indent(code.rstrip("\n"), "    ")), soft_wrap=True, highlight=False)
-    console.print()
-    console.print(f"[bold]Reference[/]: {rule.reference}", highlight=False)
-    console.print(f"[bold]Since torch[/]: {rule.since_torch or 'any supported version'}", highlight=False)
-
-
-def rules(
-    code: str | None = typer.Argument(None, help="A rule code to explain, e.g. TPU101. Omit to list every rule.", show_default=False),
-    output_format: RulesFormat = typer.Option(RulesFormat.text, "--format", "-f", help="text for people, json for agents."),
-) -> None:
-    from tpu_agent.migrate.rules import ALL_RULES, get_rule
-
-    if code is not None:
-        rule = get_rule(code.strip().upper())
-        if output_format == RulesFormat.json:
-            print_json(rule.to_dict())
-        else:
-            _explain(rule)
-        return
-    ordered = [ALL_RULES[c] for c in sorted(ALL_RULES)]
-    if output_format == RulesFormat.json:
-        print_json([rule.to_dict() for rule in ordered])
-        return
-    table = Table(title=f"{len(ordered)} migration rules", title_justify="left")
-    for column in ("Code", "Name", "Family", "Safety", "Summary"):
-        table.add_column(column, overflow="fold")
-    for rule in ordered:
-        table.add_row(rule.code, rule.name, rule.family, rule.safety.value, rule.summary)
-    console.print(table)
-    console.print("Explain one with: tpu-agent rules CODE", style="dim")
-
-
 def register(app: typer.Typer) -> None:
     """Add this group's commands to the root app."""
     app.command("migrate", help=MIGRATE_HELP, no_args_is_help=True)(handles_errors(migrate))
-    app.command("rules", help=RULES_HELP)(handles_errors(rules))

@@ -14,6 +14,8 @@ from tpu_agent.cli._options import EagerModeChoice, chip_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
+from tpu_agent.profile.model import Diagnosis
+from tpu_agent.profile.options import DEFAULT_LOGDIR, DEFAULT_STEPS, DEFAULT_WARMUP, MAX_STEPS, MAX_WARMUP
 
 REPORT_FORMATS = (OutputFormat.text, OutputFormat.json, OutputFormat.markdown, OutputFormat.html)
 
@@ -65,8 +67,8 @@ def _script_output_to_stderr(enabled: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def _emit(diagnosis: object, output_format: OutputFormat, output: Path | None) -> None:
-    from tpu_agent.profile.api import render
+def _emit(diagnosis: Diagnosis, output_format: OutputFormat, output: Path | None) -> None:
+    from tpu_agent.profile.report import render
     from tpu_agent.profile.report.text import renderables
 
     if output_format not in REPORT_FORMATS:
@@ -74,24 +76,26 @@ def _emit(diagnosis: object, output_format: OutputFormat, output: Path | None) -
             "bad-format", f"profile reports are text, json, markdown or html, not {output_format.value}", "use --format json"
         )
     if output is not None:
-        atomic_write_text(output, render(diagnosis, output_format.value))  # type: ignore[arg-type]
+        atomic_write_text(output, render(diagnosis, output_format.value))
         console_err.print(f"report written to {output}", highlight=False)
     elif output_format == OutputFormat.json:
-        print_json(diagnosis.to_dict())  # type: ignore[attr-defined]
+        print_json(diagnosis.to_dict())
     elif output_format == OutputFormat.text:
-        for part in renderables(diagnosis.to_dict()):  # type: ignore[attr-defined]
+        for part in renderables(diagnosis.to_dict()):
             console.print(part)
     else:
-        typer.echo(render(diagnosis, output_format.value), nl=False)  # type: ignore[arg-type]
+        typer.echo(render(diagnosis, output_format.value), nl=False)
 
 
 @handles_errors
 def profile(
     command: list[str] = typer.Argument(..., metavar="SCRIPT [ARGS]...", help="Script path (or module with -m) and its arguments."),
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
-    steps: int = typer.Option(10, "--steps", min=1, help="Steps to measure (after the warm-up)."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Steps to run before measuring (compiles, cache fills)."),
-    logdir: Path = typer.Option(Path("tpu-agent-profile"), "--logdir", help="Where the XProf session and reports go."),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, max=MAX_STEPS, help="Steps to measure (after the warm-up)."),
+    warmup: int = typer.Option(
+        DEFAULT_WARMUP, "--warmup", min=0, max=MAX_WARMUP, help="Steps to run before measuring (compiles, cache fills)."
+    ),
+    logdir: Path = typer.Option(DEFAULT_LOGDIR, "--logdir", help="Where the XProf session and reports go."),
     chip: str = chip_option(purpose="TPU to emulate and estimate for"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks on this host."),
     eager_mode: EagerModeChoice | None = typer.Option(None, "--eager-mode", help="strict | debug | defer-and-fuse."),  # type: ignore[valid-type]
@@ -99,8 +103,8 @@ def profile(
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
 ) -> None:
-    from tpu_agent.profile.api import ProfileOptions
     from tpu_agent.profile.api import profile as run_profile
+    from tpu_agent.profile.options import ProfileOptions
     from tpu_agent.runtime.api import LaunchTarget
 
     options = ProfileOptions(

@@ -168,6 +168,9 @@ class MigrateOptions:
     # seconds a file the parse guard deems risky (deeply nested, or rejected by the stdlib parser) may take in
     # its sacrificial process before it is skipped; ordinary files are migrated in-process with no budget
     file_budget_s: float = 60.0
+    # the oldest torch the migrated code must run on: a rewrite whose target API is newer (Rule.since_torch)
+    # is reported instead of applied; None: the installed torch's APIs are all allowed
+    min_torch: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The options as reports and stored plans record them (the JSON schema's ``options`` object)."""
@@ -177,6 +180,7 @@ class MigrateOptions:
             "unsafe_fixes": self.unsafe_fixes,
             "target": self.target.value,
             "annotate": self.annotate,
+            "min_torch": self.min_torch,
         }
 
     @classmethod
@@ -189,7 +193,14 @@ class MigrateOptions:
             unsafe_fixes=bool(data.get("unsafe_fixes")),
             target=Target(str(data.get("target", Target.ACCELERATOR.value))),
             annotate=bool(data.get("annotate")),
+            min_torch=str(data["min_torch"]) if data.get("min_torch") else None,
         )
+
+    def torch_allows(self, since_torch: str | None) -> bool:
+        """Whether an API that exists since ``since_torch`` may be emitted under ``--min-torch``."""
+        if self.min_torch is None or since_torch is None:
+            return True
+        return torch_version(since_torch) <= torch_version(self.min_torch)
 
     def rule_enabled(self, code: str) -> bool:
         if any(code.startswith(prefix) for prefix in self.ignore):
@@ -229,6 +240,14 @@ class ApplyResult:
     output_dir: Path | None = None
     removed_temp_files: list[Path] = field(default_factory=list)  # left by an interrupted run, now gone
     not_copied: list[str] = field(default_factory=list)  # "path: why" for files an --output-dir copy left out
+
+
+def torch_version(text: str) -> tuple[int, int]:
+    """``"2.7"``, ``"2.7.1"`` or ``"2.7.0+cu121"`` as (major, minor); ValueError for anything else."""
+    parts = text.strip().split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"not a torch version: {text!r} (expected MAJOR.MINOR, e.g. 2.5)")
+    return int(parts[0]), int(parts[1])
 
 
 def sha256_bytes(data: bytes) -> str:

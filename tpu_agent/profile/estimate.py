@@ -9,33 +9,8 @@ only the matmuls' traffic (elementwise work fused into them, as torch.compile / 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from tpu_agent.profile.model import ProfileModel
+from tpu_agent.profile.model import Estimate, ProfileModel
 from tpu_agent.profile.rules._base import MATMUL_OPS, window_steps
-
-
-@dataclass
-class Estimate:
-    """The estimate and the assumptions it rests on (always printed together)."""
-
-    chip: str
-    available: bool
-    steps: int = 0
-    flops_per_step: float = 0.0
-    bytes_per_step: float = 0.0
-    arithmetic_intensity: float = 0.0  # FLOPs per byte
-    ridge_point: float = 0.0  # the chip's FLOPs per byte where compute and memory balance
-    eager_step_s: float = 0.0
-    fused_step_s: float = 0.0
-    eager_mfu: float = 0.0
-    fused_mfu: float = 0.0
-    bound: str = ""  # compute | memory
-    assumptions: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def estimate(model: ProfileModel) -> Estimate:

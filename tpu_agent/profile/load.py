@@ -11,13 +11,14 @@ Two inputs, one model:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
-from tpu_agent.profile.capture import CAPTURE_FILE, TRACE_FILE
+from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir
 from tpu_agent.profile.model import (
     DataLoaderInfo,
     DataWait,
@@ -29,20 +30,31 @@ from tpu_agent.profile.model import (
     Step,
     Weight,
 )
+from tpu_agent.profile.untrusted import damaged, reading, valid_dataclass
 from tpu_agent.runtime import events as ev
 
-OPTIONS_FILE = "options.json"
-REPORT_DIR = "tpu-agent"
-RAW_DIR = "raw"
-
-
-def raw_dir(logdir: Path) -> Path:
-    """Where a capture keeps its raw files: next to ``plugins/``, never inside an XProf session."""
-    return logdir / REPORT_DIR / RAW_DIR
+_CAPTURE_NAME = re.compile(r"capture-rank(\d{1,6})\.json")
 
 
 def _site(data: dict[str, Any] | None) -> ev.Site | None:
     return ev.Site(**data) if data else None
+
+
+def _read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from a capture file; anything else is a ``damaged-capture`` error naming the file."""
+    with reading(path, what):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise damaged(path, f"{what} is not a JSON object")
+    return data
+
+
+def _checked(path: Path, what: str, items: list[Any]) -> list[Any]:
+    """``items`` built from ``path``, refused unless every field has its declared type."""
+    for item in items:
+        if not valid_dataclass(item):
+            raise damaged(path, f"{what} holds a {type(item).__name__} with a value of the wrong type: {item!r:.200}")
+    return items
 
 
 def steps_from_markers(events: list[ev.Event]) -> list[Step]:
@@ -100,14 +112,34 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
     rank = RankProfile(rank=rank_id, events=events)
     rank.steps = steps_from_markers(events)
     record_path = directory / CAPTURE_FILE.format(rank=rank_id)
-    record: dict[str, Any] = json.loads(record_path.read_text(encoding="utf-8")) if record_path.exists() else {}
+    record: dict[str, Any] = _read_json_object(record_path, "the capture record") if record_path.exists() else {}
     if record:
-        rank.host = record.get("host", rank.host)
+        _apply_record(rank, record, record_path)
+    trace_path = directory / TRACE_FILE.format(rank=rank_id)
+    if trace_path.exists():
+        with reading(trace_path, "the torch.profiler trace"):
+            rank.ops = kineto.read_ops(trace_path)
+        _checked(trace_path, "the torch.profiler trace", rank.ops)
+        rank.has_op_trace = bool(rank.ops)
+        if rank.ops and rank.window is not None:
+            in_trace = [s.index for s in rank.steps if s.start_ns <= rank.ops[-1].start_ns and s.end_ns >= rank.ops[0].start_ns]
+            if in_trace:
+                rank.window = (max(rank.window[0], min(in_trace)), min(rank.window[1], max(in_trace)))
+    _assign_steps(rank)
+    with reading(record_path, "the memory measurement in the capture record"):
+        rank.memory = _memory(rank, record.get("memory"))
+    return rank
+
+
+def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None:
+    """What the capture hooks recorded for one rank (``capture-rank<R>.json``), type-checked field by field."""
+    with reading(path, "the capture record"):
+        rank.host = str(record.get("host", rank.host))
         first, last = record["window"]
-        rank.window = (first, last)
+        rank.window = (int(first), int(last))
         rank.step_site = _site(record.get("step_site"))
         rank.forward_site = _site(record.get("forward_site"))
-        rank.module_types = list(record.get("module_types", []))
+        rank.module_types = [str(t) for t in record.get("module_types", [])]
         rank.weights = [
             Weight(w["module"], w["module_type"], tuple(w["shape"]), w["dtype"], _site(w.get("site"))) for w in record.get("weights", [])
         ]
@@ -115,30 +147,28 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
             DataLoaderInfo(d["batch_size"], d["num_workers"], d["drop_last"], d["dataset_len"], _site(d.get("site")))
             for d in record.get("dataloaders", [])
         ]
-        rank.warnings.extend(record.get("warnings", []))
+        rank.warnings.extend(str(w) for w in record.get("warnings", []))
         rank.data_waits = [DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"]) for w in record.get("data_waits", [])]
-    trace_path = directory / TRACE_FILE.format(rank=rank_id)
-    if trace_path.exists():
-        rank.ops = kineto.read_ops(trace_path)
-        rank.has_op_trace = bool(rank.ops)
-        if rank.ops and rank.window is not None:
-            in_trace = [s.index for s in rank.steps if s.start_ns <= rank.ops[-1].start_ns and s.end_ns >= rank.ops[0].start_ns]
-            if in_trace:
-                rank.window = (max(rank.window[0], min(in_trace)), min(rank.window[1], max(in_trace)))
-    _assign_steps(rank)
-    rank.memory = _memory(rank, record.get("memory"))
-    return rank
+        memory = record.get("memory")
+        if memory is not None and not (
+            isinstance(memory, dict) and all(isinstance(memory.get(k), int) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+        ):
+            raise ValueError("memory needs integer param_bytes, grad_bytes and optimizer_bytes")
+    sites = [s for s in (rank.step_site, rank.forward_site) if s is not None]
+    for what, items in (("a weight", rank.weights), ("a DataLoader", rank.dataloaders), ("a data wait", rank.data_waits), ("a site", sites)):
+        _checked(path, f"{what} entry", items)
 
 
 def load_raw(directory: Path) -> ProfileModel:
     """Load a capture written by ``tpu-agent profile`` (the raw directory)."""
     options_path = directory / OPTIONS_FILE
-    options: dict[str, Any] = json.loads(options_path.read_text(encoding="utf-8")) if options_path.exists() else {}
-    try:
+    options: dict[str, Any] = _read_json_object(options_path, "the profile options") if options_path.exists() else {}
+    with reading(directory, "the runtime event log (events-rank*.jsonl)"):
         by_rank = ev.read_events(directory)
-    except ValueError as error:
-        raise TpuAgentError("unreadable-capture", str(error), "re-run `tpu-agent profile`; the event log is damaged") from None
-    rank_ids = set(by_rank) | {int(p.stem.removeprefix("capture-rank")) for p in directory.glob("capture-rank*.json")}
+    for rank_id, events in by_rank.items():
+        _checked(directory / ev.EVENTS_FILE_PATTERN.format(rank=rank_id), "the runtime event log", events)
+    captured = (_CAPTURE_NAME.fullmatch(p.name) for p in directory.glob("capture-rank*.json"))
+    rank_ids = set(by_rank) | {int(m.group(1)) for m in captured if m}
     if not rank_ids:
         raise TpuAgentError(
             "empty-capture",
@@ -146,18 +176,27 @@ def load_raw(directory: Path) -> ProfileModel:
             "the script may have failed before its first line ran; check its output",
         )
     ranks = {r: _load_rank(directory, r, by_rank.get(r, [])) for r in sorted(rank_ids)}
+    with reading(options_path, "the profile options"):
+        return _model(options, ranks)
+
+
+def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileModel:
     run_info = next((e for e in ranks[min(ranks)].events if isinstance(e, ev.RunInfo)), None)
-    chip_key = options.get("chip") or (run_info.chip if run_info else DEFAULT_CHIP)
+    chip_key = str(options.get("chip") or (run_info.chip if run_info else DEFAULT_CHIP))
     config = RunConfig(
         chip=get_chip(chip_key),
         eager_mode=(run_info.eager_mode if run_info else None) or options.get("eager_mode"),
         backend=run_info.backend if run_info else None,
         world_size=run_info.world_size if run_info else max(len(ranks), int(options.get("nproc", 1))),
         env=dict(run_info.env) if run_info else {},
-        script=options.get("script"),
-        requested_steps=options.get("steps"),
-        requested_warmup=options.get("warmup"),
+        script=str(options["script"]) if options.get("script") is not None else None,
+        requested_steps=int(options["steps"]) if options.get("steps") is not None else None,
+        requested_warmup=int(options["warmup"]) if options.get("warmup") is not None else None,
         source="tpu-agent",
-        session=options.get("session"),
+        session=options.get("session"),  # untrusted: api checks it is a plain name before writing there
     )
     return ProfileModel(config=config, ranks=ranks)
+
+
+# REPORT_DIR and raw_dir are read through this module by the MCP server; their home is profile.layout.
+__all__ = ["REPORT_DIR", "load_raw", "raw_dir", "steps_from_markers"]

@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from tpu_agent.chips import Chip
@@ -276,3 +277,55 @@ class ProfileModel:
 
     def all_events(self) -> list[Event]:
         return [e for rank in self.ranks.values() for e in rank.events]
+
+
+@dataclass
+class Estimate:
+    """The roofline estimate of the step on a TPU and the assumptions it rests on (always printed together)."""
+
+    chip: str
+    available: bool
+    steps: int = 0
+    flops_per_step: float = 0.0
+    bytes_per_step: float = 0.0
+    arithmetic_intensity: float = 0.0  # FLOPs per byte
+    ridge_point: float = 0.0  # the chip's FLOPs per byte where compute and memory balance
+    eager_step_s: float = 0.0
+    fused_step_s: float = 0.0
+    eager_mfu: float = 0.0
+    fused_mfu: float = 0.0
+    bound: str = ""  # compute | memory
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Diagnosis:
+    """Findings, per-rule outcomes and the TPU estimate for one capture, plus where it all was written.
+
+    ``document`` is the JSON report (schema in docs/profile-json-schema.md), built once by
+    :func:`tpu_agent.profile.report.document.build_document` when the diagnosis is complete (exit code and
+    XSpace paths set) and shared by every renderer, so a report file and the CLI's output cannot disagree.
+    """
+
+    logdir: Path
+    model: ProfileModel
+    findings: list[Finding]
+    outcomes: list[RuleOutcome]
+    estimate: Estimate
+    xplane_paths: list[Path] = field(default_factory=list)
+    report_paths: list[Path] = field(default_factory=list)
+    exit_code: int | None = None  # the profiled script's, when this came from `profile`
+    document: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == Severity.error for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report; only a complete diagnosis (one ``diagnose``/``profile`` returned) has one."""
+        if self.document is None:
+            raise ValueError("the report document is built when the diagnosis is complete")
+        return self.document

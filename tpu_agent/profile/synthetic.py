@@ -12,9 +12,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tpu_agent.profile.capture import CAPTURE_FILE, TRACE_FILE
 from tpu_agent.profile.kineto import trace_document
-from tpu_agent.profile.load import OPTIONS_FILE, raw_dir
+from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, TRACE_FILE, raw_dir
 from tpu_agent.profile.model import Op
 from tpu_agent.runtime import events as ev
 

@@ -1,6 +1,6 @@
 """XSpace writer and reader in the layout XProf (TensorBoard's Profile tab, the ``xprof`` CLI) opens.
 
-Writer (recipe verified against xprof 2.24, ``shared/reference/profiling_anchors.md`` §4.3): one
+Writer (layout verified by opening the result in xprof 2.24; see openxla/xprof on GitHub): one
 ``/host:CPU`` plane per rank with
 
 * one line per host thread holding the aten ops (stat ``tf_op="<op>:<type>"``, so *framework op stats*

@@ -28,7 +28,7 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
-from tpu_agent.migrate.rules.references import ACCELERATOR, DATA, DEVICE, TORCH_TPU
+from tpu_agent.migrate.rules.references import ACCELERATOR, DATA, DDP, DEVICE, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -416,3 +416,78 @@ FAMILY.text(
         message=_config_device_message,
     )
 )
+
+
+# ---- integer devices: the rank used as a device index -------------------------------------------------
+FAMILY.rule(
+    code="TPU107",
+    name="integer-device",
+    safety=Safety.SAFE,
+    summary="A process's rank used as a device: .to(local_rank), torch.device(local_rank), device=rank.",
+    rationale="An integer device means a CUDA index. TorchTPU binds one device per process and rejects any index "
+    "other than the bound one (each rank sees its chip as tpu:0), so the process's device replaces the index; on "
+    "CUDA the rank's device is still the one torch.accelerator.set_device_index(local_rank) selects.",
+    before="model = Net().to(local_rank)\nx = torch.zeros(3, device=torch.device(args.gpu))",
+    after="model = Net().to(DEVICE)\nx = torch.zeros(3, device=DEVICE)",
+    references=(ACCELERATOR, DDP),
+    apis=(
+        ApiEquivalent(".to(local_rank), torch.device(local_rank), device=rank", "DEVICE (the process's device)"),
+        ApiEquivalent("torch.device(cfg.device, local_rank)", "torch.device(cfg.device)"),
+    ),
+)
+
+# names that hold a rank or a GPU index in training scripts (``local_rank``, ``args.gpu``, ``gpu_id``)
+_RANK_NAME_RE = re.compile(r"(?:local_?rank|rank|gpu|gpu_?id|gpu_?idx|local_?gpu|cuda_?id)", re.IGNORECASE)
+
+
+def is_rank_value(node: cst.CSTNode) -> bool:
+    """``local_rank``, ``args.gpu``, ``self.rank`` or ``int(os.environ["LOCAL_RANK"])``: an integer device index."""
+    if isinstance(node, cst.Name):
+        return bool(_RANK_NAME_RE.fullmatch(node.value))
+    if isinstance(node, cst.Attribute):
+        return bool(_RANK_NAME_RE.fullmatch(node.attr.value))
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int" and len(node.args) == 1:
+        inner = node.args[0].value
+        if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
+            key = inner.slice[0].slice
+            return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
+        if isinstance(inner, cst.Call) and inner.args:
+            return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
+    return False
+
+
+def _integer_device(ctx: PyContext, value: cst.BaseExpression, form: str) -> cst.BaseExpression | None:
+    build = ctx.device if form == "device" else ctx.device_value
+    return ctx.fix("TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)")
+
+
+@FAMILY.leave(cst.Call)
+def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if type(updated) is not cst.Call:
+        return updated
+    func = original.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "to" and ctx.qualname(original) is None:
+        first = positional(original, 0)
+        if first is not None and is_rank_value(first.value) and original.args[0] is first:
+            new = _integer_device(ctx, first.value, "value")
+            return replace_arg_value(updated, 0, new) if new is not None else updated
+    elif ctx.qualname(original) == "torch.device" and len(original.args) == 1 and is_rank_value(original.args[0].value):
+        new = _integer_device(ctx, original.args[0].value, "device")
+        return keep_parens(original, new) if new is not None else updated
+    elif (
+        ctx.qualname(original) == "torch.device"
+        and len(original.args) == 2
+        and is_rank_value(original.args[1].value)
+        and cuda_device_code(ctx, original.args[0].value) is None  # torch.device("cuda", rank) is TPU101's
+    ):
+        # torch.device(cfg.device, local_rank): the type stays, the rank's index goes (one device per process)
+        index = original.args[1].value
+        if ctx.report("TPU107", index, f"device index {source(index)} dropped from {source(original)} (one device per process)"):
+            return drop_args(updated, lambda i, a: i == 1)
+        return updated
+    device = keyword(original, "device")
+    if device is not None and is_rank_value(device.value):
+        new = _integer_device(ctx, device.value, "value")
+        if new is not None:
+            return replace_arg_value(updated, arg_position(original, device), new)
+    return updated

@@ -1,18 +1,15 @@
-"""Renderers of a :class:`~tpu_agent.profile.api.Diagnosis`: text (rich), json, markdown, html.
+"""Renderers of a :class:`~tpu_agent.profile.model.Diagnosis`: text (rich), json, markdown, html.
 
-All four read the one JSON document built by :func:`tpu_agent.profile.api.report_dict`, so they cannot
-disagree about a number.
+All four read the one JSON document built by :func:`tpu_agent.profile.report.document.build_document`, so
+they cannot disagree about a number.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from tpu_agent.errors import TpuAgentError
-
-if TYPE_CHECKING:
-    from tpu_agent.profile.api import Diagnosis
+from tpu_agent.profile.model import Diagnosis
 
 FORMATS = ("text", "json", "markdown", "html")
 

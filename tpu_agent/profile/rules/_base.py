@@ -48,6 +48,20 @@ class DiagnosticRule:
     requires: tuple[str, ...]
     check: Callable[[ProfileModel], list[Finding]]
 
+    def to_dict(self) -> dict[str, object]:
+        """The record as ``tpu-agent rules --format json`` shows it (keys shared with the migration rules)."""
+        return {
+            "code": self.id,
+            "name": self.name,
+            "category": self.category,
+            "severity": self.severity.value,
+            "rationale": self.rationale,
+            "before": self.before,
+            "after": self.after,
+            "reference": self.reference,
+            "requires": list(self.requires),
+        }
+
     def finding(
         self,
         title: str,
@@ -158,4 +172,6 @@ def first_time(events: Iterable[ev.Event]) -> int | None:
 
 
 def share(part: float, whole: float) -> float:
-    return part / whole if whole else 0.0
+    """``part / whole`` as a fraction in [0, 1]: waits that overlap, or clocks from two threads, can sum to more
+    than the step, and a report that says "120 % of the step" only makes the reader doubt every other number."""
+    return min(max(part / whole, 0.0), 1.0) if whole > 0 else 0.0

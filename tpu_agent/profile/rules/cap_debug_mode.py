@@ -45,7 +45,7 @@ RULE = DiagnosticRule(
     rationale="Launch-blocking and debug checks serialise host and device; a profile under them measures the debugger.",
     before="TORCH_TPU_LAUNCH_BLOCKING=1 tpu-agent profile train.py",
     after="tpu-agent profile train.py",
-    reference="profiling_anchors.md §3.1 CAP-6; torchtpu_api.md §2.1",
+    reference="docs/tpu-performance.md#capture-validity",
     requires=(HOOKS,),
     check=_check,
 )

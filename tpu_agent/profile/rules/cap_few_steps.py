@@ -33,7 +33,7 @@ RULE = DiagnosticRule(
     rationale="One or two steps cannot separate steady state from noise; medians need several.",
     before="tpu-agent profile --warmup 5 --steps 2 train.py",
     after="tpu-agent profile --warmup 2 --steps 10 train.py",
-    reference="profiling_anchors.md §3.1 CAP-2",
+    reference="docs/tpu-performance.md#capture-validity",
     requires=(STEPS,),
     check=_check,
 )

@@ -47,7 +47,7 @@ RULE = DiagnosticRule(
     rationale="Compilation and cache fills make the first steps slow; averaging them in misleads every rule.",
     before="tpu-agent profile --warmup 0 train.py",
     after="tpu-agent profile --warmup 3 train.py",
-    reference="profiling_anchors.md §3.1 CAP-3",
+    reference="docs/tpu-performance.md#capture-validity",
     requires=(STEPS,),
     check=_check,
 )

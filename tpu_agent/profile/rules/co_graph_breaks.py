@@ -61,7 +61,7 @@ RULE = DiagnosticRule(
     rationale="Each break ends one XLA graph and starts another, with a host round trip and no fusion across it.",
     before='@torch.compile(backend="tpu")\ndef step(x):\n    print("loss", loss)',
     after='@torch.compile(backend="tpu")\ndef step(x):\n    ...  # log outside, every N steps',
-    reference="profiling_anchors.md §3.4 CO-2, §1.5",
+    reference="docs/tpu-performance.md#compilation; https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
     requires=(HOOKS,),
     check=_check,
 )

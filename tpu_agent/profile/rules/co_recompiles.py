@@ -61,7 +61,7 @@ RULE = DiagnosticRule(
     rationale="TorchTPU compiles static shapes; a guard failure every step means a full XLA compile every step.",
     before="loader = DataLoader(ds, batch_size=32)",
     after="loader = DataLoader(ds, batch_size=32, drop_last=True)",
-    reference="profiling_anchors.md §3.4 CO-1; torchtpu_api.md §3.3-3.4",
+    reference="docs/tpu-performance.md#compilation; https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -67,7 +67,7 @@ RULE = DiagnosticRule(
     rationale='torch.compile(backend="tpu") turns the step into one XLA program; TorchTPU recommends it over eager.',
     before="def train_step(x, y):",
     after='@torch.compile(backend="tpu")\ndef train_step(x, y):',
-    reference="profiling_anchors.md §3.3 EM-3; torchtpu_api.md §3.3",
+    reference="docs/tpu-performance.md#eager-modes; https://pytorch.org/docs/stable/torch.compiler.html",
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -58,7 +58,7 @@ RULE = DiagnosticRule(
     rationale="Every materialisation is a graph break in Fused eager: many flushes mean many small graphs and launches.",
     before="for x, y in loader:\n    ...\n    total += loss.item()",
     after="for x, y in loader:\n    ...\n    total += loss.detach()",
-    reference="profiling_anchors.md §3.3 EM-2; torchtpu_api.md §2.4",
+    reference="docs/tpu-performance.md#eager-modes",
     requires=(STEPS, EAGER_MODE),
     check=_check,
 )

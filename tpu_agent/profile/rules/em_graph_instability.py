@@ -53,7 +53,7 @@ RULE = DiagnosticRule(
     rationale="A graph seen for the first time is compiled before it runs; steady state should reuse cached graphs.",
     before="x = x[: lengths.max()]  # data-dependent slice",
     after="x = x[:, :MAX_LEN]  # fixed shape",
-    reference="profiling_anchors.md §3.3 EM-4",
+    reference="docs/tpu-performance.md#eager-modes",
     requires=(STEPS, EAGER_MODE),
     check=_check,
 )

@@ -54,7 +54,7 @@ RULE = DiagnosticRule(
     rationale="Strict eager compiles and launches every op on its own: no fusion, and host dispatch bounds the step.",
     before="import torch",
     after="import torch\n" + SET_FUSED,
-    reference="profiling_anchors.md §3.3 EM-1; torchtpu_api.md §2.1-2.5",
+    reference="docs/tpu-performance.md#eager-modes",
     requires=(STEPS, EAGER_MODE),
     check=_check,
 )

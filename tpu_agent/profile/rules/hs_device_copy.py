@@ -21,7 +21,7 @@ RULE = DiagnosticRule(
     rationale="Copies to the host and printing tensors materialise pending work and wait for the transfer.",
     before="print(f'loss {loss}')",
     after="if step % 100 == 0:\n    print(f'loss {loss.item():.4f}')",
-    reference="profiling_anchors.md §3.2 HS-2/HS-4",
+    reference="docs/tpu-performance.md#host-syncs",
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -21,7 +21,7 @@ RULE = DiagnosticRule(
     rationale="A scalar read blocks the host until the TPU finishes all queued work, serialising host and device.",
     before="total += loss.item()",
     after="total += loss.detach()  # read float(total) once, after the loop",
-    reference="profiling_anchors.md §3.2 HS-1; torchtpu_api.md §2.4",
+    reference="docs/tpu-performance.md#host-syncs; https://cloud.google.com/tpu/docs/performance-guide",
     requires=(STEPS, HOOKS),
     check=_check,
 )

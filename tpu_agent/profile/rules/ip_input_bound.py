@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpu_agent.profile import patches
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
-from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, step_ns, window_steps
+from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, share, step_ns, window_steps
 
 WARNING_SHARE = 0.05  # XProf: 5-20 % moderately input-bound
 ERROR_SHARE = 0.20  # >= 20 % highly input-bound
@@ -16,7 +16,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     waits = [w for w in rank.data_waits if w.step in steps]
     if not waits:
         return []
-    wait_share = sum(w.duration_ns for w in waits) / len(steps) / step_ns(rank)
+    wait_share = share(sum(w.duration_ns for w in waits) / len(steps), step_ns(rank))
     if wait_share < WARNING_SHARE:
         return []
     locations = []
@@ -60,7 +60,7 @@ RULE = DiagnosticRule(
     rationale="Time in DataLoader.__next__ inside the step is time the TPU has nothing to do.",
     before="DataLoader(ds, batch_size=64)",
     after="DataLoader(ds, batch_size=64, num_workers=4, persistent_workers=True)",
-    reference="profiling_anchors.md §3.7 IP-1 (XProf input-pipeline bands)",
+    reference="docs/tpu-performance.md#input-pipeline; https://pytorch.org/docs/stable/data.html",
     requires=(STEPS, HOOKS),
     check=_check,
 )

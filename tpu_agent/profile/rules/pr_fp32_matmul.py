@@ -56,7 +56,7 @@ RULE = DiagnosticRule(
     rationale="fp32 matmuls need several bf16 MXU passes and move twice the bytes of bf16.",
     before="loss = loss_fn(model(x), y)",
     after='with torch.autocast("tpu", dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)',
-    reference="profiling_anchors.md §3.6 PR-1; torchtpu_api.md §6",
+    reference="docs/tpu-performance.md#precision; https://cloud.google.com/tpu/docs/bfloat16",
     requires=(STEPS, OP_TRACE, HOOKS),
     check=_check,
 )

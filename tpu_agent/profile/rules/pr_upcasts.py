@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
-from tpu_agent.profile.rules._base import OP_TRACE, STEPS, DiagnosticRule, window_steps
+from tpu_agent.profile.rules._base import OP_TRACE, STEPS, DiagnosticRule, share, window_steps
 
 CAST_OPS = frozenset({"aten::_to_copy", "aten::to"})
 LOW_PRECISION = frozenset({"c10::BFloat16", "c10::Half"})
@@ -28,7 +28,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     moved = sum(op.bytes for op in upcasts)
     if not total or moved / total < BYTES_SHARE_THRESHOLD:
         return []
-    bytes_share = moved / total
+    bytes_share = share(moved, total)
     return [
         RULE.finding(
             f"{len(upcasts)} bf16/fp16 -> fp32 up-casts move {bytes_share:.0%} of the step's bytes",
@@ -52,7 +52,7 @@ RULE = DiagnosticRule(
     rationale="Casting large bf16 activations to fp32 doubles their HBM traffic and often is not needed.",
     before="probs = logits.float().softmax(-1)",
     after="probs = logits.softmax(-1)",
-    reference="profiling_anchors.md §3.6 PR-2",
+    reference="docs/tpu-performance.md#precision",
     requires=(STEPS, OP_TRACE),
     check=_check,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
-from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, by_site, in_window, window_steps
+from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, by_site, in_window, share, window_steps
 from tpu_agent.runtime import events as ev
 
 SHARE_THRESHOLD = 0.30  # XProf CollectiveBound
@@ -19,22 +19,22 @@ def _check(model: ProfileModel) -> list[Finding]:
         collectives = [e for e in in_window(rank, rank.events) if isinstance(e, ev.Collective)]
         if not steps or not median or not collectives:
             continue
-        share = sum(e.duration_ns for e in collectives) / len(steps) / median
-        if worst is None or share > worst[0]:
-            worst = (share, rank.rank, collectives)
+        collective_share = share(sum(e.duration_ns for e in collectives) / len(steps), median)
+        if worst is None or collective_share > worst[0]:
+            worst = (collective_share, rank.rank, collectives)
     if worst is None or worst[0] < SHARE_THRESHOLD:
         return []
-    share, rank_id, collectives = worst
+    collective_share, rank_id, collectives = worst
     ops = Counter(e.op for e in collectives)
     return [
         RULE.finding(
-            f"Rank {rank_id} spends {share:.0%} of each step in collectives ({', '.join(f'{o} x{c}' for o, c in ops.most_common(3))})",
-            Evidence("collective share of step", round(share, 3), SHARE_THRESHOLD, "fraction"),
+            f"Rank {rank_id} spends {collective_share:.0%} of each step in collectives ({', '.join(f'{o} x{c}' for o, c in ops.most_common(3))})",
+            Evidence("collective share of step", round(collective_share, 3), SHARE_THRESHOLD, "fraction"),
             [Location.from_site(site) for site in list(by_site(collectives))[:3]],
             "Overlap communication with compute (bucketed/async all-reduce, FSDP prefetch), raise the per-device batch, "
             "or rebalance the mesh so less data crosses devices each step.",
             agent_change=AgentChange("Increase the per-device batch or enable FSDP prefetch so collectives overlap compute."),
-            saving_pct=share * 50,
+            saving_pct=collective_share * 50,
             confidence=0.6,
             time_ns=collectives[0].time_ns,
             rank=rank_id,
@@ -50,7 +50,7 @@ RULE = DiagnosticRule(
     rationale="Collectives that do not overlap compute leave the MXUs idle for their whole duration.",
     before="dist.all_reduce(grad)  # per parameter, after backward",
     after="DDP/FSDP bucketed, overlapped gradient reduction",
-    reference="profiling_anchors.md §3.8 SD-2 (XProf CollectiveBound)",
+    reference="docs/tpu-performance.md#sharding-and-memory",
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -37,7 +37,7 @@ RULE = DiagnosticRule(
     rationale="Single-process multi-device replication is slow and unsupported by TorchTPU's distributed stack.",
     before="model = nn.DataParallel(model)",
     after='dist.init_process_group("tpu_dist")\nmodel = DistributedDataParallel(model)',
-    reference="profiling_anchors.md §3.8 SD-6",
+    reference="docs/tpu-performance.md#sharding-and-memory; https://pytorch.org/docs/stable/notes/ddp.html",
     requires=(HOOKS,),
     check=_check,
 )

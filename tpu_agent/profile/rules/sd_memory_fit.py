@@ -86,7 +86,7 @@ RULE = DiagnosticRule(
     rationale="Each replica holds all parameters, gradients and optimizer state; beyond HBM the job cannot run.",
     before="model = DDP(model)",
     after='mesh = init_device_mesh("tpu", (8,))\nfully_shard(model, mesh=mesh)',
-    reference="profiling_anchors.md §3.8 SD-1; torchtpu_api.md §4",
+    reference="docs/tpu-performance.md#sharding-and-memory; https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html",
     requires=(MEMORY,),
     check=_check,
 )

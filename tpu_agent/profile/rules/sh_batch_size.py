@@ -39,7 +39,7 @@ RULE = DiagnosticRule(
     rationale="Batch dims are padded to 8 rows per tile; odd batches waste rows and small ones starve the MXU.",
     before="DataLoader(ds, batch_size=30)",
     after="DataLoader(ds, batch_size=32)",
-    reference="profiling_anchors.md §3.5 SH-3; Cloud TPU performance guide",
+    reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",
     requires=(HOOKS,),
     check=_check,
 )

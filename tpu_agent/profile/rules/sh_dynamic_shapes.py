@@ -99,7 +99,7 @@ RULE = DiagnosticRule(
     rationale="Static shapes are mandatory for TorchTPU graphs; a new shape means a cache miss and a full compile.",
     before="batch = pad_sequence(samples)  # length = longest sample",
     after="batch = pad_to_bucket(samples, buckets=(128, 256, 512))",
-    reference="profiling_anchors.md §3.5 SH-1; torchtpu_api.md §3.4",
+    reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",
     requires=(STEPS, OP_TRACE, HOOKS),
     check=_check,
 )

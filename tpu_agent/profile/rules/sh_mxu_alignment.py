@@ -8,7 +8,7 @@ from tpu_agent.profile import patches
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity, Weight
 from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, matmul_time_share
 
-WASTE_THRESHOLD = 0.10  # padded work / real work - 1
+WASTE_THRESHOLD = 0.09  # share of the padded MXU work that is padding (0.09: 10 % extra work over the real)
 MIN_PARAM_SHARE = 0.02  # ignore weights holding < 2 % of matmul parameters
 WARN_SAVING = 5.0
 
@@ -18,9 +18,19 @@ def _padded(dim: int, tile: int) -> int:
 
 
 def waste(shape: tuple[int, ...], tile: int) -> float:
-    """Extra MXU work from padding the two matmul dims of a weight to the tile."""
+    """The share of the MXU work on this weight that is padding, in [0, 1).
+
+    A share, not "extra work over the real": a Linear(8, 8) on a 256 tile does 1024x the work it needs, and
+    "wastes 102300 %" says nothing a reader can weigh; "99.9 % of its MXU work is padding" does.
+    """
     out_dim, in_dim = shape[0], math.prod(shape[1:])
-    return _padded(out_dim, tile) * _padded(in_dim, tile) / (out_dim * in_dim) - 1
+    return 1 - (out_dim * in_dim) / (_padded(out_dim, tile) * _padded(in_dim, tile))
+
+
+def percent_text(fraction: float) -> str:
+    """``fraction`` as a percentage that never rounds up to 100 % (nor shows 0 % for a share above zero)."""
+    tenths = math.floor(fraction * 1000)
+    return f"{tenths / 10:g}%" if tenths < 1000 else "100%"
 
 
 def _matmul_weights(weights: list[Weight]) -> list[Weight]:
@@ -42,12 +52,12 @@ def _check(model: ProfileModel) -> list[Finding]:
         groups.setdefault((weight.site or weight.module, weight.shape), []).append(weight)
     findings = []
     for (_, shape), members in groups.items():
-        extra = waste(shape, tile)
+        wasted = waste(shape, tile)
         param_share = math.prod(shape) * len(members) / total
-        if extra < WASTE_THRESHOLD or param_share < MIN_PARAM_SHARE:
+        if wasted < WASTE_THRESHOLD or param_share < MIN_PARAM_SHARE:
             continue
         first = members[0]
-        saving = matmul_share * param_share * extra / (1 + extra) * 100
+        saving = matmul_share * param_share * wasted * 100
         out_dim, in_dim = shape[0], math.prod(shape[1:])
         names = (
             first.module
@@ -57,8 +67,9 @@ def _check(model: ProfileModel) -> list[Finding]:
         code = patches.line_text(first.site.file, first.site.line) if first.site else ""
         findings.append(
             RULE.finding(
-                f"{names}: {first.module_type} {in_dim}->{out_dim} wastes {extra:.0%} of its MXU work on {chip.key} (tile {tile})",
-                Evidence("MXU padding waste", round(extra, 3), WASTE_THRESHOLD, "fraction"),
+                f"{names}: {first.module_type} {in_dim}->{out_dim}: {percent_text(wasted)} of its MXU work on {chip.key} "
+                f"is padding (tile {tile})",
+                Evidence("share of MXU work that is padding", round(wasted, 4), WASTE_THRESHOLD, "fraction"),
                 [Location.from_site(first.site, round(saving / 100, 4))] if first.site else [],
                 f"Pad the dims to multiples of {tile}: in {in_dim}->{_padded(in_dim, tile)}, out "
                 f"{out_dim}->{_padded(out_dim, tile)} (and the layers it feeds), or pick sizes that are multiples of {tile}."
@@ -84,7 +95,7 @@ RULE = DiagnosticRule(
     rationale="The MXU is a tile x tile systolic array; dims are padded up to the tile, and the padding is wasted work.",
     before="self.fc1 = nn.Linear(100, 300)",
     after="self.fc1 = nn.Linear(128, 384)  # v5e tile 128; use 256 multiples on v6e/v7",
-    reference="profiling_anchors.md §3.5 SH-2; chips.py (mxu_tile)",
+    reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",
     requires=(STEPS, HOOKS),
     check=_check,
 )

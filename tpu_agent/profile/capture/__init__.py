@@ -1,0 +1,122 @@
+"""The in-process half of ``tpu-agent profile``: what every rank records while the script runs.
+
+:func:`tpu_agent.profile.api.profile` (the parent) writes ``options.json`` into the raw directory and
+launches the script through the runtime with ``TPU_AGENT_EVENTS_DIR`` naming that directory and
+``TPU_AGENT_HOOKS`` naming :func:`install`. In every rank, before user code, :func:`install` reads the
+measured window from ``options.json`` (the child's only source of settings) and installs one probe per
+concern:
+
+* :mod:`.steps` - step boundaries (optimizer step, else ``with tpu_agent.profile.step():``);
+* :mod:`.window` - ``torch.profiler`` over the measured steps, written as ``rank<R>.pt.trace.json``;
+* :mod:`.modules` - the root modules, their matmul weights (with defining lines) and model-state memory;
+* :mod:`.dataloader` - DataLoader settings and time spent waiting for batches;
+* :mod:`.host_syncs` - device-to-host reads, where the emulated device does not report them itself;
+* :mod:`.dynamo` - graph breaks and recompiles from Dynamo's logs.
+
+At exit their records go to ``capture-rank<R>.json`` next to the event log; :mod:`tpu_agent.profile.load`
+reads it all back into the :class:`~tpu_agent.profile.model.ProfileModel`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tpu_agent.fsutil import atomic_write_text
+from tpu_agent.profile.capture._probe import Probe
+from tpu_agent.profile.capture.dataloader import DataLoaderProbe
+from tpu_agent.profile.capture.dynamo import DynamoProbe
+from tpu_agent.profile.capture.host_syncs import HostSyncProbe
+from tpu_agent.profile.capture.modules import ModuleProbe
+from tpu_agent.profile.capture.steps import StepClock
+from tpu_agent.profile.capture.window import ProfilerWindow
+from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE
+from tpu_agent.profile.options import DEFAULT_STEPS, DEFAULT_WARMUP
+from tpu_agent.runtime import events as ev
+
+HOOK_SPEC = "tpu_agent.profile.capture:install"
+
+_active: _Recorder | None = None
+
+
+def _emulated_device_active() -> bool:
+    emulation = sys.modules.get("tpu_agent.runtime.emulated")
+    return bool(emulation is not None and emulation.is_active())
+
+
+class _Recorder:
+    """The probes of one process, installed in an order that matters (see :class:`ModuleProbe`)."""
+
+    def __init__(self, out_dir: Path, steps: int, warmup: int) -> None:
+        self.out_dir = out_dir
+        self.rank = int(os.environ.get("RANK", "0"))
+        emulated = _emulated_device_active()
+        self.clock = StepClock(warmup=warmup, steps=steps, emulated=emulated)
+        probes: list[Probe] = [ModuleProbe(self.clock), self.clock, DataLoaderProbe(self.clock)]
+        if not emulated:
+            probes.append(HostSyncProbe(self.clock))
+        probes += [DynamoProbe(emulated), ProfilerWindow(self.clock, out_dir, self.rank)]
+        self.probes = probes
+
+    def install(self) -> None:
+        for probe in self.probes:
+            probe.install()
+
+    def finish(self) -> None:
+        """At exit: undo every patch, stop the profiler, write ``capture-rank<R>.json``, flush the event log."""
+        for probe in reversed(self.probes):
+            probe.uninstall()
+        record: dict[str, Any] = {"rank": self.rank, "host": os.uname().nodename, "warnings": []}
+        for probe in self.probes:
+            part = probe.record()
+            record["warnings"] += part.pop("warnings", [])
+            record.update(part)
+        atomic_write_text(self.out_dir / CAPTURE_FILE.format(rank=self.rank), json.dumps(record))
+        self.clock.log.flush()
+
+
+def _window_settings(out_dir: Path) -> tuple[int, int]:
+    """Measured steps and warm-up from the parent's ``options.json`` (defaults when a key is absent)."""
+    options = json.loads((out_dir / OPTIONS_FILE).read_text(encoding="utf-8"))
+    return int(options.get("steps", DEFAULT_STEPS)), int(options.get("warmup", DEFAULT_WARMUP))
+
+
+def install() -> Callable[[], None] | None:
+    """``TPU_AGENT_HOOKS`` entry point: start recording in this process; returns the at-exit finisher.
+
+    Does nothing outside a ``tpu-agent profile`` launch (no event directory with the parent's options).
+    """
+    global _active
+    directory = os.environ.get(ev.EVENTS_DIR_ENV)
+    if not directory or _active is not None or not (Path(directory) / OPTIONS_FILE).is_file():
+        return None
+    out_dir = Path(directory)
+    steps, warmup = _window_settings(out_dir)
+    recorder = _Recorder(out_dir, steps=steps, warmup=warmup)
+    recorder.install()
+    _active = recorder
+    return recorder.finish
+
+
+@contextlib.contextmanager
+def step() -> Iterator[None]:
+    """Mark one step for scripts without an optimizer: ``with tpu_agent.profile.step(): ...``.
+
+    Outside ``tpu-agent profile`` this does nothing, so the annotation can stay in the code.
+    """
+    recorder = _active
+    if recorder is not None:
+        recorder.clock.begin("annotation")
+    try:
+        yield
+    finally:
+        if recorder is not None:
+            recorder.clock.end("annotation", ev.user_call_site(3))
+
+
+__all__ = ["HOOK_SPEC", "install", "step"]
