@@ -140,7 +140,7 @@ def test_stale_temp_files_of_a_killed_run_are_removed_by_the_next_run(tmp_path: 
     (project / "pkg").mkdir(parents=True)
     (project / "train.py").write_text(CUDA)
     stale = _temp_file(project / "pkg", "model.py", STALE_TEMP_AGE_S + 60)  # what kill -9 mid-write leaves
-    fresh = _temp_file(project, "train.py", 0)  # may belong to a write in progress
+    fresh = _temp_file(project, "train.py", -3600)  # touched just now (the clock says later): a write in progress
     lookalike = project / ".notes.tpu-agent-tmp"  # not our naming
     lookalike.write_text("user data")
     check = run_cli("migrate", "--check", "proj", cwd=tmp_path)
