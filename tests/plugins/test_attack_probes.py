@@ -272,7 +272,10 @@ async def test_unknown_arguments_are_refused(client: Client) -> None:
     assert "path" in error["message"]
 
 
+@pytest.mark.slow
 async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
+    doctor = (await client.call_tool("tpu_doctor", {})).structured_content
+    assert doctor["limits"] == {"max_jobs": 2, "max_ranks": 2}  # an agent can see the bounds before it hits them
     results = await asyncio.gather(
         *(client.call_tool("tpu_run", {"entrypoint": "sleeper.py", "wait_s": 0}) for _ in range(8))
     )

@@ -126,6 +126,7 @@ class FileKind(str, Enum):
     YAML = "yaml"
     DOCKERFILE = "dockerfile"
     CUDA_SOURCE = "cuda-source"  # .cu/.cuh files: inventoried as manual items, never rewritten
+    DEPENDENCIES = "dependencies"  # requirements*.txt, pyproject.toml, setup.cfg, Pipfile: reported, never rewritten
 
 
 @dataclass

@@ -16,13 +16,12 @@ from collections.abc import AsyncIterator
 from mcp.server.mcpserver import MCPServer
 
 from tpu_agent import __version__
+from tpu_agent.plugins.install import SERVER_NAME
 from tpu_agent.plugins.jobs import JobManager
 from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, DEFAULT_MAX_RANKS
 from tpu_agent.plugins.tools import diagnose, doctor, jobs, migrate, resources
 from tpu_agent.plugins.tools.args import MAX_WAIT_S
 from tpu_agent.plugins.tools.common import ServerState, format_error
-
-SERVER_NAME = "tpu-agent"
 
 #: The tool modules, in the order ``tools/list`` shows them (doctor first: agents are told to call it first).
 TOOL_MODULES = (doctor, migrate, jobs, diagnose)

@@ -58,7 +58,14 @@ _SUFFIXES = {
     ".cu": FileKind.CUDA_SOURCE,
     ".cuh": FileKind.CUDA_SOURCE,
 }
-SUPPORTED = ".py, .ipynb, .sh/.bash/.zsh, .env, .yaml/.yml, Dockerfile, .cu/.cuh"
+SUPPORTED = (
+    ".py, .ipynb, .sh/.bash/.zsh, .env, .yaml/.yml, Dockerfile, .cu/.cuh, "
+    "requirements*.txt/pyproject.toml/setup.cfg/Pipfile"
+)
+_DEPENDENCY_FILE_RE = re.compile(
+    r"[\w.-]*(?:requirements|constraints)[\w.-]*\.(?:txt|in)|pyproject\.toml|setup\.cfg|Pipfile",
+    re.IGNORECASE,
+)
 
 # The temporary files tpu_agent.fsutil writes next to a target before renaming it over the target:
 # ".<name>.<8 random characters from tempfile.mkstemp>.tpu-agent-tmp". Killed mid-write, a run leaves one.
@@ -75,6 +82,8 @@ def classify(name: str) -> FileKind | None:
         return FileKind.DOCKERFILE
     if name == ".env" or name.startswith(".env."):
         return FileKind.ENV
+    if _DEPENDENCY_FILE_RE.fullmatch(name):
+        return FileKind.DEPENDENCIES
     return _SUFFIXES.get(os.path.splitext(name)[1].lower())
 
 

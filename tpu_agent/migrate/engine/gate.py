@@ -57,6 +57,7 @@ class StatementMap:
 
     inert: set[int]  # ids of statements with no trigger for any rule
     begins: list[int] | None  # first line (1-based, decorators included) of each top-level statement
+    tree: ast.Module | None = None  # the stdlib parse, reused by the analyses rules ask for (value flow)
 
 
 def statement_map(module: cst.Module, source: str, tree: ast.Module | None = None) -> StatementMap:
@@ -111,5 +112,5 @@ def statement_map(module: cst.Module, source: str, tree: ast.Module | None = Non
         return index == len(ast_body)
 
     if not walk(module.body, tree.body, True):
-        return StatementMap(set(), None)
-    return StatementMap(inert, begins)
+        return StatementMap(set(), None, tree)
+    return StatementMap(inert, begins, tree)

@@ -89,6 +89,7 @@ def rewrite(
     transformer = RulePass(ctx, dispatch)
     statements = statement_map(module, source, tree)
     transformer.inert = statements.inert
+    ctx.ast_tree = statements.tree
     new_module = module.visit(transformer)
     return Rewrite(source, module, new_module, ctx, statements, transformer.edits)
 

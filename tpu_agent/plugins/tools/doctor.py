@@ -30,9 +30,10 @@ def _problem(error: Exception) -> models.Problem:
 
 async def tpu_doctor(ctx: Context, workspace: WorkspaceArg = None) -> models.DoctorResult:
     problems: list[models.Problem] = []
+    state = server_state(ctx)
     ws: Workspace | None = None
     try:
-        ws = await server_state(ctx).workspace(ctx, workspace)
+        ws = await state.workspace(ctx, workspace)
     except Exception as error:  # noqa: BLE001 - the doctor reports every failure, it does not fail
         problems.append(_problem(error))
     runtime: dict[str, Any] = {}
@@ -56,6 +57,7 @@ async def tpu_doctor(ctx: Context, workspace: WorkspaceArg = None) -> models.Doc
         workspace=str(ws.root) if ws else None,
         workspace_source=ws.source if ws else None,
         runtime=runtime,
+        limits={"max_jobs": state.jobs.max_running, "max_ranks": state.max_ranks},
         problems=problems,
     )
 
