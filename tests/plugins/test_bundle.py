@@ -200,6 +200,7 @@ def test_copilot_cli_installs_the_agent_plugin(tmp_path: Path) -> None:
     assert "tpu-agent (local)" in listed.stdout, listed.stdout + listed.stderr
 
 
+@pytest.mark.slow
 def test_codex_installs_the_agent_plugin_and_reads_the_installer_toml(tmp_path: Path) -> None:
     codex = _host_cli("codex")
     env = _host_env(tmp_path)

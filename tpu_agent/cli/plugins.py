@@ -130,7 +130,7 @@ def build_command(
 @handles_errors
 def install_command(
     harness: HarnessName = typer.Option(..., "--harness", help="Which host's config to edit."),
-    scope: ScopeName = typer.Option(ScopeName.project, "--scope", help="project: the repo's file; user: your home's."),
+    scope: ScopeName = typer.Option(ScopeName("project"), "--scope", help="project: the repo's file; user: your home's."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff, write nothing."),
     project: Path = typer.Option(Path("."), "--project", help="The project directory (project scope)."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
@@ -163,7 +163,7 @@ def install_command(
 @handles_errors
 def print_config_command(
     harness: HarnessName = typer.Option(..., "--harness", help="Which host's config to print."),
-    scope: ScopeName = typer.Option(ScopeName.project, "--scope", help="project or user."),
+    scope: ScopeName = typer.Option(ScopeName("project"), "--scope", help="project or user."),
     project: Path = typer.Option(Path("."), "--project", help="The project directory (project scope)."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
 ) -> None:

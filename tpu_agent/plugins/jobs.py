@@ -12,6 +12,7 @@ The manager runs at most ``max_running`` jobs at once and refuses more with ``bu
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import secrets
@@ -210,14 +211,15 @@ class JobManager:
 
     def _pump_output(self, job: Job) -> None:
         """Copy the job's output to its log up to the cap, enforce the deadline, record the exit."""
-        assert job.process.stdout is not None
+        output = job.process.stdout
+        assert isinstance(output, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered text off
         deadline = job.started + job.timeout_s
         watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire, args=(job,))
         watchdog.daemon = True
         watchdog.start()
         written = 0
         with job.log_path.open("xb") as log:  # "x": a file planted in the fresh job directory is not followed
-            for chunk in iter(lambda: job.process.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            for chunk in iter(lambda: output.read1(65536), b""):
                 if written < job.max_log_bytes:
                     keep = chunk[: job.max_log_bytes - written]
                     log.write(keep)

@@ -18,6 +18,7 @@ import re
 import stat
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
@@ -48,17 +49,19 @@ class StoredPlan:
     diff: str
 
 
-def _finding_from_dict(data: dict[str, object]) -> Finding:
+def _finding_from_dict(data: dict[str, Any]) -> Finding:
+    """A finding as ``Finding.to_dict`` stored it; a malformed value raises ValueError/TypeError/KeyError, which
+    :func:`load_plan` reports as a corrupt plan."""
     return Finding(
         code=str(data["code"]),
         path=str(data["path"]),
-        line=int(data["line"]),  # type: ignore[arg-type]
-        column=int(data["column"]),  # type: ignore[arg-type]
+        line=int(data["line"]),
+        column=int(data["column"]),
         message=str(data["message"]),
         safety=Safety(str(data["safety"])),
         fixed=bool(data["fixed"]),
-        end_line=data.get("end_line"),  # type: ignore[arg-type]
-        end_column=data.get("end_column"),  # type: ignore[arg-type]
+        end_line=data.get("end_line"),
+        end_column=data.get("end_column"),
     )
 
 
@@ -86,7 +89,7 @@ def _plan_to_dict(plan: Plan, workspace: Workspace) -> dict[str, object]:
                 "display_path": result.display_path,
                 "kind": result.kind.value,
                 "original_sha256": result.original_sha256,
-                "migrated_sha256": sha256_bytes(result.migrated_bytes) if result.changed else None,
+                "migrated_sha256": sha256_bytes(result.migrated_bytes) if result.migrated_bytes is not None else None,
                 "migrated_b64": (
                     base64.b64encode(result.migrated_bytes).decode("ascii") if result.migrated_bytes else None
                 ),
