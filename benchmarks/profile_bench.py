@@ -88,7 +88,19 @@ def overhead(repeats: int, train_steps: int, profile_steps: int) -> dict[str, tu
             logdir = Path(tmp) / f"logs-{index}"
             profiled.append(
                 timed(
-                    [*CLI, "profile", "--logdir", str(logdir), "--steps", str(profile_steps), "--warmup", "2", "--format", "json", *script],
+                    [
+                        *CLI,
+                        "profile",
+                        "--logdir",
+                        str(logdir),
+                        "--steps",
+                        str(profile_steps),
+                        "--warmup",
+                        "2",
+                        "--format",
+                        "json",
+                        *script,
+                    ],
                     project,
                 )
             )
@@ -128,7 +140,9 @@ def main() -> None:
     parser.add_argument("--analysis-steps", type=int, default=1000)
     args = parser.parse_args()
 
-    print(f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} --warmup 2")
+    print(
+        f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} --warmup 2"
+    )
     results = overhead(args.repeats, args.train_steps, args.profile_steps)
     for measure, (plain, profiled, paired) in results.items():
         ratio = profiled / plain

@@ -45,7 +45,20 @@ def render() -> str:
     ]
     for r in ALL_RULES.values():
         out += ["", f"## {r.id}", "", f"`{r.name}`, {r.category}, {r.severity.value}", "", r.rationale]
-        out += ["", "Before:", "", f"{_FENCE}python", r.before, _FENCE, "", "After:", "", f"{_FENCE}python", r.after, _FENCE]
+        out += [
+            "",
+            "Before:",
+            "",
+            f"{_FENCE}python",
+            r.before,
+            _FENCE,
+            "",
+            "After:",
+            "",
+            f"{_FENCE}python",
+            r.after,
+            _FENCE,
+        ]
         out += ["", f"Reference: {r.reference}"]
     return "\n".join(out) + "\n"
 
@@ -68,5 +81,9 @@ def test_reference_is_public_or_shipped(rule_id: str) -> None:
         document, _, anchor = reference.partition("#")
         path = REPO / document
         assert document.startswith("docs/") and path.is_file(), reference
-        headings = {_slug(line.lstrip("#").strip()) for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")}
+        headings = {
+            _slug(line.lstrip("#").strip())
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        }
         assert not anchor or anchor in headings, f"{reference}: no section {anchor!r} in {document}"

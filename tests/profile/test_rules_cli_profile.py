@@ -18,7 +18,9 @@ def test_rules_lists_diagnostics_next_to_migration_rules() -> None:
     listed = json.loads(run_cli("rules", "--format", "json").stdout)
     diagnostics = [r for r in listed if r["kind"] == "diagnostic"]
     assert [r["code"] for r in diagnostics] == list(ALL_RULES)
-    assert {"code", "name", "category", "severity", "rationale", "before", "after", "reference", "requires"} <= set(diagnostics[0])
+    assert {"code", "name", "category", "severity", "rationale", "before", "after", "reference", "requires"} <= set(
+        diagnostics[0]
+    )
     assert {r["kind"] for r in listed} == {"migration", "diagnostic"}
 
 

@@ -23,7 +23,11 @@ def _xplanes(report: dict) -> list[str]:
 def test_layout_reports_sit_next_to_plugins(captures: Captures) -> None:
     logdir, report, _ = captures.get("host_sync.py")
     session = Path(_xplanes(report)[0]).parent
-    assert sorted(p.name for p in (logdir / "tpu-agent").glob("report.*")) == ["report.html", "report.json", "report.md"]
+    assert sorted(p.name for p in (logdir / "tpu-agent").glob("report.*")) == [
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
     assert not [p for p in session.iterdir() if p.name.startswith("report")]
 
 
@@ -78,7 +82,9 @@ def test_xprof_cli_reads_the_session(captures: Captures) -> None:
     _, report, _ = captures.get("host_sync.py")
     session = Path(_xplanes(report)[0]).parent
     xprof = Path(sys.executable).with_name("xprof")
-    result = subprocess.run([str(xprof), "get_overview", str(session)], capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [str(xprof), "get_overview", str(session)], capture_output=True, text=True, timeout=120, check=True
+    )
     overview = json.loads(result.stdout)
     assert overview["capture"]["files_used"] == [Path(_xplanes(report)[0]).name.removesuffix(".xplane.pb")]
     assert float(overview["performance_summary"]["steptime_ms_average"]) > 0

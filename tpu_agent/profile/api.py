@@ -96,12 +96,18 @@ def _diagnose_own(logdir: Path, root: Path, chip: str | None) -> Diagnosis:
         model.config.chip = get_chip(chip)
     with reading(raw, "the capture"):  # values of the right type can still contradict each other
         diagnosis = _analyse(logdir, model)
-    name = safe_name(model.config.session, raw / OPTIONS_FILE, "session") if model.config.session else xplane.session_name()
+    name = (
+        safe_name(model.config.session, raw / OPTIONS_FILE, "session")
+        if model.config.session
+        else xplane.session_name()
+    )
     session = logdir / "plugins" / "profile" / name
     confined(root, session)
     _drop_xprof_caches(session, root)
     with reading(raw, "the capture"):  # e.g. timestamps an XSpace cannot hold
-        diagnosis.xplane_paths = xplane.write_session(session, model.ranks.values(), diagnosis.findings, model.config.world_size)
+        diagnosis.xplane_paths = xplane.write_session(
+            session, model.ranks.values(), diagnosis.findings, model.config.world_size
+        )
     return diagnosis
 
 
@@ -160,7 +166,9 @@ def _log_root(logdir: Path) -> Path:
 def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosis:
     logdir = Path(logdir)
     if not logdir.exists():
-        raise TpuAgentError("no-logdir", f"{logdir} does not exist", "pass the --logdir of an earlier `tpu-agent profile` run")
+        raise TpuAgentError(
+            "no-logdir", f"{logdir} does not exist", "pass the --logdir of an earlier `tpu-agent profile` run"
+        )
     root = _log_root(logdir)
     if logdir.is_dir() and raw_dir(logdir).is_dir():
         with kineto.gc_paused():  # the op model and its XSpace: ~10^5 acyclic objects built in one go
@@ -240,7 +248,9 @@ class _OpsPreloader:
         self.thread.join()
 
 
-def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None = None) -> ProfileResult:
+def profile(
+    target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None = None
+) -> ProfileResult:
     """Run ``target`` on the runtime with profiling on, then diagnose the capture.
 
     The script's own exit code is returned in the result; a capture with no data at all is an error.
@@ -256,7 +266,13 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
     with _OpsPreloader(raw):
         exit_code = launch(
             target,
-            RunOptions(nproc=options.nproc, chip=options.chip, eager_mode=options.eager_mode, env=env, timeout_s=options.timeout_s),
+            RunOptions(
+                nproc=options.nproc,
+                chip=options.chip,
+                eager_mode=options.eager_mode,
+                env=env,
+                timeout_s=options.timeout_s,
+            ),
         )
     if progress:
         progress("analysing the capture")
@@ -272,7 +288,11 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
             ) from error
         raise
     return ProfileResult(
-        logdir=logdir, exit_code=exit_code, xplane_paths=diagnosis.xplane_paths, findings=diagnosis.findings, report=diagnosis
+        logdir=logdir,
+        exit_code=exit_code,
+        xplane_paths=diagnosis.xplane_paths,
+        findings=diagnosis.findings,
+        report=diagnosis,
     )
 
 

@@ -104,7 +104,9 @@ def cost(op: Op) -> tuple[float, float]:
     if op.name in CONV_OPS:
         flops, out_elems = _conv_flops_and_out(op)
         return flops, in_bytes + out_elems * (itemsize[0] if itemsize else 4)
-    largest = max((_numel(d) * itemsize[i] for i, d in enumerate(op.input_shapes) if d and i < len(itemsize)), default=0)
+    largest = max(
+        (_numel(d) * itemsize[i] for i, d in enumerate(op.input_shapes) if d and i < len(itemsize)), default=0
+    )
     return 0.0, float(in_bytes + largest)
 
 
@@ -154,7 +156,11 @@ def trace_document(ops: list[Op], base_ns: int) -> dict[str, Any]:
             "tid": op.thread,
             "ts": (op.start_ns - base_ns) / 1000,
             "dur": op.duration_ns / 1000,
-            "args": {"Input Dims": op.input_shapes, "Input type": op.input_dtypes, "Concrete Inputs": op.concrete_inputs},
+            "args": {
+                "Input Dims": op.input_shapes,
+                "Input type": op.input_dtypes,
+                "Concrete Inputs": op.concrete_inputs,
+            },
         }
         for op in ops
     ]
@@ -190,7 +196,10 @@ def _build_ops(trace: dict[str, Any]) -> list[Op]:
                 duration_ns=round(event["dur"] * 1000),
                 thread=event["tid"],
                 # Plain tensor shapes (nearly all) as they are; only tensor lists need flattening.
-                input_shapes=[d if type(d) is list and (not d or type(d[0]) is int) else _shape(d) for d in args.get("Input Dims", ())],
+                input_shapes=[
+                    d if type(d) is list and (not d or type(d[0]) is int) else _shape(d)
+                    for d in args.get("Input Dims", ())
+                ],
                 input_dtypes=args.get("Input type", []),
                 concrete_inputs=args.get("Concrete Inputs", []) if name in OPS_NEEDING_CONCRETE_INPUTS else [],
             )

@@ -25,7 +25,17 @@ from tpu_agent.errors import ExitCode, TpuAgentError
 DAMAGED_HINT = "re-run `tpu-agent profile` to capture again, or point diagnose at an undamaged log directory"
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _INT_LIMIT = 2**63  # what a protobuf int64 or a timestamp in ns can hold; larger is damage, not data
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError, RecursionError, DecodeError)
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    DecodeError,
+)
 
 
 def damaged(path: Path, what: str) -> TpuAgentError:
@@ -43,7 +53,9 @@ def reading(path: Path, what: str) -> Iterator[None]:
         raise dataclasses.replace(error, message=f"{path}: {error.message}") from None
     except _READ_ERRORS as error:
         detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        raise damaged(path, f"{what} is damaged or not what tpu-agent wrote ({type(error).__name__}: {detail})") from None
+        raise damaged(
+            path, f"{what} is damaged or not what tpu-agent wrote ({type(error).__name__}: {detail})"
+        ) from None
 
 
 def safe_name(value: object, path: Path, field: str) -> str:
@@ -86,7 +98,12 @@ def conforms(value: Any, annotation: Any) -> bool:
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool) and -_INT_LIMIT < value < _INT_LIMIT
     if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and abs(value) < 1e300
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and abs(value) < 1e300
+        )
     if annotation is str:
         return isinstance(value, str)
     if origin in (list, tuple):
@@ -109,4 +126,6 @@ def valid_dataclass(obj: Any) -> bool:
     cls = type(obj)
     if cls not in _hints:
         _hints[cls] = typing.get_type_hints(cls)
-    return all(conforms(getattr(obj, f.name), _hints[cls][f.name]) for f in dataclasses.fields(obj) if f.name in _hints[cls])
+    return all(
+        conforms(getattr(obj, f.name), _hints[cls][f.name]) for f in dataclasses.fields(obj) if f.name in _hints[cls]
+    )

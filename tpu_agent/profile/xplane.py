@@ -89,7 +89,9 @@ class _PlaneBuilder:
         add_event, event_id, stat_id = line.events.add, self._event_id, self._stat_id
         for item in ordered:
             event = add_event(
-                metadata_id=event_id(item.name), offset_ps=(item.start_ns - base) * 1000, duration_ps=max(item.duration_ns, 0) * 1000
+                metadata_id=event_id(item.name),
+                offset_ps=(item.start_ns - base) * 1000,
+                duration_ps=max(item.duration_ns, 0) * 1000,
             )
             if item.start_ns + item.duration_ns > end:
                 end = item.start_ns + item.duration_ns
@@ -124,7 +126,10 @@ def _op_events(ops: Iterable[Op]) -> dict[int, list[TimelineEvent]]:
 
 
 def _step_events(steps: Iterable[Step]) -> list[TimelineEvent]:
-    return [TimelineEvent(f"ProfilerStep#{s.index}", s.start_ns, s.duration_ns, {"step_num": s.index, "_r": 1}) for s in steps]
+    return [
+        TimelineEvent(f"ProfilerStep#{s.index}", s.start_ns, s.duration_ns, {"step_num": s.index, "_r": 1})
+        for s in steps
+    ]
 
 
 def _site_text(site: ev.Site | None) -> str:
@@ -162,12 +167,19 @@ def runtime_events(rank: RankProfile) -> list[TimelineEvent]:
             items.append(TimelineEvent("graph break", event.time_ns, 1000, {**stats, "reason": event.reason}))
         elif isinstance(event, ev.Collective):
             items.append(
-                TimelineEvent(event.op, event.time_ns - event.duration_ns, max(event.duration_ns, 1000), {**stats, "bytes": event.bytes})
+                TimelineEvent(
+                    event.op,
+                    event.time_ns - event.duration_ns,
+                    max(event.duration_ns, 1000),
+                    {**stats, "bytes": event.bytes},
+                )
             )
         elif isinstance(event, ev.FallbackOp):
             items.append(TimelineEvent(f"cpu fallback {event.op}", event.time_ns, 1000, stats))
     for wait in rank.data_waits:
-        items.append(TimelineEvent("DataLoader wait", wait.time_ns, wait.duration_ns, {"source": _site_text(wait.site)}))
+        items.append(
+            TimelineEvent("DataLoader wait", wait.time_ns, wait.duration_ns, {"source": _site_text(wait.site)})
+        )
     return items
 
 
@@ -205,7 +217,9 @@ def build_xspace(rank: RankProfile, findings: Iterable[Finding]) -> Any:
     return space
 
 
-def write_session(session_dir: Path, ranks: Iterable[RankProfile], findings: list[Finding], world_size: int) -> list[Path]:
+def write_session(
+    session_dir: Path, ranks: Iterable[RankProfile], findings: list[Finding], world_size: int
+) -> list[Path]:
     """Write one ``.xplane.pb`` per rank into ``session_dir``; each rank's file carries its findings."""
     paths = []
     for rank in ranks:

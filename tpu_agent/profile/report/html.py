@@ -23,7 +23,9 @@ svg text{font-size:11px;font-family:inherit}.muted{color:#666;font-size:.9em}
 _W, _H, _PAD = 900, 220, 48
 
 
-def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str], unit: str, highlight: list[bool]) -> str:
+def _bar_chart(
+    chart_id: str, title: str, values: list[float], labels: list[str], unit: str, highlight: list[bool]
+) -> str:
     """Vertical bars, one per value. The axis fits the highlighted (measured) bars; taller ones are clipped
     and drawn hatched-red, so a start-up step of seconds does not flatten the steps that matter."""
     if not values:
@@ -50,7 +52,10 @@ def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str]
         f'<text x="{_PAD}" y="16" font-weight="600">{escape(title)}</text>'
         f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#888"/>'
         f'<text x="{_PAD - 4}" y="{_PAD}" text-anchor="end">{top:.2f}</text><text x="{_PAD - 4}" y="{_H - _PAD}" text-anchor="end">0</text>'
-        f'<text x="{_PAD - 4}" y="{_PAD + 14}" text-anchor="end">{escape(unit)}</text>' + "".join(bars) + step_labels + "</svg>"
+        f'<text x="{_PAD - 4}" y="{_PAD + 14}" text-anchor="end">{escape(unit)}</text>'
+        + "".join(bars)
+        + step_labels
+        + "</svg>"
     )
 
 
@@ -140,7 +145,8 @@ def render_html(data: dict[str, Any]) -> str:
     estimate = "".join(f"<p>{escape(line)}</p>" for line in estimate_lines(data["estimate"]))
     assumptions = "".join(f"<li>{escape(a)}</li>" for a in data["estimate"].get("assumptions", []))
     rules = "".join(
-        f"<tr><td>{escape(r['rule_id'])}</td><td>{escape(r['status'])}</td><td>{escape(r['reason'])}</td></tr>" for r in data["rules"]
+        f"<tr><td>{escape(r['rule_id'])}</td><td>{escape(r['status'])}</td><td>{escape(r['reason'])}</td></tr>"
+        for r in data["rules"]
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

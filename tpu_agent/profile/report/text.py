@@ -46,7 +46,9 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
     for column in ("op", "calls", "total ms", "share", "dtypes"):
         ops.add_column(column)
     for row in data["ops"][:10]:
-        ops.add_row(row["name"], str(row["calls"]), f"{row['total_ms']:.3f}", f"{row['share']:.1%}", ",".join(row["dtypes"]))
+        ops.add_row(
+            row["name"], str(row["calls"]), f"{row['total_ms']:.3f}", f"{row['share']:.1%}", ",".join(row["dtypes"])
+        )
     if data["ops"]:
         parts.append(ops)
     memory = data["memory"]
@@ -64,9 +66,13 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
         parts.append(Text("Assumptions: " + "; ".join(estimate["assumptions"]), style="dim"))
     lacking = [r for r in data["rules"] if r["status"] == "insufficient_data"]
     if lacking:
-        parts.append(Text("Not enough data for: " + "; ".join(f"{r['rule_id']} ({r['reason']})" for r in lacking), style="dim"))
+        parts.append(
+            Text("Not enough data for: " + "; ".join(f"{r['rule_id']} ({r['reason']})" for r in lacking), style="dim")
+        )
     if data["capture"]["xplane_files"]:
-        parts.append(Text("XProf: tensorboard --logdir " + data["capture"]["logdir"] + "  (or: xprof --logdir ...)", style="dim"))
+        parts.append(
+            Text("XProf: tensorboard --logdir " + data["capture"]["logdir"] + "  (or: xprof --logdir ...)", style="dim")
+        )
     return parts
 
 

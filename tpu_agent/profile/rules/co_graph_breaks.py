@@ -42,7 +42,8 @@ def _check(model: ProfileModel) -> list[Finding]:
                 f"Graph break at {patches.display_path(site.file)}:{site.line} ({code or site.function}): {reason}",
                 Evidence("graph breaks", sum(1 for e in events if e.reason == reason), 0, "breaks"),
                 [Location.from_site(site)],
-                "The compiled function is split into several XLA programs with host round trips between them. Dynamo's reason: " + reason,
+                "The compiled function is split into several XLA programs with host round trips between them. Dynamo's reason: "
+                + reason,
                 agent_change=_fix(site, reason),
                 saving_pct=10.0,
                 confidence=0.8,

@@ -28,7 +28,9 @@ def _check(model: ProfileModel) -> list[Finding]:
         return []
     median = step_ns(rank)
     sites = by_site(flushes)
-    locations = [Location.from_site(site, round(len(items) / len(flushes), 4)) for site, items in list(sites.items())[:5]]
+    locations = [
+        Location.from_site(site, round(len(items) / len(flushes), 4)) for site, items in list(sites.items())[:5]
+    ]
     causes = Counter(e.cause for e in flushes)
     top_site = next(iter(sites), None)
     change = accumulation_fix(top_site) if top_site else None

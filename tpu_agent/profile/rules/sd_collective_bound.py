@@ -33,7 +33,9 @@ def _check(model: ProfileModel) -> list[Finding]:
             [Location.from_site(site) for site in list(by_site(collectives))[:3]],
             "Overlap communication with compute (bucketed/async all-reduce, FSDP prefetch), raise the per-device batch, "
             "or rebalance the mesh so less data crosses devices each step.",
-            agent_change=AgentChange("Increase the per-device batch or enable FSDP prefetch so collectives overlap compute."),
+            agent_change=AgentChange(
+                "Increase the per-device batch or enable FSDP prefetch so collectives overlap compute."
+            ),
             saving_pct=collective_share * 50,
             confidence=0.6,
             time_ns=collectives[0].time_ns,
