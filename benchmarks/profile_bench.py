@@ -5,7 +5,8 @@
    script says so); then ``tpu-agent run train.py`` and ``tpu-agent profile train.py`` run in
    alternation (fresh processes, same arguments), and the ratio of the median wall times is printed.
    The profiled run includes everything a user waits for: capture, XSpace, rules, reports. Printed: the
-   best (least disturbed) of the alternated runs, in wall seconds and in CPU seconds. Target: <= 1.15x.
+   best (least disturbed) of the alternated runs, in wall seconds and in CPU seconds. Target: <= 1.10x.
+   On a loaded host read the CPU-seconds line: wall time then mostly measures the other processes.
 2. Analysis: a synthetic capture of 1,000 steps (``tpu_agent.profile.synthetic``, the on-disk format of a
    real capture) is diagnosed in-process (load, 21 rules, estimate, XSpace, json/md/html reports).
    Target: < 10 s.
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OVERHEAD_TARGET = 1.15
+OVERHEAD_TARGET = 1.10
 ANALYSIS_TARGET_S = 10.0
 
 

@@ -73,6 +73,9 @@ def test_xprof_tools_overview_op_stats_and_trace_viewer(captures: Captures) -> N
     assert finding["args"]["severity"] == "warning"
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     assert min(s["ts"] for s in steps) <= finding["ts"] <= max(s["ts"] + s["dur"] for s in steps)
+    # Op stats are interned (references to stat metadata); the viewer shows the strings, not the ids.
+    addmm = next(e for e in events if e.get("name") == "aten::addmm" and "shapes" in e.get("args", {}))
+    assert addmm["args"]["shapes"].startswith("[[") and "float" in addmm["args"]["dtypes"]
 
 
 def test_xprof_cli_reads_the_session(captures: Captures) -> None:

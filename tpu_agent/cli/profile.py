@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,8 +15,10 @@ from tpu_agent.cli._options import EagerModeChoice, chip_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.profile.model import Diagnosis
 from tpu_agent.profile.options import DEFAULT_LOGDIR, DEFAULT_STEPS, DEFAULT_WARMUP, MAX_STEPS, MAX_WARMUP
+
+if TYPE_CHECKING:  # the model (and the runtime's event types) load only when a profile command runs
+    from tpu_agent.profile.model import Diagnosis
 
 REPORT_FORMATS = (OutputFormat.text, OutputFormat.json, OutputFormat.markdown, OutputFormat.html)
 

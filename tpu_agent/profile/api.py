@@ -21,9 +21,9 @@ from pathlib import Path
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.profile import capture, kineto, xplane
+from tpu_agent.profile import kineto, xplane
 from tpu_agent.profile.estimate import estimate
-from tpu_agent.profile.layout import OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir, report_dir
+from tpu_agent.profile.layout import HOOK_SPEC, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir, report_dir
 from tpu_agent.profile.load import load_raw
 from tpu_agent.profile.model import Diagnosis, Finding, ProfileModel, RunConfig
 from tpu_agent.profile.options import ProfileOptions
@@ -37,6 +37,7 @@ from tpu_agent.runtime.envvars import EVENTS_DIR_ENV, HOOKS_ENV
 REPORT_FORMATS = ("json", "markdown", "html")
 _EXTENSIONS = {"json": "json", "markdown": "md", "html": "html", "text": "txt"}
 ANNOTATED_SUFFIX = "_tpu-agent"
+POLL_S = 0.25  # how often the preloader looks for a finished trace: often enough to finish before the script
 
 
 @dataclass
@@ -231,7 +232,7 @@ class _OpsPreloader:
         self.thread = threading.Thread(target=self._run, name="tpu-agent-ops-preload", daemon=True)
 
     def _run(self) -> None:
-        while not self.stopped.wait(0.05):
+        while not self.stopped.wait(POLL_S):
             for path in self.raw.glob(TRACE_FILE.format(rank="*")):
                 if path not in self.seen:
                     self.seen.add(path)
@@ -258,7 +259,7 @@ def profile(
     options.check()
     logdir = Path(options.logdir)
     raw = _prepare_logdir(logdir, target, options)
-    hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), capture.HOOK_SPEC) if h)
+    hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
     # The capture hook reads its window from options.json in the event directory: its one source of settings.
     env = {**options.env, EVENTS_DIR_ENV: str(raw.resolve()), HOOKS_ENV: hooks}
     if progress:

@@ -78,7 +78,12 @@ class _PlaneBuilder:
             self.stat_ids[name] = new_id
         return self.stat_ids[name]
 
-    def add_line(self, line_id: int, name: str, events: Iterable[TimelineEvent], origin_ns: int | None = None) -> Any:
+    def add_line(
+        self, line_id: int, name: str, events: Iterable[TimelineEvent], origin_ns: int | None = None, intern: bool = False
+    ) -> Any:
+        """One XLine; ``intern`` stores string stats as references to stat metadata, as XProf's own writer does
+        for the op lines (thousands of events repeating a few op names, shapes and dtypes: a third less to
+        build and write). Lines people read through other tools (runtime, diagnostics) keep plain strings."""
         ordered = sorted(events, key=lambda e: (e.start_ns, -e.duration_ns))
         line = self.plane.lines.add(id=line_id, display_id=line_id, name=name, display_name=name)
         if not ordered:
@@ -101,6 +106,8 @@ class _PlaneBuilder:
                     add_stat(metadata_id=stat_id(key), int64_value=int(value))
                 elif isinstance(value, float):
                     add_stat(metadata_id=stat_id(key), double_value=value)
+                elif intern:
+                    add_stat(metadata_id=stat_id(key), ref_value=stat_id(str(value)))
                 else:
                     add_stat(metadata_id=stat_id(key), str_value=str(value))
         line.duration_ps = (end - base) * 1000
@@ -210,7 +217,7 @@ def build_xspace(rank: RankProfile, findings: Iterable[Finding]) -> Any:
     main_thread = max(threads, key=lambda t: len(threads[t])) if threads else 1
     threads.setdefault(main_thread, []).extend(_step_events(window))
     for line_id, (thread, items) in enumerate(sorted(threads.items()), start=1):
-        builder.add_line(line_id, f"python thread {thread}", items)
+        builder.add_line(line_id, f"python thread {thread}", items, intern=True)
     origin = window[0].start_ns if window else (rank.ops[0].start_ns if rank.ops else time.time_ns())
     builder.add_line(len(threads) + 1, RUNTIME_LINE, runtime_events(rank))
     builder.add_line(len(threads) + 2, DIAGNOSTICS_LINE, finding_events(findings, origin))

@@ -35,11 +35,9 @@ from tpu_agent.profile.capture.host_syncs import HostSyncProbe
 from tpu_agent.profile.capture.modules import ModuleProbe
 from tpu_agent.profile.capture.steps import StepClock
 from tpu_agent.profile.capture.window import ProfilerWindow
-from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE
+from tpu_agent.profile.layout import CAPTURE_FILE, HOOK_SPEC, OPTIONS_FILE
 from tpu_agent.profile.options import DEFAULT_STEPS, DEFAULT_WARMUP
 from tpu_agent.runtime import events as ev
-
-HOOK_SPEC = "tpu_agent.profile.capture:install"
 
 _active: _Recorder | None = None
 
