@@ -142,7 +142,8 @@ def main() -> None:
     args = parser.parse_args()
 
     print(
-        f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} --warmup 2"
+        f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} "
+        "--warmup 2"
     )
     results = overhead(args.repeats, args.train_steps, args.profile_steps)
     for measure, (plain, profiled, paired) in results.items():
@@ -156,7 +157,8 @@ def main() -> None:
     write_s, analyse_s, findings = analysis(args.analysis_steps)
     verdict = "OK" if analyse_s < ANALYSIS_TARGET_S else "OVER TARGET"
     print(
-        f"analysis: synthetic capture of {args.analysis_steps} steps written in {write_s:.2f} s, diagnosed in {analyse_s:.2f} s "
+        f"analysis: synthetic capture of {args.analysis_steps} steps written in {write_s:.2f} s, diagnosed in "
+        f"{analyse_s:.2f} s "
         f"({findings} findings; target < {ANALYSIS_TARGET_S:.0f} s) {verdict}"
     )
 

@@ -30,7 +30,8 @@ def render() -> str:
     out = [
         "# tpu-agent profile diagnostics",
         "",
-        "Generated from `tpu_agent.profile.rules.ALL_RULES` (do not edit by hand; see tests/profile/test_diagnostics_doc.py).",
+        "Generated from `tpu_agent.profile.rules.ALL_RULES` (do not edit by hand; see "
+        "tests/profile/test_diagnostics_doc.py).",
         "`tpu-agent profile` and `tpu-agent diagnose` run every diagnostic on every capture; one without the data it",
         "needs reports `insufficient_data` instead of a verdict. Severity is the usual one: a check raises or lowers",
         "it with what it measured. Explain one with `tpu-agent rules CODE` (e.g. `tpu-agent rules HS-1`); the",
@@ -40,7 +41,8 @@ def render() -> str:
         "|---|---|---|---|---|",
     ]
     out += [
-        f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.category} | {r.severity.value} | {', '.join(_DATA[d] for d in r.requires) or 'nothing'} |"
+        f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.category} | {r.severity.value} | "
+        f"{', '.join(_DATA[d] for d in r.requires) or 'nothing'} |"
         for r in ALL_RULES.values()
     ]
     for r in ALL_RULES.values():

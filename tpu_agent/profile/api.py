@@ -179,7 +179,8 @@ def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosi
         if not files:
             raise TpuAgentError(
                 "no-capture",
-                f"{logdir} holds neither a tpu-agent capture ({REPORT_DIR}/raw) nor any *.xplane.pb under plugins/profile/",
+                f"{logdir} holds neither a tpu-agent capture ({REPORT_DIR}/raw) nor any *.xplane.pb under "
+                "plugins/profile/",
                 "run `tpu-agent profile SCRIPT --logdir DIR` first, or point at a TensorBoard/XProf log directory",
             )
         diagnosis = _diagnose_xspace(files, root, chip)

@@ -30,7 +30,8 @@ def display_path(path: str) -> str:
 
 
 def _diff(path: str, before: list[str], after: list[str]) -> str | None:
-    """Unified diff; ``a/``/``b/`` prefixes for relative paths (``git apply``), none for absolute ones (``patch -p0``)."""
+    """Unified diff; ``a/``/``b/`` prefixes for relative paths (``git apply``), none for absolute ones
+    (``patch -p0``)."""
     if before == after:
         return None
     name = display_path(path)

@@ -96,7 +96,8 @@ def _own_nodes(scope: ast.AST) -> list[ast.AST]:
 
 
 def _assigned_before(scope: ast.AST, name: str, line: int) -> int | None:
-    """The latest line before ``line`` that binds ``name`` in ``scope`` (assignment, ``for`` target, ``with ... as``)."""
+    """The latest line before ``line`` that binds ``name`` in ``scope`` (an assignment, a ``for`` target, a
+    ``with ... as``)."""
     lines = [
         n.lineno for n in _own_nodes(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
     ]

@@ -79,7 +79,12 @@ class _PlaneBuilder:
         return self.stat_ids[name]
 
     def add_line(
-        self, line_id: int, name: str, events: Iterable[TimelineEvent], origin_ns: int | None = None, intern: bool = False
+        self,
+        line_id: int,
+        name: str,
+        events: Iterable[TimelineEvent],
+        origin_ns: int | None = None,
+        intern: bool = False,
     ) -> Any:
         """One XLine; ``intern`` stores string stats as references to stat metadata, as XProf's own writer does
         for the op lines (thousands of events repeating a few op names, shapes and dtypes: a third less to

@@ -39,7 +39,8 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
     if steps.get("count"):
         parts.append(
             Text(
-                f"Step time: median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f}, max {steps['max_ms']:.3f} ({steps['count']} steps)"
+                f"Step time: median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f}, max {steps['max_ms']:.3f} "
+                f"({steps['count']} steps)"
             )
         )
     ops = Table(title="Top ops in the measured steps (host time)")
@@ -55,8 +56,10 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
     if "param_bytes" in memory:
         parts.append(
             Text(
-                f"Memory per device: params {human_bytes(memory['param_bytes'])}, grads {human_bytes(memory['grad_bytes'])}, "
-                f"optimizer {human_bytes(memory['optimizer_bytes'])}, activations {human_bytes(memory['activation_bytes'])}, "
+                f"Memory per device: params {human_bytes(memory['param_bytes'])}, grads "
+                f"{human_bytes(memory['grad_bytes'])}, "
+                f"optimizer {human_bytes(memory['optimizer_bytes'])}, activations "
+                f"{human_bytes(memory['activation_bytes'])}, "
                 f"peak {human_bytes(memory['peak_bytes'])} of {human_bytes(memory['hbm_bytes_per_device'])} HBM"
             )
         )

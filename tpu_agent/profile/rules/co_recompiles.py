@@ -47,8 +47,10 @@ def _shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentCh
         what = f"`{origin.variable}`" if origin.variable else f"the {guard.argument!r} argument"
         diff = sources.padding_diff(event.site.file, origin, guard.dim, sizes)
         change = AgentChange(
-            f"{what} (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim {guard.dim}: pad that dim "
-            f"to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the loss), or "
+            f"{what} (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim {guard.dim}: "
+            "pad that dim "
+            f"to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the "
+            "loss), or "
             "bucket the data to a few fixed sizes, so the compiled function sees one shape.",
             diff,
         )
@@ -106,7 +108,8 @@ RULE = DiagnosticRule(
     after="batch = torch.randn(16 + 8 * step, 256, device=device)\n"
     "batch = torch.nn.functional.pad(batch, (0, 0, 0, -batch.shape[0] % 128))  # one shape; mask the padding\n"
     "loss = compiled_step(batch)",
-    reference="docs/tpu-performance.md#compilation; https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    reference="docs/tpu-performance.md#compilation; "
+    "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -57,7 +57,8 @@ RULE = DiagnosticRule(
     name="fused-eager fragmentation",
     category="eager-mode",
     severity=Severity.warning,
-    rationale="Every materialisation is a graph break in Fused eager: many flushes mean many small graphs and launches.",
+    rationale="Every materialisation is a graph break in Fused eager: many flushes mean many small graphs and "
+    "launches.",
     before="for x, y in loader:\n    ...\n    total += loss.item()",
     after="for x, y in loader:\n    ...\n    total += loss.detach()",
     reference="docs/tpu-performance.md#eager-modes",

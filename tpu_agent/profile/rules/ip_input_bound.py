@@ -42,7 +42,8 @@ def _check(model: ProfileModel) -> list[Finding]:
                 "DataLoader wait share of step", round(wait_share, 3), WARNING_SHARE, "fraction", tuple(sorted(steps))
             ),
             locations,
-            "The TPU idles while the host loads the next batch. Use DataLoader worker processes (num_workers), keep them "
+            "The TPU idles while the host loads the next batch. Use DataLoader worker processes (num_workers), keep "
+            "them "
             "alive (persistent_workers), prefetch, and move heavy preprocessing offline.",
             severity=Severity.error if wait_share >= ERROR_SHARE else Severity.warning,
             agent_change=change,

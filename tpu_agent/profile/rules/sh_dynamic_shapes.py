@@ -69,8 +69,10 @@ def _padding_change(
     created = Location(site.file, origin.line, sources.function_at(site.file, origin.line))
     diff = sources.padding_diff(site.file, origin, dim, sizes, rank)
     change = AgentChange(
-        f"`{origin.variable}` (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim {dim}: pad that "
-        f"dim to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the loss), or "
+        f"`{origin.variable}` (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim "
+        f"{dim}: pad that "
+        f"dim to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the "
+        "loss), or "
         "bucket the data to a few fixed lengths.",
         diff,
     )
@@ -115,7 +117,8 @@ def _check(model: ProfileModel) -> list[Finding]:
             diff = patches.add_call_kwargs(loader.site.file, loader.site.line, "DataLoader", {"drop_last": "True"})
             if diff:
                 change = AgentChange(
-                    f"The last batch has {remainder} samples instead of {loader.batch_size}: drop it with drop_last=True"
+                    f"The last batch has {remainder} samples instead of {loader.batch_size}: drop it with "
+                    "drop_last=True"
                     + ("; also pad the varying dimension to fixed buckets." if len(changed) > 1 else "."),
                     diff,
                 )
