@@ -229,3 +229,23 @@ def test_cli_on_truncated_xplane_exits_2(tmp_path: Path) -> None:
     result = run_cli("diagnose", str(session))
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert "Traceback" not in result.stderr and file.name in result.stderr.replace("\n", "")
+
+
+def test_profile_never_clears_a_raw_dir_that_leads_outside(tmp_path: Path) -> None:
+    """`profile` empties LOGDIR/tpu-agent/raw before a capture: never through a symlink to someone's files."""
+    from tpu_agent.profile.api import profile
+    from tpu_agent.profile.options import ProfileOptions
+    from tpu_agent.runtime.api import LaunchTarget
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data.txt").write_text("keep me\n", encoding="utf-8")
+    logdir = tmp_path / "logdir"
+    (logdir / "tpu-agent").mkdir(parents=True)
+    (logdir / "tpu-agent" / "raw").symlink_to(precious)
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n", encoding="utf-8")
+    with pytest.raises(TpuAgentError) as error:
+        profile(LaunchTarget(str(script), []), ProfileOptions(logdir=logdir))
+    assert error.value.code == "path-outside-logdir"
+    assert (precious / "data.txt").read_text(encoding="utf-8") == "keep me\n"
