@@ -145,6 +145,19 @@ def _parse_ops(path: Path) -> list[Op]:
         return _build_ops(json.loads(path.read_text(encoding="utf-8")))
 
 
+def well_typed(op: Op) -> bool:
+    """Whether the fields :func:`_build_ops` copies from the trace unconverted have their types (the others are
+    computed, and a wrong input there raises while they are): a trace is untrusted input, and ~10^4 ops are
+    checked in a few milliseconds this way, against ~0.1 s for a generic type walk."""
+    return (
+        type(op.name) is str
+        and type(op.thread) is int
+        and all(type(shape) is list and all(type(d) is int for d in shape) for shape in op.input_shapes)
+        and all(type(t) is str for t in op.input_dtypes)
+        and all(type(c) is str for c in op.concrete_inputs)
+    )
+
+
 def trace_document(ops: list[Op], base_ns: int) -> dict[str, Any]:
     """The part of Kineto's Chrome trace format :func:`read_ops` reads, for ``ops`` (synthetic captures)."""
     events = [

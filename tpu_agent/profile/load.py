@@ -119,7 +119,11 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
     if trace_path.exists():
         with reading(trace_path, "the torch.profiler trace"):
             rank.ops = kineto.read_ops(trace_path)
-        _checked(trace_path, "the torch.profiler trace", rank.ops)
+        bad = next((op for op in rank.ops if not kineto.well_typed(op)), None)
+        if bad is not None:
+            raise damaged(
+                trace_path, f"the torch.profiler trace holds an op with a value of the wrong type: {bad!r:.200}"
+            )
         rank.has_op_trace = bool(rank.ops)
         if rank.ops and rank.window is not None:
             in_trace = [
