@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from profile_helpers import Captures
 
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
+
 FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from profile_helpers import run_cli
 
 from tpu_agent.profile.rules import ALL_RULES
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 
 def test_rules_lists_diagnostics_next_to_migration_rules() -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from profile_helpers import REPO, SCRIPTS, Captures, run_cli, seed_line
 
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
+
 SEEDED = [
     ("host_sync.py", "HS-1", ()),
     ("dynamic_shapes.py", "SH-1", ()),

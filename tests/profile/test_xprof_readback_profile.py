@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from profile_helpers import Captures
 from xprof.convert import raw_to_tool_data
 from xprof.profile_data import ProfileData
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 
 def _xplanes(report: dict) -> list[str]:
