@@ -41,6 +41,7 @@ def test_committed_plugin_matches_a_fresh_build() -> None:
     assert result.returncode == 0 and report["clean"], f"plugin/ is stale, run `tpu-agent plugin build`: {report}"
 
 
+@pytest.mark.slow
 def test_build_writes_fixes_and_prunes(tmp_path: Path) -> None:
     out = tmp_path / "plugin"
     first = write_bundle(out)
@@ -148,6 +149,7 @@ def _host_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "HOME": str(home), "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""), "CI": "1"}
 
 
+@pytest.mark.slow
 def test_claude_code_validates_installs_and_connects(tmp_path: Path) -> None:
     claude = _host_cli("claude")
     env = _host_env(tmp_path)
@@ -172,6 +174,7 @@ def test_claude_code_validates_installs_and_connects(tmp_path: Path) -> None:
     assert "Connected" in line, listed.stdout  # Claude Code really started `tpu-agent mcp` and handshook
 
 
+@pytest.mark.slow
 def test_gemini_cli_validates_links_and_connects(tmp_path: Path) -> None:
     gemini = _host_cli("gemini")
     env = _host_env(tmp_path)
@@ -187,6 +190,7 @@ def test_gemini_cli_validates_links_and_connects(tmp_path: Path) -> None:
     assert f"--workspace {project}" in line and "Connected" in line, out
 
 
+@pytest.mark.slow
 def test_copilot_cli_installs_the_agent_plugin(tmp_path: Path) -> None:
     copilot = _host_cli("copilot")
     env = _host_env(tmp_path)
@@ -196,6 +200,7 @@ def test_copilot_cli_installs_the_agent_plugin(tmp_path: Path) -> None:
     assert "tpu-agent (local)" in listed.stdout, listed.stdout + listed.stderr
 
 
+@pytest.mark.slow
 def test_codex_installs_the_agent_plugin_and_reads_the_installer_toml(tmp_path: Path) -> None:
     codex = _host_cli("codex")
     env = _host_env(tmp_path)
@@ -224,6 +229,7 @@ def test_codex_installs_the_agent_plugin_and_reads_the_installer_toml(tmp_path: 
     assert "# mine" in config.read_text()
 
 
+@pytest.mark.slow
 def test_gemini_cli_connects_to_the_installer_entry(tmp_path: Path) -> None:
     gemini = _host_cli("gemini")
     env = _host_env(tmp_path)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # migrates, runs and profiles through a real host config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -131,6 +131,7 @@ def _cli(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_install_json_and_dry_run(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

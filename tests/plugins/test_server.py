@@ -133,7 +133,10 @@ async def test_actionable_errors_for_unknown_things(client: Client) -> None:
     assert _error(await client.call_tool("tpu_job_status", {"job_id": "run-00000000"}))["code"] == "unknown-job"
     assert _error(await client.call_tool("tpu_job_cancel", {"job_id": "run-00000000"}))["code"] == "unknown-job"
     assert _error(await client.call_tool("tpu_apply_plan", {"plan_id": "plan-000000000000"}))["code"] == "unknown-plan"
-    assert _error(await client.call_tool("tpu_apply_plan", {"plan_id": "../../etc"}))["code"] == "unknown-plan"
+    for malformed in ({"plan_id": "../../etc"}, {"plan_id": "plan-" + "0" * 5000}):  # not an id: the schema refuses it
+        refused = _error(await client.call_tool("tpu_apply_plan", malformed))
+        assert refused["code"] == "invalid-argument" and "plan_id" in refused["message"]
+        assert "0" * 200 not in refused["message"]  # an oversized id is not echoed back
     assert _error(await client.call_tool("tpu_run", {"entrypoint": "README.md"}))["code"] == "bad-entrypoint"
     assert _error(await client.call_tool("tpu_diagnose", {}))["code"] == "no-profile"
     error = _error(await client.call_tool("tpu_explain_rule", {"code": "TPU999"}))
@@ -247,6 +250,7 @@ async def test_uncommitted_files_need_the_users_consent(modern: Client, example:
     assert not any((example / ".git").rglob("*.tpu-agent-tmp"))
 
 
+@pytest.mark.slow
 async def test_run_status_and_cancel(modern: Client, example: Path) -> None:
     progress: list[str | None] = []
 
@@ -291,6 +295,7 @@ for step in range(12):
 """
 
 
+@pytest.mark.slow
 async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
     job = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "steps": 8, "warmup": 2, "wait_s": 50})).structured_content
@@ -316,3 +321,33 @@ async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     busy = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "wait_s": 0})).structured_content
     assert _error(await modern.call_tool("tpu_diagnose", {"job_id": busy["job_id"]}))["code"] == "job-running"
     await modern.call_tool("tpu_job_cancel", {"job_id": busy["job_id"]})
+
+
+async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> None:
+    schema = {t.name: t for t in (await modern.list_tools()).tools}["tpu_run"].input_schema["properties"]["chip"]
+    assert "v5e-8" in schema["description"] and schema["maxLength"] <= 16
+    job = (await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": " V5E-8 ", "wait_s": 0})).structured_content
+    await modern.call_tool("tpu_job_cancel", {"job_id": job["job_id"]})
+    assert job["command"][job["command"].index("--chip") + 1] == "v5e-8"  # canonicalised by parse_target
+    for bad in ("v9", "v5e-0", "v5e-99999", "tpu"):
+        error = _error(await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": bad}))
+        assert error["code"] == "invalid-argument" and "chip" in error["message"] and "v5e-8" in error["message"]
+    error = _error(await modern.call_tool("tpu_diagnose", {"chip": "v99"}))
+    assert error["code"] == "invalid-argument"
+
+
+# The migrate library canonicalises rule selections (upper-case, prefixes) and refuses unknown codes in plan();
+# the MCP tools pass select/ignore through unchanged and report a refusal as invalid-argument.
+async def test_rule_selection_is_canonicalised_or_refused_never_silently_empty(modern: Client) -> None:
+    result = await modern.call_tool("tpu_scan", {"paths": ["train.py"], "select": ["tpu1"]})
+    if result.is_error:
+        assert _error(result)["code"] == "invalid-argument"
+    else:
+        rules = {f["rule"] for f in result.structured_content["findings"]}
+        assert rules and all(rule.startswith("TPU1") for rule in rules)
+    for bad in (["TPU999"], ["nonsense"]):
+        for tool in ("tpu_scan", "tpu_plan_migration"):
+            error = _error(await modern.call_tool(tool, {"paths": ["train.py"], "select": bad}))
+            assert error["code"] == "invalid-argument" and "select" in error["message"]
+    error = _error(await modern.call_tool("tpu_plan_migration", {"paths": ["train.py"], "ignore": ["XYZ"]}))
+    assert error["code"] == "invalid-argument"

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test starts a server process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,7 +125,10 @@ def test_stdout_is_only_protocol_and_exit_kills_jobs(example: Path) -> None:
 
 async def test_sdk_client_over_stdio(example: Path, tmp_path: Path) -> None:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "tpu_agent", "mcp"], cwd="/", env=_env(CLAUDE_PROJECT_DIR=str(example))
+        command=sys.executable,
+        args=["-m", "tpu_agent", "mcp", "--max-jobs", "1", "--max-ranks", "3"],
+        cwd="/",
+        env=_env(CLAUDE_PROJECT_DIR=str(example)),
     )
     errlog = (tmp_path / "stderr.txt").open("w")
     started = time.monotonic()
@@ -135,6 +138,9 @@ async def test_sdk_client_over_stdio(example: Path, tmp_path: Path) -> None:
         assert {"tpu_scan", "tpu_plan_migration", "tpu_apply_plan", "tpu_run", "tpu_diagnose"} <= names
         doctor = (await client.call_tool("tpu_doctor", {})).structured_content
         assert doctor["workspace"] == str(example.resolve()) and doctor["workspace_source"] == "CLAUDE_PROJECT_DIR"
+        assert doctor["limits"] == {"max_jobs": 1, "max_ranks": 3}  # the CLI's options reach the server
+        escape = await client.call_tool("tpu_scan", {"workspace": str(example.parent)})
+        assert escape.is_error and "workspace-outside-root" in escape.content[0].text  # the variable is a boundary
         bad = await client.call_tool("tpu_job_cancel", {"job_id": ["not", "a", "string"]})
         assert bad.is_error
         after = await client.call_tool("tpu_lookup_api", {"query": "cudnn.benchmark"})

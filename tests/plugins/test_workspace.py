@@ -14,14 +14,33 @@ from tpu_agent.plugins.workspace import resolve_workspace
 
 
 def test_resolution_order_argument_then_flag_then_env(tmp_path: Path) -> None:
-    a, b, c = (tmp_path / n for n in "abc")
-    for d in (a, b, c):
-        d.mkdir()
+    b, c = tmp_path / "b", tmp_path / "c"
+    a = b / "a"
+    for d in (a, c):
+        d.mkdir(parents=True)
     env = {"CLAUDE_PROJECT_DIR": str(c)}
-    assert resolve_workspace(str(a), str(b), env).root == a.resolve()
+    assert resolve_workspace(str(a), str(b), env).root == a.resolve()  # narrowing inside --workspace is fine
     assert resolve_workspace(None, str(b), env).source == "--workspace"
     ws = resolve_workspace(None, None, env)
     assert (ws.root, ws.source) == (c.resolve(), "CLAUDE_PROJECT_DIR")
+    assert resolve_workspace(str(a), None, {}).source == "argument"  # nothing fixed at start: the argument
+
+
+@pytest.mark.parametrize("fixed_by", ["flag", "TPU_AGENT_WORKSPACE", "CLAUDE_PROJECT_DIR"])
+def test_a_workspace_fixed_at_start_is_a_boundary(tmp_path: Path, fixed_by: str) -> None:
+    root, sibling = tmp_path / "ws", tmp_path / "other"
+    (root / "sub").mkdir(parents=True)
+    sibling.mkdir()
+    os.symlink(sibling, root / "link-out")
+    configured = str(root) if fixed_by == "flag" else None
+    env = {} if fixed_by == "flag" else {fixed_by: str(root)}
+    for outside in (str(sibling), str(tmp_path), "/etc", str(root / "sub" / ".." / ".."), str(root / "link-out")):
+        with pytest.raises(TpuAgentError) as info:
+            resolve_workspace(outside, configured, env)
+        assert info.value.code == "workspace-outside-root" and info.value.exit_code == ExitCode.REFUSED, outside
+        assert str(root.resolve()) in info.value.hint
+    assert resolve_workspace(str(root / "sub"), configured, env).root == (root / "sub").resolve()
+    assert resolve_workspace(str(root), configured, env).root == root.resolve()
 
 
 def test_no_workspace_is_refused_never_the_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,3 +120,59 @@ def test_any_resolved_path_stays_inside(tmp_path_factory: pytest.TempPathFactory
         assert error.code == "path-outside-workspace"
     else:
         assert resolved.is_relative_to(root.resolve())
+
+
+def test_state_dir_is_never_followed_through_a_symlink(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / ".tpu-agent")
+    ws = resolve_workspace(str(root), None, {})
+    with pytest.raises(TpuAgentError) as info:
+        ws.artefact_dir("plans")
+    assert info.value.code == "unsafe-state-dir" and "symlink" in info.value.message
+    assert str(root / ".tpu-agent") in info.value.hint
+    assert list(elsewhere.iterdir()) == []
+    (root / ".tpu-agent").unlink()
+    (root / ".tpu-agent").write_text("not a directory")
+    with pytest.raises(TpuAgentError) as info:
+        ws.artefact_dir("jobs")
+    assert info.value.code == "unsafe-state-dir"
+
+
+def test_every_level_of_the_state_dir_is_checked(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    (root / ".tpu-agent").mkdir(parents=True)
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / ".tpu-agent" / "plans")
+    os.symlink(elsewhere / "x.json", root / ".tpu-agent" / "planted.json")
+    ws = resolve_workspace(str(root), None, {})
+    with pytest.raises(TpuAgentError) as info:
+        ws.artefact_dir("plans")
+    assert info.value.code == "unsafe-state-dir"
+    with pytest.raises(TpuAgentError):
+        ws.state_file(ws.artefact_dir(), "planted.json")
+    jobs = ws.artefact_dir("jobs")
+    (jobs / "run-00000000").mkdir()
+    with pytest.raises(TpuAgentError) as info:  # a job's own directory must be new
+        ws.artefact_dir("jobs", "run-00000000", fresh=True)
+    assert info.value.code == "unsafe-state-dir"
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a directory to another user needs root")
+def test_a_state_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
+    (tmp_path / ".tpu-agent").mkdir()
+    os.chown(tmp_path / ".tpu-agent", 4242, 4242)
+    with pytest.raises(TpuAgentError) as info:
+        resolve_workspace(str(tmp_path), None, {}).artefact_dir("plans")
+    assert info.value.code == "unsafe-state-dir" and "uid 4242" in info.value.message
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "x" * 5000, "d/" + "y" * 300])
+def test_unusable_path_text_is_a_clear_refusal(tmp_path: Path, bad: str) -> None:
+    ws = resolve_workspace(str(tmp_path), None, {})
+    with pytest.raises(TpuAgentError) as info:
+        ws.resolve(bad)
+    assert info.value.code in {"invalid-argument", "path-not-found"}
+    assert len(info.value.message) < 400  # the path is not echoed whole

@@ -12,6 +12,7 @@ import traceback
 import typer
 
 from tpu_agent import __version__
+from tpu_agent.cli import check as check_commands
 from tpu_agent.cli import migrate as migrate_commands
 from tpu_agent.cli import plugins as plugin_commands
 from tpu_agent.cli import profile as profile_commands
@@ -62,7 +63,7 @@ def _one_line_summaries(typer_app: typer.Typer) -> None:
             _one_line_summaries(group.typer_instance)
 
 
-for _module in (migrate_commands, rules_commands, runtime_commands, profile_commands, plugin_commands):
+for _module in (migrate_commands, rules_commands, runtime_commands, profile_commands, check_commands, plugin_commands):
     _module.register(app)
 _one_line_summaries(app)
 

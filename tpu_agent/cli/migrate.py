@@ -6,7 +6,9 @@ Argument parsing and rendering only: the plan, the writes and every safety check
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -18,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tpu_agent.cli._output import console, console_err, handles_errors
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.migrate.model import MigrateOptions, Target
+from tpu_agent.migrate.model import MigrateOptions, Target, torch_version
 
 # The API, report and rule modules are imported inside the commands: every `tpu-agent` invocation
 # imports this module, and they pull in libcst and the whole rule catalogue.
@@ -51,6 +53,8 @@ Examples:
   tpu-agent migrate ./repo --output-dir ./repo-tpu --select TPU1,TPU2 --ignore TPU105
 
   tpu-agent migrate ./repo --format json > plan.json
+
+  tpu-agent migrate ./repo --min-torch 2.5 --diff
 """
 
 def parse_codes(value: str | None) -> frozenset[str] | None:
@@ -92,6 +96,25 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
         bar.stop()
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Stop on SIGTERM the way Ctrl-C stops: a KeyboardInterrupt unwinds the run, so a file being written is
+    either replaced whole or left as it was, its temporary file is removed, and worker processes are shut
+    down (the default SIGTERM action would kill the process mid-write and leave a temporary file behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_format: ReportFormat, report: Path | None) -> None:
     if output_dir is not None and (diff or check):
         flag = "--diff" if diff else "--check"
@@ -104,6 +127,18 @@ def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_
         )
 
 
+def _check_min_torch(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        torch_version(value)
+    except ValueError as exc:
+        raise TpuAgentError(
+            "bad-option", f"--min-torch: {exc}", hint="give a torch release such as --min-torch 2.5", exit_code=ExitCode.USAGE
+        ) from None
+    return value
+
+
 def migrate(
     paths: list[Path] = typer.Argument(..., help="Files or directories to migrate (.py, .ipynb, shell, env, YAML, Dockerfile).", show_default=False),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the rewrite and write nothing."),
@@ -114,7 +149,16 @@ def migrate(
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also apply fixes that rest on an assumption the report names."),
     target: Target = typer.Option(Target.ACCELERATOR, "--target", help="accelerator: device-agnostic torch.accelerator code; tpu: literal TorchTPU forms.", case_sensitive=False),
     annotate: bool = typer.Option(False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."),
+    min_torch: str | None = typer.Option(None, "--min-torch", help="Oldest torch the output must run on (e.g. 2.5): rewrites to newer APIs are reported, not applied.", metavar="VERSION"),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Worker processes for parsing; 0 means one per core."),
+    file_budget: float = typer.Option(
+        60.0,
+        "--file-budget",
+        min=0.1,
+        help="Seconds a deeply nested or otherwise risky file may take (in its own process) before it is skipped; "
+        "ordinary files are not limited.",
+        metavar="SECONDS",
+    ),
     allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Rewrite files even when they have uncommitted git changes."),
     output_format: ReportFormat = typer.Option(ReportFormat.text, "--format", "-f", help="Report format: text for people, json for agents, sarif for code scanning, markdown for PRs."),
     report: Path | None = typer.Option(None, "--report", help="Write the report (in --format) to FILE and print only a short summary.", metavar="FILE"),
@@ -131,11 +175,14 @@ def migrate(
         target=target,
         annotate=annotate,
         jobs=jobs,
+        min_torch=_check_min_torch(min_torch),
+        file_budget_s=file_budget,
     )
     show_progress = output_format == ReportFormat.text and console_err.is_terminal
-    with progress_bar(show_progress) as progress:
-        plan = api.plan(paths, options, progress)
-    applied = None if (diff or check) else api.apply(plan, output_dir=output_dir, allow_dirty=allow_dirty)
+    with sigterm_as_interrupt():
+        with progress_bar(show_progress) as progress:
+            plan = api.plan(paths, options, progress)
+        applied = None if (diff or check) else api.apply(plan, output_dir=output_dir, allow_dirty=allow_dirty)
     summary = summarize(plan)
     if diff:
         sys.stdout.write(unified_diff(plan))

@@ -10,10 +10,13 @@ import signal
 import sys
 from enum import Enum
 from pathlib import Path
+from typing import get_args
 
 import typer
 
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
+from tpu_agent.plugins.install import HARNESSES, Scope
+from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, DEFAULT_MAX_RANKS, MAX_RANKS
 
 
 class Transport(str, Enum):
@@ -21,19 +24,9 @@ class Transport(str, Enum):
     streamable_http = "streamable-http"
 
 
-class HarnessName(str, Enum):
-    claude_code = "claude-code"
-    gemini = "gemini"
-    codex = "codex"
-    cursor = "cursor"
-    vscode = "vscode"
-    windsurf = "windsurf"
-    zed = "zed"
-
-
-class ScopeName(str, Enum):
-    project = "project"
-    user = "user"
+# The harness and scope choices come from the installer's own tables, so a harness added there is offered here.
+HarnessName = Enum("HarnessName", {name.replace("-", "_"): name for name in HARNESSES}, type=str)  # type: ignore[misc]  # functional Enum: members come from HARNESSES
+ScopeName = Enum("ScopeName", {name: name for name in get_args(Scope)}, type=str)  # type: ignore[misc]  # members come from Scope
 
 
 class LogLevel(str, Enum):
@@ -64,6 +57,12 @@ def mcp_command(
         None, "--workspace", help="Absolute project directory (default: the tool argument or CLAUDE_PROJECT_DIR)."
     ),
     log_level: LogLevel = typer.Option(LogLevel.WARNING, "--log-level", help="Server log level (logs go to stderr)."),
+    max_jobs: int = typer.Option(
+        DEFAULT_MAX_JOBS, "--max-jobs", min=1, max=64, help="Jobs (runs, profiles) running at once; more are refused."
+    ),
+    max_ranks: int = typer.Option(
+        DEFAULT_MAX_RANKS, "--max-ranks", min=1, max=MAX_RANKS, help="Processes (ranks) one job may start."
+    ),
 ) -> None:
     """Serve the tpu-agent MCP tools to a coding agent (stdout carries only the protocol).
 
@@ -72,6 +71,10 @@ def mcp_command(
       tpu-agent mcp --workspace /home/me/repo
 
       tpu-agent mcp --transport streamable-http --port 8765
+
+      tpu-agent mcp --workspace /home/me/repo --max-jobs 1 --max-ranks 4
+
+    With --workspace, no tool call reaches outside that directory.
     """
     from tpu_agent.plugins.server import serve
     from tpu_agent.plugins.workspace import resolve_workspace
@@ -80,7 +83,14 @@ def mcp_command(
         workspace = str(resolve_workspace(None, workspace).root)
     # A host stops a server with SIGTERM: exit through Python so running jobs are killed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    serve(workspace, transport=transport.value, port=port, log_level=log_level.value)
+    serve(
+        workspace,
+        transport=transport.value,
+        port=port,
+        log_level=log_level.value,
+        max_jobs=max_jobs,
+        max_ranks=max_ranks,
+    )
 
 
 @plugin_app.command("build")
@@ -120,7 +130,7 @@ def build_command(
 @handles_errors
 def install_command(
     harness: HarnessName = typer.Option(..., "--harness", help="Which host's config to edit."),
-    scope: ScopeName = typer.Option(ScopeName.project, "--scope", help="project: the repo's file; user: your home's."),
+    scope: ScopeName = typer.Option(ScopeName("project"), "--scope", help="project: the repo's file; user: your home's."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff, write nothing."),
     project: Path = typer.Option(Path("."), "--project", help="The project directory (project scope)."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
@@ -153,7 +163,7 @@ def install_command(
 @handles_errors
 def print_config_command(
     harness: HarnessName = typer.Option(..., "--harness", help="Which host's config to print."),
-    scope: ScopeName = typer.Option(ScopeName.project, "--scope", help="project or user."),
+    scope: ScopeName = typer.Option(ScopeName("project"), "--scope", help="project or user."),
     project: Path = typer.Option(Path("."), "--project", help="The project directory (project scope)."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
 ) -> None:

@@ -126,6 +126,7 @@ class FileKind(str, Enum):
     YAML = "yaml"
     DOCKERFILE = "dockerfile"
     CUDA_SOURCE = "cuda-source"  # .cu/.cuh files: inventoried as manual items, never rewritten
+    DEPENDENCIES = "dependencies"  # requirements*.txt, pyproject.toml, setup.cfg, Pipfile: reported, never rewritten
 
 
 @dataclass
@@ -165,6 +166,12 @@ class MigrateOptions:
     target: Target = Target.ACCELERATOR
     annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
     jobs: int = 0  # 0: one worker per core
+    # seconds a file the parse guard deems risky (deeply nested, or rejected by the stdlib parser) may take in
+    # its sacrificial process before it is skipped; ordinary files are migrated in-process with no budget
+    file_budget_s: float = 60.0
+    # the oldest torch the migrated code must run on: a rewrite whose target API is newer (Rule.since_torch)
+    # is reported instead of applied; None: the installed torch's APIs are all allowed
+    min_torch: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The options as reports and stored plans record them (the JSON schema's ``options`` object)."""
@@ -174,11 +181,12 @@ class MigrateOptions:
             "unsafe_fixes": self.unsafe_fixes,
             "target": self.target.value,
             "annotate": self.annotate,
+            "min_torch": self.min_torch,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> MigrateOptions:
-        """Inverse of :meth:`to_dict` (``jobs`` is a runtime choice, not part of a plan)."""
+        """Inverse of :meth:`to_dict` (``jobs`` and ``file_budget_s`` are runtime choices, not part of a plan)."""
         select = data.get("select")
         return cls(
             select=frozenset(select) if isinstance(select, list) else None,
@@ -186,7 +194,14 @@ class MigrateOptions:
             unsafe_fixes=bool(data.get("unsafe_fixes")),
             target=Target(str(data.get("target", Target.ACCELERATOR.value))),
             annotate=bool(data.get("annotate")),
+            min_torch=str(data["min_torch"]) if data.get("min_torch") else None,
         )
+
+    def torch_allows(self, since_torch: str | None) -> bool:
+        """Whether an API that exists since ``since_torch`` may be emitted under ``--min-torch``."""
+        if self.min_torch is None or since_torch is None:
+            return True
+        return torch_version(since_torch) <= torch_version(self.min_torch)
 
     def rule_enabled(self, code: str) -> bool:
         if any(code.startswith(prefix) for prefix in self.ignore):
@@ -201,6 +216,8 @@ class Plan:
     roots: list[Path]
     options: MigrateOptions
     files: list[FileResult]
+    # temporary files an interrupted in-place run left in the tree; an in-place apply removes them
+    stale_temp_files: list[Path] = field(default_factory=list)
 
     @property
     def changed_files(self) -> list[FileResult]:
@@ -222,6 +239,16 @@ class ApplyResult:
     written: list[Path]
     unchanged: list[Path]
     output_dir: Path | None = None
+    removed_temp_files: list[Path] = field(default_factory=list)  # left by an interrupted run, now gone
+    not_copied: list[str] = field(default_factory=list)  # "path: why" for files an --output-dir copy left out
+
+
+def torch_version(text: str) -> tuple[int, int]:
+    """``"2.7"``, ``"2.7.1"`` or ``"2.7.0+cu121"`` as (major, minor); ValueError for anything else."""
+    parts = text.strip().split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"not a torch version: {text!r} (expected MAJOR.MINOR, e.g. 2.5)")
+    return int(parts[0]), int(parts[1])
 
 
 def sha256_bytes(data: bytes) -> str:

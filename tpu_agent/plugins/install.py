@@ -10,7 +10,6 @@ and writes atomically. Codex's TOML goes through tomlkit so comments survive; a 
 
 from __future__ import annotations
 
-import difflib
 import json
 import shutil
 import sys
@@ -19,13 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import tomlkit
-import tomlkit.exceptions
-
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
 
 Scope = Literal["project", "user"]
+#: The name the server registers under in every host's config, and the name it gives itself in the handshake.
 SERVER_NAME = "tpu-agent"
 
 
@@ -185,6 +182,9 @@ def _merge_json(text: str, path: Path, harness: Harness, entry: dict[str, Any]) 
 
 
 def _merge_toml(text: str, path: Path, harness: Harness, entry: dict[str, Any]) -> str:
+    import tomlkit  # here, not at the top: every CLI command imports this module for its harness names
+    import tomlkit.exceptions
+
     try:
         doc = tomlkit.parse(text)
     except tomlkit.exceptions.ParseError as error:
@@ -206,6 +206,9 @@ def _entry_in(text: str, harness: Harness) -> Any:
     """Our current entry in the file's text, or None."""
     if not text.strip():
         return None
+    import tomlkit
+    import tomlkit.exceptions
+
     try:
         data = tomlkit.parse(text).unwrap() if harness.format == "toml" else json.loads(text)
     except (ValueError, tomlkit.exceptions.ParseError):
@@ -234,6 +237,8 @@ def install(
         return InstallResult(harness.name, scope, path, changed=False, written=False, diff="", entry=entry)
     merge = _merge_toml if harness.format == "toml" else _merge_json
     after = merge(before, path, harness, entry)
+    import difflib  # here, like tomlkit: only an install needs it
+
     diff = "".join(
         difflib.unified_diff(
             before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=str(path), tofile=str(path)

@@ -150,6 +150,9 @@ class DoctorResult(BaseModel):
     workspace: str | None
     workspace_source: str | None
     runtime: dict[str, Any] = Field(description="The runtime's doctor report (backend choice, torch, torch_tpu, chip).")
+    limits: dict[str, int] = Field(
+        description="This server's bounds: max_jobs running at once (more get busy), max_ranks per job."
+    )
     problems: list[Problem]
 
 

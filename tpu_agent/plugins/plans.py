@@ -13,8 +13,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
@@ -27,9 +31,12 @@ from tpu_agent.migrate.model import (
     Safety,
     sha256_bytes,
 )
+from tpu_agent.plugins.limits import clipped
 from tpu_agent.plugins.workspace import Workspace
 
 PLAN_FORMAT = 1
+#: What :func:`plan_id_for` produces; anything else is not one of our plan ids.
+PLAN_ID_PATTERN = r"^plan-[0-9a-f]{12}$"
 
 
 @dataclass(frozen=True)
@@ -42,17 +49,19 @@ class StoredPlan:
     diff: str
 
 
-def _finding_from_dict(data: dict[str, object]) -> Finding:
+def _finding_from_dict(data: dict[str, Any]) -> Finding:
+    """A finding as ``Finding.to_dict`` stored it; a malformed value raises ValueError/TypeError/KeyError, which
+    :func:`load_plan` reports as a corrupt plan."""
     return Finding(
         code=str(data["code"]),
         path=str(data["path"]),
-        line=int(data["line"]),  # type: ignore[arg-type]
-        column=int(data["column"]),  # type: ignore[arg-type]
+        line=int(data["line"]),
+        column=int(data["column"]),
         message=str(data["message"]),
         safety=Safety(str(data["safety"])),
         fixed=bool(data["fixed"]),
-        end_line=data.get("end_line"),  # type: ignore[arg-type]
-        end_column=data.get("end_column"),  # type: ignore[arg-type]
+        end_line=data.get("end_line"),
+        end_column=data.get("end_column"),
     )
 
 
@@ -80,7 +89,7 @@ def _plan_to_dict(plan: Plan, workspace: Workspace) -> dict[str, object]:
                 "display_path": result.display_path,
                 "kind": result.kind.value,
                 "original_sha256": result.original_sha256,
-                "migrated_sha256": sha256_bytes(result.migrated_bytes) if result.changed else None,
+                "migrated_sha256": sha256_bytes(result.migrated_bytes) if result.migrated_bytes is not None else None,
                 "migrated_b64": (
                     base64.b64encode(result.migrated_bytes).decode("ascii") if result.migrated_bytes else None
                 ),
@@ -112,26 +121,46 @@ def save_plan(plan: Plan, workspace: Workspace) -> StoredPlan:
     directory = workspace.artefact_dir("plans")
     diff = unified_diff(plan)
     record = {"format": PLAN_FORMAT, "id": plan_id, "workspace": str(workspace.root), **body}
-    path = directory / f"{plan_id}.json"
+    path = workspace.state_file(directory, f"{plan_id}.json")
     atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
-    atomic_write_text(directory / f"{plan_id}.diff", diff)
+    atomic_write_text(workspace.state_file(directory, f"{plan_id}.diff"), diff)
     return StoredPlan(id=plan_id, path=path, plan=plan, diff=diff)
 
 
 def _plan_path(plan_id: str, workspace: Workspace) -> Path:
-    if not plan_id.startswith("plan-") or not plan_id[5:].isalnum():
+    if re.fullmatch(PLAN_ID_PATTERN, plan_id) is None:
         raise TpuAgentError(
             "unknown-plan",
-            f"{plan_id!r} is not a plan id",
+            f"{clipped(plan_id)} is not a plan id",
             "Plan ids look like 'plan-1a2b3c4d5e6f' and come from tpu_plan_migration.",
         )
-    return workspace.artefacts / "plans" / f"{plan_id}.json"
+    return workspace.artefact_dir("plans") / f"{plan_id}.json"
+
+
+def _is_regular_file(path: Path) -> bool:
+    """True for a regular file that is not a symlink (a planted link must not make us read elsewhere)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _entry_path(rel: str, written: bool, workspace: Workspace) -> Path:
+    """A stored file's path: one the plan writes is re-resolved against the sandbox (links followed, so a
+    link planted since planning is refused); one it only reports (a skipped link, a file with manual
+    findings) is named as stored, inside the workspace, and never opened."""
+    if written:
+        return workspace.resolve(rel, must_exist=False, for_write=True)
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"stored path {clipped(rel)} is not workspace-relative")
+    return workspace.root / path
 
 
 def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
     """Rebuild a stored plan, re-checking every path against the workspace sandbox."""
     path = _plan_path(plan_id, workspace)
-    if not path.is_file():
+    if not _is_regular_file(path):
         raise TpuAgentError(
             "unknown-plan",
             f"no plan {plan_id!r} under {workspace.relative(path.parent)}/ in the workspace {workspace.root}",
@@ -141,7 +170,7 @@ def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
         record = json.loads(path.read_text(encoding="utf-8"))
         files = []
         for entry in record["files"]:
-            target = workspace.resolve(entry["path"], must_exist=False, for_write=entry["migrated_b64"] is not None)
+            target = _entry_path(entry["path"], entry["migrated_b64"] is not None, workspace)
             migrated = base64.b64decode(entry["migrated_b64"]) if entry["migrated_b64"] else None
             files.append(
                 FileResult(
@@ -168,8 +197,8 @@ def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
             ExitCode.REFUSED,
         ) from error
     diff_path = path.with_suffix(".diff")
-    diff = diff_path.read_text(encoding="utf-8") if diff_path.exists() else ""
+    diff = diff_path.read_text(encoding="utf-8") if _is_regular_file(diff_path) else ""
     return StoredPlan(id=plan_id, path=path, plan=plan, diff=diff)
 
 
-__all__ = ["StoredPlan", "in_workspace_terms", "load_plan", "plan_id_for", "save_plan"]
+__all__ = ["PLAN_ID_PATTERN", "StoredPlan", "in_workspace_terms", "load_plan", "plan_id_for", "save_plan"]

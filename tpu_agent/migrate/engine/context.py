@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.valueflow import ValueFlow
+from tpu_agent.migrate.analysis.valueflow import analyse as analyse_value_flow
 from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
 from tpu_agent.migrate.rules._cst import dotted, string_like
 
@@ -27,6 +29,7 @@ RESOLVER_RE = re.compile(
     r" or (?P=torch)\.device\([\"']cpu[\"']\)[ \t]*\r?$",
     re.MULTILINE,
 )
+RESOLVER_SINCE_TORCH = "2.7"  # torch.accelerator.current_accelerator(check_available=True)
 RESOLVER_COMMENT = "# tpu-agent: the accelerator in use (TPU, CUDA, ...) or the CPU when there is none"
 _TORCH_ALIAS_RE = re.compile(r"^import[ \t]+torch[ \t]+as[ \t]+(\w+)[ \t]*(?:#.*)?\r?$", re.MULTILINE)
 _TORCH_PLAIN_RE = re.compile(r"^import[ \t]+torch(?:[ \t]*(?:#.*)?\r?$|\.\w)", re.MULTILINE)
@@ -119,6 +122,10 @@ class PyContext:
     cpu_fallbacks: dict[int, cst.CSTNode] = field(default_factory=dict)
     _qualnames: dict[int, str | None] = field(default_factory=dict)
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
+    _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
+    source: str = ""  # the file's text, for the analyses computed on demand
+    _value_flow: ValueFlow | None = None
+    ast_tree: ast.Module | None = None  # the stdlib parse of ``source`` when the engine has one
 
     @classmethod
     def for_source(
@@ -129,7 +136,7 @@ class PyContext:
         claimed_calls: frozenset[str] = frozenset(),
     ) -> PyContext:
         """Decide the resolver name and the ``torch`` alias from the text, before the pass needs them."""
-        ctx = cls(options=options, rules=rules, claimed_calls=claimed_calls)
+        ctx = cls(options=options, rules=rules, claimed_calls=claimed_calls, source=source)
         resolver = RESOLVER_RE.search(source)
         if resolver:
             ctx.device_name, ctx.resolver_exists = resolver.group("name"), True
@@ -141,6 +148,13 @@ class PyContext:
         if "def cuda" in source:
             ctx.user_cuda = UserCudaClasses.scan(source)
         return ctx
+
+    @property
+    def value_flow(self) -> ValueFlow:
+        """Where the module's names and attributes are used (computed on first need: most files never ask)."""
+        if self._value_flow is None:
+            self._value_flow = analyse_value_flow(self.source, self.ast_tree)
+        return self._value_flow
 
     # ---- names -------------------------------------------------------------------------------------
     @property
@@ -227,6 +241,8 @@ class PyContext:
             return False
         rule = self.rules[code]
         text = message or rule.summary
+        if fixable and not self.options.torch_allows(rule.since_torch):
+            text += f" (not rewritten: needs torch >= {rule.since_torch}, --min-torch is {self.options.min_torch})"
         self.findings.append(PendingFinding(code, node, text, rule.safety, fixed, self.top_index))
         if not fixed and self.options.annotate and self.stmt_stack:
             self.todos.setdefault(id(self.stmt_stack[-1]), []).append(todo_comment(code, text))
@@ -245,7 +261,15 @@ class PyContext:
         finding is not fixed, so a report-only finding never adds code to the file.
         """
         snapshot = (self.needs_device, self.needs_torch, self.device_first_top)
+        uses_before = self._device_uses
         new = build()
+        # the resolver line (torch.accelerator.current_accelerator) is itself an API with a minimum torch
+        if self._device_uses != uses_before and not self.options.torch_allows(RESOLVER_SINCE_TORCH):
+            text = f"{message(new)} (not rewritten: the device resolver needs torch >= {RESOLVER_SINCE_TORCH}, " \
+                f"--min-torch is {self.options.min_torch})"
+            self.report(code, node, text, fixable=False)
+            self.needs_device, self.needs_torch, self.device_first_top = snapshot
+            return None
         if self.report(code, node, message(new)):
             return new
         self.needs_device, self.needs_torch, self.device_first_top = snapshot
@@ -258,6 +282,7 @@ class PyContext:
         return dotted(f"{self.torch_name}.{path}")
 
     def _use_device(self) -> cst.Name:
+        self._device_uses += 1
         self.needs_device = True
         self.needs_torch = True
         if self.stmt_stack and (self.device_first_top is None or self.top_index < self.device_first_top):
@@ -305,6 +330,7 @@ def decide(options: MigrateOptions, rules: Mapping[str, Rule], code: str, fixabl
     if not options.rule_enabled(code):
         return None
     safety = rules[code].safety
+    fixable = fixable and options.torch_allows(rules[code].since_torch)
     return fixable and (safety is Safety.SAFE or (safety is Safety.UNSAFE and options.unsafe_fixes))
 
 

@@ -219,7 +219,7 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             if new is not None:
                 return replace_arg_value(updated, arg_position(original, device), new)
         return updated
-    if qualname in _NCCL_AVAILABLE:
+    if qualname in _NCCL_AVAILABLE and not ctx.is_claimed(original):
         new = ctx.fix(
             "TPU402",
             original,
@@ -327,9 +327,18 @@ def backend_nccl_reference(ctx: PyContext, original: cst.BaseExpression, updated
     return new if new is not None else updated
 
 
+DATA_PARALLEL_RECIPE = (
+    "DataParallel drives several GPUs from one process; TorchTPU runs one device per process. Port to DDP: "
+    "launch N processes (`tpu-agent run --nproc N train.py` or torchrun), call "
+    "dist.init_process_group(backend=dist.get_default_backend_for_device(DEVICE)), wrap "
+    "DistributedDataParallel(model.to(DEVICE)) without device_ids, shard the data with DistributedSampler, and "
+    "divide the global batch size by the number of processes"
+)
+
+
 @FAMILY.reference(*_DATA_PARALLEL)
 def data_parallel_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
-    ctx.report("TPU406", original, "DataParallel: use DistributedDataParallel with one process per TPU chip")
+    ctx.report("TPU406", original, DATA_PARALLEL_RECIPE)
     return updated
 
 
@@ -356,3 +365,60 @@ FAMILY.text(
         message=_backend_message,
     )
 )
+
+
+# ---- device_id needs an index -------------------------------------------------------------------------
+FAMILY.rule(
+    code="TPU407",
+    name="device-id-index",
+    safety=Safety.SAFE,
+    summary="init_process_group(device_id=...) given a device without an index, a rank, or a CUDA device.",
+    rationale="torch raises 'Please use a device_id with index' for a device without an index, and under TorchTPU an "
+    "integer or a CUDA index other than the bound one fails. The process's own device, with the index the "
+    "process is bound to, is what every backend accepts (on CUDA it is the device set_device_index selected).",
+    before="dist.init_process_group(backend=\"nccl\", device_id=torch.device(f\"cuda:{local_rank}\"))",
+    after="dist.init_process_group(backend=..., "
+    "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index()))",
+    references=(f"{DISTRIBUTED}#torch.distributed.init_process_group",),
+    apis=(
+        ApiEquivalent(
+            "init_process_group(..., device_id=device)",
+            "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index())",
+        ),
+    ),
+    since_torch="2.7",
+)
+
+
+def _is_indexed_current_device(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """``torch.device(<type>, torch.accelerator.current_device_index())``: what this rule writes."""
+    return (
+        isinstance(node, cst.Call)
+        and ctx.qualname(node) == "torch.device"
+        and len(node.args) == 2
+        and ctx.qualname(node.args[1].value) == "torch.accelerator.current_device_index"
+    )
+
+
+def indexed_process_device(ctx: PyContext) -> cst.Call:
+    """The process's device with its index: ``torch.device(DEVICE.type, torch.accelerator.current_device_index())``."""
+    index = cst.Call(func=ctx.torch_attr("accelerator.current_device_index"))
+    return cst.Call(func=ctx.torch_attr("device"), args=[cst.Arg(ctx.device_type()), cst.Arg(index)])
+
+
+@FAMILY.leave(cst.Call)
+def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if type(updated) is not cst.Call or ctx.qualname(original) not in _INITS:
+        return updated
+    device_id = keyword(original, "device_id")
+    if device_id is None or _is_indexed_current_device(ctx, device_id.value):
+        return updated
+    if isinstance(device_id.value, cst.Name) and device_id.value.value == "None":
+        return updated
+    new = ctx.fix(
+        "TPU407",
+        device_id.value,
+        lambda: indexed_process_device(ctx),
+        lambda n: f"device_id={source(device_id.value)} -> {source(n)} (a device_id needs an index)",
+    )
+    return replace_arg_value(updated, arg_position(original, device_id), new) if new is not None else updated

@@ -162,6 +162,8 @@ CUDA_TOOLKIT = frozenset(
         "CUDNN_LOGINFO_DBG",
         "TORCH_CUDA_ARCH_LIST",
         "TORCH_CUDNN_V8_API_ENABLED",
+        "NVIDIA_TF32_OVERRIDE",
+        "NVIDIA_VISIBLE_DEVICES",
     }
 )
 _NCCL_NAME_RE = re.compile(r"(?:TORCH_)?NCCL_[A-Z0-9_]+")
@@ -298,3 +300,39 @@ FAMILY.text(
         message=lambda ctx, m: "--nproc-per-node gpu -> auto (counts the current accelerator's devices)",
     )
 )
+
+
+# ---- NCCL settings in dicts: os.environ.update({...}), subprocess env={...}, os.environ |= {...} ---------
+def _nccl_entries(node: cst.Dict) -> list[tuple[int, cst.SimpleString, str]]:
+    """(index, key node, rule) of the dict's NCCL variable entries."""
+    found = []
+    for i, element in enumerate(node.elements):
+        if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+            code = nccl_code(string_value(element.key) or "")
+            if code is not None:
+                found.append((i, element.key, code))
+    return found
+
+
+@FAMILY.visit(cst.Dict)
+def _claim_nccl_entries(ctx: PyContext, node: cst.Dict) -> None:
+    if "NCCL" in ctx.source:
+        for _, key, _ in _nccl_entries(node):
+            ctx.claim(key)
+
+
+@FAMILY.leave(cst.Dict)
+def nccl_dict_entries(ctx: PyContext, original: cst.Dict, updated: cst.Dict) -> cst.Dict:
+    if "NCCL" not in ctx.source:
+        return updated
+    dropped = set()
+    for i, key, code in _nccl_entries(original):
+        name = string_value(key)
+        if ctx.report(code, key, f"removed {name} from the dict: it only configures NCCL, no effect on TPU"):
+            dropped.add(i)
+    if not dropped:
+        return updated
+    kept = [el for i, el in enumerate(updated.elements) if i not in dropped]
+    if kept:
+        kept[-1] = kept[-1].with_changes(comma=updated.elements[-1].comma)
+    return updated.with_changes(elements=kept)

@@ -1,0 +1,318 @@
+"""Hugging Face architecture coverage of the ``tpu`` device: ``tpu-agent check`` over every architecture
+transformers can build offline, written to docs/model-coverage.md.
+
+The selection is architecture-balanced, as TorchTPU's own validation pipeline is: one representative per model
+class in transformers' causal-LM, masked-LM, seq2seq and image-classification auto mappings, each built from a
+tiny config derived from its config class (random weights, no download). Every architecture runs forward +
+backward on CPU and on ``tpu`` in Strict, DeferAndFuse and ``torch.compile(backend="tpu")`` at matmul precision
+"highest", through :func:`tpu_agent.check.check_model`, in parallel worker processes with a per-model timeout.
+
+An architecture whose tiny model does not build or run on plain CPU says nothing about the device: it is
+listed, and left out of the pass rates.
+
+Target (issue 10): >= 98% of the CPU-runnable architectures pass in Strict and in DeferAndFuse, no mismatch.
+
+    python benchmarks/hf_coverage.py [--jobs 2] [--timeout 300] [--limit 20] [--stride 5] [--only llama,bert]
+        [--modes strict,defer-and-fuse,compile] [--timing] [--output docs/model-coverage.md] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tpu_agent.check import MODES, CheckOptions, CheckReport, ModelSpec, check_model
+from tpu_agent.check.spec import HF_TYPE
+from tpu_agent.check.tiny import TASK_MAPPINGS, model_class_name
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.fsutil import atomic_write_text
+
+SWEPT_TASKS = ("causal-lm", "masked-lm", "seq2seq", "image-classification")
+NOT_ON_CPU = "not on cpu"  # the tiny model does not build or run on plain CPU
+TARGET = 0.98
+
+
+@dataclass(frozen=True)
+class Case:
+    model_type: str
+    task: str
+    class_name: str
+
+
+def architectures() -> list[Case]:
+    """One case per model class, in mapping order; a class reachable from several types is kept once."""
+    from transformers.models.auto import modeling_auto
+
+    seen: set[str] = set()
+    cases = []
+    for task in SWEPT_TASKS:
+        for model_type in getattr(modeling_auto, TASK_MAPPINGS[task]):
+            class_name = model_class_name(model_type, task)
+            if class_name is not None and class_name not in seen:
+                seen.add(class_name)
+                cases.append(Case(model_type, task, class_name))
+    return cases
+
+
+def verdict(mode: dict[str, Any]) -> str:
+    """``pass`` / ``mismatch`` / ``error``, or :data:`NOT_ON_CPU` when the failure was before the device."""
+    error = mode.get("error")
+    if error and error["stage"] in ("build", "cpu"):
+        return NOT_ON_CPU
+    return mode["status"]
+
+
+def cause(mode: dict[str, Any]) -> str:
+    """A failure's cause with the instance details (numbers, names in quotes, shapes) taken out, for grouping."""
+    error = mode.get("error")
+    if error:
+        text = f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"
+    elif mode.get("localisation") and mode["localisation"].get("op"):
+        text = f"mismatch at {mode['localisation']['op']} ({mode['localisation']['kind']})"
+    elif mode.get("localisation"):
+        text = f"mismatch in a {mode['localisation']['module_type']} ({mode['localisation']['kind']})"
+    else:
+        text = "mismatch (not localised)"
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
+    text = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", text)
+    return text[:160]
+
+
+def run_case(case: Case, options: CheckOptions) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        report: CheckReport = check_model(ModelSpec(HF_TYPE, case.model_type, case.task), options)
+        data = report.to_dict()
+    except TpuAgentError as error:  # transformers lacks something for this type: counts as not buildable
+        data = {
+            "modes": [
+                {
+                    "mode": m,
+                    "status": "error",
+                    "error": {"stage": "build", "type": "TpuAgentError", "message": error.message, "location": ""},
+                }
+                for m in options.modes
+            ]
+        }
+    data["case"] = case.__dict__
+    data["wall_s"] = round(time.perf_counter() - started, 1)
+    return data
+
+
+def _rate(count: int, total: int) -> str:
+    return f"{count / total:.1%}" if total else "n/a"
+
+
+def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta: dict[str, Any]) -> str:
+    """docs/model-coverage.md: totals per mode, per task, top causes and the failing architectures."""
+    lines = [
+        "# Model coverage of the emulated `tpu` device",
+        "",
+        "Generated by `python benchmarks/hf_coverage.py` (do not edit by hand). Each architecture (one model class",
+        "per entry of transformers' causal-LM, masked-LM, seq2seq and image-classification auto mappings) is built",
+        "from a tiny config derived from its config class, and `tpu-agent check` runs forward + backward on CPU and",
+        'on `tpu` in each mode at `torch.set_float32_matmul_precision("highest")`, comparing every output and every',
+        "gradient (parameters and floating inputs): per tensor, `max|tpu - cpu| <= atol + rtol * max|cpu|`, float32",
+        "rtol 1e-5 / atol 1e-6, integers exact. Inputs: batch 2, sequence 8 with the second sequence's last two",
+        "positions padded (so attention masks take their real path), or 2 images at the config's size.",
+        "",
+        f"Run: {meta['date']}, transformers {meta['transformers']}, torch {meta['torch']}, "
+        f"{len(results)} of {meta['selected']} selected architectures checked ({meta['available']} in the mappings)"
+        f"{meta['subset_note']}.",
+        "",
+        "A model that does not build or run on plain CPU from its tiny config is listed under *not runnable on CPU*",
+        "and left out of the rates: it says nothing about the device.",
+        "",
+        "## Summary",
+        "",
+        "| mode | pass | mismatch | error | pass rate (of CPU-runnable) | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    verdicts = {mode: [verdict(m) for r in results for m in r["modes"] if m["mode"] == mode] for mode in modes}
+    for mode in modes:
+        counts = Counter(verdicts[mode])
+        runnable = counts["pass"] + counts["mismatch"] + counts["error"]
+        target = f">= {TARGET:.0%}" if mode in ("strict", "defer-and-fuse") else ""
+        lines.append(
+            f"| {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} | {target} |"
+        )
+    not_on_cpu = [r for r in results if all(verdict(m) == NOT_ON_CPU for m in r["modes"])]
+    lines += ["", f"Not runnable on CPU from a tiny config: {len(not_on_cpu)} of {len(results)}.", ""]
+    timing = _timing_lines(results, modes)
+    lines += timing
+    lines += ["## Per task", "", "| task | mode | pass | mismatch | error | pass rate |", "|---|---|---|---|---|---|"]
+    for task in SWEPT_TASKS:
+        for mode in modes:
+            counts = Counter(
+                verdict(m) for r in results if r["case"]["task"] == task for m in r["modes"] if m["mode"] == mode
+            )
+            runnable = counts["pass"] + counts["mismatch"] + counts["error"]
+            if runnable or counts[NOT_ON_CPU]:
+                lines.append(
+                    f"| {task} | {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} |"
+                )
+    lines += ["", "## Top causes", "", "| cause | modes | architectures | e.g. |", "|---|---|---|---|"]
+    grouped: dict[str, dict[str, Any]] = defaultdict(lambda: {"modes": set(), "archs": set()})
+    for result in results:
+        for mode in result["modes"]:
+            if verdict(mode) in ("mismatch", "error"):
+                entry = grouped[cause(mode)]
+                entry["modes"].add(mode["mode"])
+                entry["archs"].add(result["case"]["class_name"])
+    for text, entry in sorted(grouped.items(), key=lambda item: -len(item[1]["archs"]))[:25]:
+        examples = ", ".join(sorted(entry["archs"])[:4])
+        lines.append(
+            f"| {_cell(text)} | {', '.join(m for m in modes if m in entry['modes'])} | {len(entry['archs'])} | {examples} |"
+        )
+    lines += [
+        "",
+        "## Failing architectures",
+        "",
+        "| architecture | type | task | " + " | ".join(modes) + " | where it starts |",
+        "|---|---|---|" + "---|" * len(modes) + "---|",
+    ]
+    for result in sorted(results, key=lambda r: r["case"]["class_name"]):
+        marks = [verdict(m) for m in result["modes"]]
+        if all(mark in ("pass", NOT_ON_CPU) for mark in marks):
+            continue
+        first = next(m for m in result["modes"] if verdict(m) in ("mismatch", "error"))
+        lines.append(
+            f"| {result['case']['class_name']} | {result['case']['model_type']} | {result['case']['task']} | "
+            + " | ".join(marks)
+            + f" | {_cell(_where(first))} |"
+        )
+    lines += ["", "## Not runnable on CPU from a tiny config", "", "| architecture | type | why |", "|---|---|---|"]
+    for result in sorted(not_on_cpu, key=lambda r: r["case"]["class_name"]):
+        error = result["modes"][0]["error"]
+        lines.append(
+            f"| {result['case']['class_name']} | {result['case']['model_type']} | {_cell(error['type'] + ': ' + error['message'].splitlines()[0] if error['message'] else error['type'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _where(mode: dict[str, Any]) -> str:
+    where = mode.get("localisation")
+    error = mode.get("error")
+    text = cause(mode) + (f" at {error['location']}" if error["location"] else "") if error else "mismatch"
+    if where:
+        text += f" — in `{where['module'] or '(model)'}` ({where['module_type']})"
+        if where.get("op"):
+            text += f" at `{where['op']}`"
+    return text
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:220]
+
+
+def _timing_lines(results: list[dict[str, Any]], modes: tuple[str, ...]) -> list[str]:
+    rows = []
+    for mode in modes:
+        ratios = [
+            m["tpu_step_s"] / m["cpu_step_s"]
+            for r in results
+            for m in r["modes"]
+            if m["mode"] == mode and m.get("tpu_step_s") and m.get("cpu_step_s")
+        ]
+        if ratios:
+            rows.append(f"| {mode} | {len(ratios)} | {statistics.median(ratios):.2f}x | {max(ratios):.2f}x |")
+    if not rows:
+        return []
+    return [
+        "Per-step time on `tpu` over CPU (a repeated forward + backward, after a warm-up step; measured under load):",
+        "",
+        "| mode | architectures | median | worst |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="models checked in parallel (each in its own process)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model (all modes)")
+    parser.add_argument("--limit", type=int, default=0, help="check only the first N architectures (0: all)")
+    parser.add_argument("--stride", type=int, default=1, help="check every Nth architecture (a spread over all tasks)")
+    parser.add_argument("--only", default="", help="comma-separated model types to check (e.g. llama,bert,vit)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    parser.add_argument("--timing", action="store_true", help="also time one repeated step per mode on CPU and tpu")
+    parser.add_argument(
+        "--localise-errors", action="store_true", help="also localise errors (mismatches always are; slower)"
+    )
+    parser.add_argument("--process-per-mode", action="store_true", help="one process per mode (slower, fully isolated)")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "model-coverage.md")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw reports here")
+    args = parser.parse_args(argv)
+    import torch
+    import transformers
+
+    modes = tuple(m for m in args.modes.split(",") if m)
+    every = architectures()
+    cases = every
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",")}
+        cases = [case for case in cases if case.model_type in wanted]
+    cases = cases[:: max(1, args.stride)]
+    if args.limit:
+        cases = cases[: args.limit]
+    options = CheckOptions(
+        modes=modes,
+        backend="emulated",
+        timeout_s=args.timeout,
+        process_per_mode=args.process_per_mode,
+        localise_errors=args.localise_errors,
+        measure_steps=2 if args.timing else 0,
+    )
+    subset = len(cases) < len(every)
+    meta = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "selected": len(cases),
+        "available": len(every),
+        "subset_note": f" (a subset: {' '.join(argv if argv is not None else sys.argv[1:])})" if subset else "",
+    }
+    results: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_case, case, options): case for case in cases}
+        for future in as_completed(futures):
+            result = future.result()
+            results.append(result)
+            marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
+            print(
+                f"[{len(results)}/{len(cases)}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            # rewritten after every model, so an interrupted sweep still leaves a consistent report
+            atomic_write_text(args.output, render_markdown(results, modes, meta))
+            if args.json:
+                atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
+    for mode in modes:
+        counts = Counter(verdict(m) for r in results for m in r["modes"] if m["mode"] == mode)
+        runnable = counts["pass"] + counts["mismatch"] + counts["error"]
+        print(
+            f"{mode}: {counts['pass']}/{runnable} pass ({_rate(counts['pass'], runnable)}), {counts['mismatch']} mismatch, "
+            f"{counts['error']} error, {counts[NOT_ON_CPU]} not runnable on CPU"
+        )
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""MODEL parsing, tiny configs and tensor comparison: the fast, in-process parts of ``tpu-agent check``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpu_agent.check.compare import compare_tensor, flatten_tensors
+from tpu_agent.check.localise import OpRecord, first_diverging_op
+from tpu_agent.check.spec import DIRECTORY, FACTORY, HF_TYPE, parse_model_spec
+from tpu_agent.check.tiny import TINY_VOCAB, example_inputs, shrink_config
+from tpu_agent.errors import ExitCode, TpuAgentError
+
+FACTORIES = Path(__file__).with_name("factories.py")
+
+
+def _refused(value: str, code: str, task: str | None = None) -> TpuAgentError:
+    with pytest.raises(TpuAgentError) as caught:
+        parse_model_spec(value, task)
+    assert caught.value.code == code, caught.value
+    assert caught.value.exit_code == ExitCode.USAGE
+    return caught.value
+
+
+def test_hf_type_gets_its_first_task() -> None:
+    assert parse_model_spec("llama").__dict__ == {"kind": HF_TYPE, "target": "llama", "task": "causal-lm"}
+    assert parse_model_spec("vit").task == "image-classification"
+    assert parse_model_spec("t5", "seq2seq").task == "seq2seq"
+
+
+def test_unknown_type_suggests_close_names() -> None:
+    error = _refused("lama", "unknown-model")
+    assert "llama" in error.hint and "'lama'" in error.message
+
+
+def test_task_the_type_lacks_names_the_ones_it_has() -> None:
+    error = _refused("vit", "task-not-supported", task="causal-lm")
+    assert "image-classification" in error.hint
+    _refused("llama", "unknown-task", task="translation")
+
+
+def test_missing_directory_and_directory_without_config(tmp_path: Path) -> None:
+    assert str(tmp_path / "nope") in _refused(str(tmp_path / "nope"), "model-dir-missing").message
+    assert "config.json" in _refused(str(tmp_path), "no-config").message
+
+
+def test_crafted_config_files_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text("{not json", encoding="utf-8")
+    assert str(config) in _refused(str(tmp_path), "bad-config").message
+    config.write_text("[1, 2]", encoding="utf-8")
+    _refused(str(tmp_path), "bad-config")
+    config.write_text(
+        json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "modeling_evil.Evil"}}), encoding="utf-8"
+    )
+    assert "never runs" in _refused(str(tmp_path), "unknown-model").message
+
+
+def test_weight_index_naming_files_outside_the_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    index = {"weight_map": {"lm_head.weight": "../../etc/passwd"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    _refused(str(tmp_path), "path-outside-model-dir")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
+    assert parse_model_spec(str(tmp_path)).kind == DIRECTORY
+
+
+def test_factory_forms(tmp_path: Path) -> None:
+    assert parse_model_spec("mypkg.models:make").__dict__ == {
+        "kind": FACTORY,
+        "target": "mypkg.models:make",
+        "task": None,
+    }
+    assert parse_model_spec(f"{FACTORIES}:good_mlp").target == f"{FACTORIES.resolve()}:good_mlp"
+    _refused(f"{tmp_path / 'missing.py'}:make", "factory-file-missing")
+    _refused("mypkg.models:not-a-name", "bad-factory")
+    _refused("my pkg:make", "bad-factory")
+    _refused("mypkg:make", "task-with-factory", task="causal-lm")
+
+
+def test_shrunk_llama_is_tiny_and_keeps_grouped_attention() -> None:
+    from transformers import AutoConfig
+
+    config = shrink_config(AutoConfig.for_model("llama", num_key_value_heads=8))
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (2, 64, 4)
+    assert config.num_key_value_heads == 2  # grouped stays grouped
+    assert config.vocab_size == TINY_VOCAB
+    assert all(token < TINY_VOCAB for token in (config.bos_token_id, config.eos_token_id) if token is not None)
+
+
+def test_shrink_recurses_into_sub_configs_and_fits_per_layer_lists() -> None:
+    from transformers import AutoConfig
+
+    t5 = shrink_config(AutoConfig.for_model("t5"))
+    assert (t5.num_layers, t5.num_decoder_layers, t5.d_model, t5.d_ff) == (2, 2, 64, 128)
+    qwen3 = shrink_config(AutoConfig.for_model("qwen3"))
+    assert len(qwen3.layer_types) == qwen3.num_hidden_layers == 2
+
+
+def test_example_inputs_pad_the_second_sequence() -> None:
+    from transformers import AutoConfig, BertForMaskedLM
+
+    config = shrink_config(AutoConfig.for_model("bert"))
+    inputs = example_inputs(BertForMaskedLM(config), config, "masked-lm")
+    assert inputs["attention_mask"][1, -2:].tolist() == [0, 0] and inputs["attention_mask"][0].all()
+    assert int(inputs["input_ids"].max()) < config.vocab_size
+
+
+def test_tolerance_scales_with_the_tensor() -> None:
+    ref = torch.tensor([1000.0, 1e-9])
+    assert compare_tensor("x", ref + torch.tensor([1e-3, 1e-9]), ref).ok  # 1e-3 is within 1e-5 * 1000
+    assert not compare_tensor("x", ref + torch.tensor([0.1, 0.0]), ref).ok
+
+
+def test_structural_differences_are_mismatches() -> None:
+    ref = torch.tensor([1.0, float("nan"), float("inf")])
+    assert compare_tensor("x", ref.clone(), ref).ok
+    assert compare_tensor("x", torch.tensor([1.0, 0.0, float("inf")]), ref).problem == "NaN/inf in different places"
+    assert "shape" in compare_tensor("x", torch.zeros(2), torch.zeros(3)).problem
+    assert "dtype" in compare_tensor("x", torch.zeros(2, dtype=torch.float64), torch.zeros(2)).problem
+    assert not compare_tensor("i", torch.tensor([1, 2]), torch.tensor([1, 3])).ok
+    assert compare_tensor("i", None, torch.zeros(1)).problem == "present on cpu only"
+
+
+def test_flatten_names_nested_outputs() -> None:
+    out = {"logits": torch.zeros(1), "hidden": (torch.zeros(1), torch.zeros(2)), "cache": object()}
+    assert [name for name, _ in flatten_tensors(out)] == ["logits", "hidden.0", "hidden.1"]
+
+
+def test_first_diverging_op_pairs_by_name_and_line() -> None:
+    one, two = {"output": torch.ones(2)}, {"output": torch.full((2,), 2.0)}
+    cpu = [OpRecord("aten::tanh", "m.py:3", one), OpRecord("aten::mul", "loss.py:9", one)]
+    same = [OpRecord("aten::tanh", "m.py:3", one), OpRecord("aten::mul", "loss.py:9", one)]
+    assert first_diverging_op(cpu, same) is None
+    branch = [
+        OpRecord("aten::tanh", "m.py:3", one),
+        OpRecord("aten::mul", "m.py:4", two),
+        OpRecord("aten::mul", "loss.py:9", two),
+    ]
+    op, why = first_diverging_op(cpu, branch)
+    assert (op.name, op.location) == ("aten::mul", "m.py:4") and "tpu only" in why
+    raising = [OpRecord("aten::tanh", "m.py:3", None, "RuntimeError: boom")]
+    assert first_diverging_op(cpu, raising)[1] == "raises on tpu: RuntimeError: boom"

@@ -1,0 +1,166 @@
+"""``check_model``: the library call behind ``tpu-agent check``, its MCP tool and the coverage benchmark.
+
+Each mode runs in its own worker process by default, configured the way ``tpu-agent run`` configures a rank
+(backend and TorchTPU's eager-mode variables in the environment, read once at activation), so one mode's
+crash, hang or leaked state never hides another's verdict. A worker that dies or runs past ``timeout_s`` is
+itself the verdict for its modes (an ``error`` with stage ``worker`` or ``timeout``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tpu_agent
+from tpu_agent.check.model import (
+    ERROR,
+    MODES,
+    CheckReport,
+    ErrorInfo,
+    ModelInfo,
+    ModeResult,
+)
+from tpu_agent.check.spec import ModelSpec, parse_model_spec
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, apply_env, eager_mode_env
+
+DEFAULT_MAX_PARAMETERS = 1_000_000_000
+STDERR_TAIL = 2000
+
+
+@dataclass
+class CheckOptions:
+    """How to check: which modes, on which backend, with what limits.
+
+    ``process_per_mode`` (the default) gives each mode a fresh process; ``False`` runs all modes in one
+    process, switching the eager mode through ``torch.tpu.eager_mode`` (cheaper, used by large sweeps).
+    ``measure_steps`` > 0 also times that many repeated forward + backward steps on CPU and on tpu.
+    """
+
+    modes: tuple[str, ...] = tuple(MODES)
+    backend: str = "auto"
+    chip: str | None = None
+    timeout_s: float = 600.0
+    max_parameters: int = DEFAULT_MAX_PARAMETERS
+    localise: bool = True
+    localise_errors: bool = True  # False: errors keep only the source line that raised (saves time in sweeps)
+    measure_steps: int = 0
+    process_per_mode: bool = True
+    matmul_precision: str = "highest"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _validate(options: CheckOptions) -> None:
+    unknown = [mode for mode in options.modes if mode not in MODES]
+    if unknown or not options.modes:
+        raise TpuAgentError(
+            "unknown-mode",
+            f"unknown check mode(s) {', '.join(unknown) or '(none given)'} (--mode)",
+            f"use any of: {', '.join(MODES)}",
+        )
+    if options.matmul_precision not in ("highest", "high", "medium"):
+        raise TpuAgentError(
+            "bad-precision", f"unknown matmul precision {options.matmul_precision!r}", "use highest, high or medium"
+        )
+
+
+def _worker_env(options: CheckOptions, backend: str, mode: str) -> dict[str, str]:
+    package_root = str(Path(tpu_agent.__file__).resolve().parent.parent)
+    env = apply_env(eager_mode_env("strict" if mode == "compile" else mode))
+    env.update(options.env)
+    env[BACKEND_ENV] = backend
+    if options.chip:
+        env[CHIP_ENV] = options.chip
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    return env
+
+
+def _failed(modes: list[str], stage: str, kind: str, message: str) -> list[ModeResult]:
+    return [ModeResult(mode, ERROR, error=ErrorInfo(stage, kind, message)) for mode in modes]
+
+
+def _run_worker(
+    spec: ModelSpec, modes: list[str], options: CheckOptions, backend: str
+) -> tuple[ModelInfo | None, list[ModeResult]]:
+    request = {
+        "spec": spec.to_dict(),
+        "modes": modes,
+        "max_parameters": options.max_parameters,
+        "localise": options.localise,
+        "localise_errors": options.localise_errors,
+        "measure_steps": options.measure_steps,
+        "matmul_precision": options.matmul_precision,
+    }
+    with tempfile.TemporaryDirectory(prefix="tpu-agent-check-") as scratch:
+        request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpu_agent.check.worker", str(request_path), str(result_path)],
+            env=_worker_env(options, backend, modes[0]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            _, stderr = process.communicate(timeout=options.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return None, _failed(modes, "timeout", "Timeout", f"no result within {options.timeout_s:g} s (--timeout)")
+        if not result_path.is_file():
+            tail = stderr.decode("utf-8", "replace")[-STDERR_TAIL:].strip()
+            return None, _failed(
+                modes, "worker", "WorkerDied", f"the worker exited with code {process.returncode}: {tail}"
+            )
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    if "usage_error" in result:
+        raise TpuAgentError(**result["usage_error"])
+    model = ModelInfo(**result["model"]) if result.get("model") else None
+    return model, [ModeResult.from_dict(item) for item in result["modes"]]
+
+
+def check_model(
+    spec: ModelSpec | str,
+    options: CheckOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CheckReport:
+    """Build ``spec`` on CPU, run forward + backward on CPU and on the ``tpu`` device in each mode, compare.
+
+    ``spec`` is a :class:`ModelSpec` or a MODEL string (a Hugging Face model type, a model directory or
+    ``module:factory``). Raises :class:`TpuAgentError` for bad input (unknown type, missing directory, bad
+    factory, oversized model); every finding about the model itself is in the returned report.
+    """
+    from tpu_agent.runtime.select import select_backend
+
+    options = options or CheckOptions()
+    _validate(options)
+    model_spec = parse_model_spec(spec) if isinstance(spec, str) else spec
+    backend = select_backend(options.backend).name
+    groups = [[mode] for mode in options.modes] if options.process_per_mode else [list(options.modes)]
+    model: ModelInfo | None = None
+    results: list[ModeResult] = []
+    for index, group in enumerate(groups):
+        if progress is not None:
+            progress(f"checking {model_spec.target} in {', '.join(group)}...")
+        built, group_results = _run_worker(model_spec, group, options, backend)
+        model = model or built
+        results.extend(group_results)
+        if group_results and all(r.error is not None and r.error.on_reference for r in group_results):
+            # the model does not build or run on CPU: the remaining modes would only repeat that
+            results.extend(
+                ModeResult(mode, ERROR, error=group_results[0].error) for rest in groups[index + 1 :] for mode in rest
+            )
+            break
+    info = model or ModelInfo(spec=model_spec.target, kind=model_spec.kind, task=model_spec.task or "")
+    return CheckReport(info, results, backend=backend, matmul_precision=options.matmul_precision)
+
+
+__all__ = ["DEFAULT_MAX_PARAMETERS", "CheckOptions", "check_model"]

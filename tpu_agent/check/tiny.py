@@ -1,0 +1,324 @@
+"""Tiny Hugging Face configs and example inputs, derived from transformers' own config classes.
+
+transformers' test suite builds tiny models from per-model tester classes that the wheel does not ship, so a
+config is shrunk here by rules: each :class:`ShrinkRule` is one record naming the attributes it touches and
+the value it gives them. Rules only ever shrink (a value already below the target stays), recurse into
+sub-configs (``text_config``, ``vision_config``, encoder/decoder), and keep the invariants most
+architectures assert: heads divide the width, key/value heads divide the heads, token ids fit the vocabulary,
+per-layer lists have one entry per layer. An architecture whose constraints these rules miss fails to build;
+the caller reports it as a build error (it never reaches the ``tpu`` device, so it says nothing about it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TINY_LAYERS = 2
+TINY_WIDTH = 64
+TINY_HEADS = 4
+TINY_HEAD_DIM = TINY_WIDTH // TINY_HEADS
+TINY_FFN = 128
+TINY_VOCAB = 256
+TINY_EXPERTS = 4
+TINY_MAX_POSITIONS = 512
+BATCH = 2
+SEQ_LEN = 8
+
+# Tasks: the transformers auto mapping whose class builds the model, and the inputs it needs.
+TASK_MAPPINGS: dict[str, str] = {
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "base": "MODEL_MAPPING_NAMES",
+}
+
+
+@dataclass(frozen=True)
+class ShrinkRule:
+    """One shrinking rule: the config attributes it applies to and how the tiny value is computed."""
+
+    name: str
+    attributes: tuple[str, ...]
+    value: Callable[[Any, dict[str, Any]], Any]  # (current value, original attributes of the config) -> new value
+    why: str
+
+
+def _at_most(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
+    return lambda value, _: min(value, limit) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _kv_heads(value: Any, original: dict[str, Any]) -> Any:
+    """Keep the attention kind: multi-head stays multi-head, grouped stays grouped (2), multi-query stays 1."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return value
+    heads = original.get("num_attention_heads") or original.get("n_head") or original.get("num_heads")
+    if value == 1:
+        return 1
+    if isinstance(heads, int) and value >= heads:
+        return TINY_HEADS
+    return 2
+
+
+def _per_stage(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
+    """Lists with one width per stage (CNNs, hierarchical ViTs): scale every stage down, keep the ratios."""
+
+    def shrink(value: Any, _: dict[str, Any]) -> Any:
+        if not (
+            isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            return value
+        top = max(value)
+        if top <= limit:
+            return value
+        return [max(8, (v * limit // top) // 8 * 8) for v in value]
+
+    return shrink
+
+
+def _ones(value: Any, _: dict[str, Any]) -> Any:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [min(v, 1) for v in value]
+    return value
+
+
+SHRINK_RULES: tuple[ShrinkRule, ...] = (
+    ShrinkRule(
+        "layers",
+        (
+            "num_hidden_layers",
+            "num_layers",
+            "n_layer",
+            "n_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "decoder_num_layers",
+            "text_layers",
+        ),
+        _at_most(TINY_LAYERS),
+        "two layers still exercise the layer-to-layer path (and alternating layer kinds start at layer 0 and 1)",
+    ),
+    ShrinkRule(
+        "width",
+        (
+            "hidden_size",
+            "d_model",
+            "n_embd",
+            "embed_dim",
+            "model_dim",
+            "word_embed_proj_dim",
+            "d_embed",
+            "embedding_size",
+            "projection_dim",
+            "dim",
+        ),
+        _at_most(TINY_WIDTH),
+        "a 64-wide model keeps every code path of a 4096-wide one at a fraction of the cost",
+    ),
+    ShrinkRule(
+        "heads",
+        ("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads", "num_heads"),
+        _at_most(TINY_HEADS),
+        "four heads of 16 divide the 64-wide model",
+    ),
+    ShrinkRule(
+        "kv-heads",
+        ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "num_query_groups"),
+        _kv_heads,
+        "grouped-query attention must stay grouped, so enable_gqa / repeat_kv paths still run",
+    ),
+    ShrinkRule(
+        "head-dim",
+        (
+            "head_dim",
+            "attention_head_dim",
+            "kv_channels",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+            "attention_head_size",
+            "d_kv",
+            "rotary_dim",
+        ),
+        _at_most(TINY_HEAD_DIM),
+        "an explicit head size follows the tiny width",
+    ),
+    ShrinkRule(
+        "low-rank",
+        ("q_lora_rank", "kv_lora_rank", "o_lora_rank", "embedding_rank", "intra_bottleneck_size", "true_hidden_size"),
+        _at_most(32),
+        "latent / bottleneck projections below the width",
+    ),
+    ShrinkRule(
+        "ffn",
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "d_ff",
+            "n_inner",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "expert_ffn_hidden_size",
+            "dense_intermediate_size",
+            "dim_ff",
+            "dff",
+            "feed_forward_size",
+            "mlp_dim",
+        ),
+        _at_most(TINY_FFN),
+        "the feed-forward block at twice the width",
+    ),
+    ShrinkRule(
+        "experts",
+        ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+        _at_most(TINY_EXPERTS),
+        "four experts keep routing (top-2 of 4) and the grouped-matmul path",
+    ),
+    ShrinkRule("experts-per-token", ("num_experts_per_tok", "moe_topk", "moe_k"), _at_most(2), "top-2 routing"),
+    ShrinkRule("expert-groups", ("n_group", "num_expert_group", "topk_group"), _at_most(1), "one routing group"),
+    ShrinkRule("vocab", ("vocab_size",), _at_most(TINY_VOCAB), "a 256-token vocabulary (token ids are remapped)"),
+    ShrinkRule(
+        "positions",
+        ("max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions", "n_ctx"),
+        _at_most(TINY_MAX_POSITIONS),
+        "learned position tables sized for the tiny inputs",
+    ),
+    ShrinkRule(
+        "stage-widths",
+        ("hidden_sizes", "embed_dims", "neck_hidden_sizes"),
+        _per_stage(64),
+        "CNN / hierarchical stage widths scaled down with their ratios kept",
+    ),
+    ShrinkRule(
+        "stage-depths",
+        ("depths", "num_block_repeats", "stage_num_blocks", "block_repeats"),
+        _ones,
+        "one block per stage",
+    ),
+)
+
+_RULE_BY_ATTRIBUTE = {attribute: rule for rule in SHRINK_RULES for attribute in rule.attributes}
+_DROPOUT_WORDS = ("dropout", "drop_rate", "drop_path")
+
+
+def _fit_token_ids(config: Any, vocab: int) -> None:
+    """Token ids (``*_token_id``, ``*_token_index``) must index the shrunk vocabulary."""
+    for name, value in list(vars(config).items()):
+        if not (name.endswith("_token_id") or name.endswith("_token_ids") or name.endswith("_token_index")):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value >= vocab:
+            setattr(config, name, value % vocab)
+        elif isinstance(value, list) and all(isinstance(v, int) for v in value):
+            setattr(config, name, [v % vocab for v in value])
+
+
+def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int | None) -> None:
+    """Lists with one entry per layer (``layer_types``, ``mlp_only_layers``-style index lists) follow the count."""
+    if not original_layers or not layers or original_layers == layers:
+        return
+    for name, value in list(vars(config).items()):
+        if not isinstance(value, list) or not value or name in _RULE_BY_ATTRIBUTE:
+            continue
+        if len(value) == original_layers:
+            setattr(config, name, value[:layers])
+        elif name.endswith(("_layers", "_idxs", "_indexes", "_indices", "_layer_ids")) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            kept = [v for v in value if v < layers]
+            setattr(config, name, kept or [layers - 1])
+
+
+def shrink_config(config: Any) -> Any:
+    """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs."""
+    from transformers import PretrainedConfig
+
+    original = dict(vars(config))
+    for name, value in original.items():
+        if isinstance(value, PretrainedConfig):
+            shrink_config(value)
+        elif name in _RULE_BY_ATTRIBUTE:
+            setattr(config, name, _RULE_BY_ATTRIBUTE[name].value(value, original))
+        elif any(word in name for word in _DROPOUT_WORDS) and isinstance(value, float):
+            setattr(config, name, 0.0)
+    layers_name = next(
+        (n for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(original.get(n), int)), None
+    )
+    if layers_name is not None:
+        _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name))
+    heads = getattr(config, "num_attention_heads", None)
+    width = getattr(config, "hidden_size", None)
+    if isinstance(heads, int) and isinstance(width, int) and heads and width % heads:
+        config.num_attention_heads = 1
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int):
+        _fit_token_ids(config, vocab)
+    return config
+
+
+def model_class_name(model_type: str, task: str) -> str | None:
+    """The transformers class that builds ``model_type`` for ``task`` (``None`` when the task has none)."""
+    from transformers.models.auto import modeling_auto
+
+    name = getattr(modeling_auto, TASK_MAPPINGS[task]).get(model_type)
+    return name[0] if isinstance(name, (tuple, list)) else name  # a few types list alternatives; the first is canonical
+
+
+def default_task(model_type: str) -> str | None:
+    """The first task (in :data:`TASK_MAPPINGS` order) that has a class for ``model_type``."""
+    return next((task for task in TASK_MAPPINGS if model_class_name(model_type, task) is not None), None)
+
+
+def example_inputs(model: Any, config: Any, task: str) -> dict[str, Any]:
+    """Inputs the model's ``forward`` takes, from the config: token ids, a padded mask, pixels, decoder ids.
+
+    The second sequence's last two positions are padding, so attention masks take their real (boolean or
+    additive) path rather than the all-ones shortcut.
+    """
+    import torch
+
+    parameters = inspect.signature(model.forward).parameters
+    generator = torch.Generator().manual_seed(0)
+    main_input = getattr(model, "main_input_name", "input_ids")
+    inputs: dict[str, Any] = {}
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(text_config, "vocab_size", None) or TINY_VOCAB
+    if main_input == "pixel_values" or task == "image-classification":
+        vision = getattr(config, "vision_config", None) or config
+        size = getattr(vision, "image_size", 224)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        channels = getattr(vision, "num_channels", 3)
+        inputs["pixel_values"] = torch.randn(BATCH, channels, size, size, generator=generator)
+    else:
+        inputs["input_ids"] = torch.randint(3, vocab, (BATCH, SEQ_LEN), generator=generator)
+        if "attention_mask" in parameters:
+            mask = torch.ones(BATCH, SEQ_LEN, dtype=torch.long)
+            mask[1, -2:] = 0
+            inputs["attention_mask"] = mask
+        if "decoder_input_ids" in parameters and task == "seq2seq":
+            inputs["decoder_input_ids"] = torch.randint(3, vocab, (BATCH, SEQ_LEN // 2), generator=generator)
+        if "bbox" in parameters:  # layout models: boxes with x0 <= x1, y0 <= y1
+            corners = torch.randint(0, 500, (BATCH, SEQ_LEN, 2), generator=generator)
+            inputs["bbox"] = torch.cat([corners, corners + 10], dim=-1)
+    if "use_cache" in parameters:
+        inputs["use_cache"] = False
+    if "return_dict" in parameters:
+        inputs["return_dict"] = True
+    return inputs
+
+
+__all__ = [
+    "SHRINK_RULES",
+    "TASK_MAPPINGS",
+    "ShrinkRule",
+    "default_task",
+    "example_inputs",
+    "model_class_name",
+    "shrink_config",
+]

@@ -1,0 +1,338 @@
+"""Device and backend strings followed from their definition to their uses (TPU101/TPU401 fixes, TPU108/TPU408).
+
+The call-site rules see ``"cuda"`` where it is passed; this module handles the literal where it is *defined*
+(``DEV = "cuda"``, ``args.dist_backend = "nccl"``, ``parser.add_argument("--accel", default="cuda")``,
+``backend = "gloo" if not torch.cuda.is_available() else "nccl"``) by asking
+:mod:`tpu_agent.migrate.analysis.valueflow` where the value goes. Every use a device (backend) position:
+rewritten, with comparisons against the literal (``if dev == "cuda":``, ``"cuda" in dev``) rewritten with it
+so that they keep their meaning. Device positions mixed with other uses (a dict key, an argument of unknown
+meaning): reported for a person with the lines it reaches. Names whose own name says device or backend are
+already rewritten by the call-site families; this module does not report them twice.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
+from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules import devices, distributed
+from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
+from tpu_agent.migrate.rules.devices import cuda_device_code, rewrite_device
+from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext
+
+devices.FAMILY.rule(
+    code="TPU108",
+    name="cuda-value-mixed-uses",
+    safety=Safety.MANUAL,
+    summary='A "cuda" value that reaches device positions and other uses (a dict key, an unknown call).',
+    rationale="The literal can only become the accelerator's device type when every place it reaches takes any "
+    "device; where it also selects behaviour by its exact text (a lookup table, a comparison tool cannot see), "
+    "a person decides. The report lists the lines it reaches.",
+    before='dev = "cuda"\nmodel.to(dev)\nkernels = {"cuda": fused, "cpu": plain}[dev]',
+    after="# TODO(tpu-agent TPU108): decide per use; the device positions take DEVICE.type",
+    references=(ACCELERATOR,),
+    apis=(ApiEquivalent('dev = "cuda" used as a device and as a lookup key', "DEVICE.type at the device uses"),),
+)
+distributed.FAMILY.rule(
+    code="TPU408",
+    name="nccl-value-mixed-uses",
+    safety=Safety.MANUAL,
+    summary='A "nccl" value that reaches backend positions and other uses.',
+    rationale="The backend name can only become the accelerator's default backend when every place it reaches is a "
+    "process-group backend; other uses (a lookup, a string test the tool cannot see) need a person.",
+    before='BACKEND = "nccl"\ndist.init_process_group(BACKEND)\nuse_nccl_tricks(BACKEND)',
+    after="# TODO(tpu-agent TPU408): pass torch.distributed.get_default_backend_for_device(DEVICE) where a backend is "
+    "expected",
+    references=(f"{DISTRIBUTED}#torch.distributed.get_default_backend_for_device",),
+    apis=(
+        ApiEquivalent(
+            'backend = "nccl" used as a backend and elsewhere',
+            "torch.distributed.get_default_backend_for_device(DEVICE) at the backend uses",
+        ),
+    ),
+)
+
+_NAMED_DEVICE_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
+_NAMED_BACKEND_RE = re.compile(r"backend$", re.IGNORECASE)
+_BACKEND_CHECKS = frozenset(
+    {
+        "torch.cuda.is_available",
+        "torch.accelerator.is_available",
+        "torch.distributed.is_nccl_available",
+        "torch.distributed.distributed_c10d.is_nccl_available",
+    }
+)
+
+
+def _key_of(target: cst.BaseExpression) -> tuple[str, str] | None:
+    """(analysis key, the bare name) of an assignment target."""
+    if isinstance(target, cst.Name):
+        return name_key(target.value), target.value
+    if isinstance(target, cst.Attribute):
+        return attr_key(target.attr.value), target.attr.value
+    return None
+
+
+def _lines(flow: KeyFlow) -> str:
+    shown = ", ".join(str(n) for n in flow.other_lines[:8])
+    return f"line{'s' if len(flow.other_lines) > 1 else ''} {shown}" if shown else "other uses"
+
+
+# ---- devices ------------------------------------------------------------------------------------------
+def _device_definition(
+    ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    key = _key_of(target)
+    if key is None or cuda_device_code(ctx, original) is None or cuda_device_code(ctx, updated) is None:
+        return None  # not a CUDA literal, or the name-based rule already rewrote it
+    flow = ctx.value_flow.flow(key[0])
+    if flow.verdict is Verdict.DEVICE and not _NAMED_DEVICE_RE.search(key[1]):
+        return rewrite_device(ctx, original, "type", updated=updated)
+    if flow.verdict is Verdict.MIXED:
+        ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {_lines(flow)}")
+    return None
+
+
+@devices.FAMILY.leave(cst.Assign)
+def device_definition(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+    if len(original.targets) != 1:
+        return updated
+    new = _device_definition(ctx, original.targets[0].target, original.value, updated.value)
+    return updated.with_changes(value=new) if new is not None else updated
+
+
+@devices.FAMILY.leave(cst.AnnAssign)
+def annotated_device_definition(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+    if original.value is None or updated.value is None:
+        return updated
+    new = _device_definition(ctx, original.target, original.value, updated.value)
+    return updated.with_changes(value=new) if new is not None else updated
+
+
+def _compared_key(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """A name or attribute (not ``.type``, which TPU104 covers) whose every use is a device position."""
+    key = _key_of(node)
+    if key is None or (isinstance(node, cst.Attribute) and node.attr.value == "type"):
+        return False
+    return ctx.value_flow.flow(key[0]).verdict is Verdict.DEVICE
+
+
+@devices.FAMILY.leave(cst.Comparison)
+def device_value_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.Comparison:
+    # dev == "cuda", "cuda" in dev, where dev is a device key: the literal becomes the device type with the definition
+    if "cuda" not in ctx.source:
+        return updated
+    sides = [original.left, *(c.comparator for c in original.comparisons)]
+    new_sides: list[cst.BaseExpression | None] = [None] * len(sides)
+    for i, comparison in enumerate(original.comparisons):
+        if not isinstance(comparison.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
+            continue
+        for literal, other in ((i, i + 1), (i + 1, i)):
+            if string_value(sides[literal]) == "cuda" and _compared_key(ctx, sides[other]):
+                template = sides[literal]
+                new_sides[literal] = ctx.fix(
+                    "TPU101",
+                    template,
+                    lambda t=template: ctx.device_type(t),
+                    lambda n: f'"cuda" -> {source(n)} in {source(original)} (compared with a device value)',
+                )
+    if not any(new_sides):
+        return updated
+    left = new_sides[0] or updated.left
+    targets = [
+        c.with_changes(comparator=new_sides[j + 1]) if new_sides[j + 1] is not None else c
+        for j, c in enumerate(updated.comparisons)
+    ]
+    return updated.with_changes(left=keep_parens(original.left, left), comparisons=targets)
+
+
+# ---- backends -----------------------------------------------------------------------------------------
+def _check_name(ctx: PyContext, test: cst.BaseExpression) -> tuple[str | None, bool]:
+    """(qualified name of an availability check, negated?) for ``torch.cuda.is_available()`` / ``not ...``."""
+    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    inner = test.expression if negated else test  # type: ignore[attr-defined]
+    if isinstance(inner, cst.Call) and not inner.args:
+        return ctx.qualname(inner), negated
+    return None, negated
+
+
+def _is_backend_expression(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """``"nccl"``, or a conditional expression with a ``"nccl"`` branch: what :func:`backend_replacement` takes."""
+    if string_value(node) == "nccl":
+        return True
+    return isinstance(node, cst.IfExp) and "nccl" in (string_value(node.body), string_value(node.orelse))
+
+
+def backend_replacement(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression
+) -> cst.BaseExpression:
+    """The rewrite of a backend expression (one :func:`_is_backend_expression` accepts): ``"nccl"``,
+    ``"nccl" if <nccl or CUDA available> else "gloo"`` (either way round: the whole expression becomes the
+    default backend), or a user's ``"nccl" if flag else ...`` (only the NCCL branch changes)."""
+    if not isinstance(original, cst.IfExp) or not isinstance(updated, cst.IfExp):
+        return ctx.default_backend(original)
+    values = (string_value(original.body), string_value(original.orelse))
+    check, negated = _check_name(ctx, original.test)
+    if check in _BACKEND_CHECKS and values == (("gloo", "nccl") if negated else ("nccl", "gloo")):
+        return ctx.default_backend()
+    if values[0] == "nccl":
+        return updated.with_changes(body=ctx.default_backend(original.body))
+    return updated.with_changes(orelse=ctx.default_backend(original.orelse))
+
+
+@distributed.FAMILY.visit(cst.IfExp)
+def _claim_backend_check(ctx: PyContext, node: cst.IfExp) -> None:
+    # "nccl" if dist.is_nccl_available() else "gloo" is one backend expression: its check is not reported apart
+    check, _ = _check_name(ctx, node.test)
+    if check in _BACKEND_CHECKS and {string_value(node.body), string_value(node.orelse)} == {"nccl", "gloo"}:
+        inner = node.test.expression if isinstance(node.test, cst.UnaryOperation) else node.test  # type: ignore[attr-defined]
+        ctx.claim(inner)
+        ctx.claim(inner.func)  # type: ignore[attr-defined]
+
+
+def _backend_definition(
+    ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    key = _key_of(target)
+    if key is None or "nccl" not in source(original):
+        return None
+    if source(updated) != source(original):
+        return None  # the name-based rule already rewrote it
+    flow = ctx.value_flow.flow(key[0])
+    if flow.verdict is Verdict.MIXED:
+        ctx.report("TPU408", original, f"{key[1]} = {source(original)} is used as a backend and by {_lines(flow)}")
+        return None
+    if flow.verdict is not Verdict.BACKEND and not _NAMED_BACKEND_RE.search(key[1]):
+        return None
+    if not _is_backend_expression(ctx, original):
+        return None
+    return ctx.fix(
+        "TPU401",
+        original,
+        lambda: backend_replacement(ctx, original, updated),
+        lambda n: f"backend {source(original)} -> {source(n)}",
+    )
+
+
+@distributed.FAMILY.leave(cst.Assign)
+def backend_definition(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+    if len(original.targets) != 1:
+        return updated
+    new = _backend_definition(ctx, original.targets[0].target, original.value, updated.value)
+    return updated.with_changes(value=new) if new is not None else updated
+
+
+@distributed.FAMILY.leave(cst.AnnAssign)
+def annotated_backend_definition(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+    if original.value is None or updated.value is None:
+        return updated
+    new = _backend_definition(ctx, original.target, original.value, updated.value)
+    return updated.with_changes(value=new) if new is not None else updated
+
+
+@distributed.FAMILY.leave(cst.Subscript)
+def backend_table(ctx: PyContext, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+    # {"cuda": "nccl", "cpu": "gloo"}[device.type]: the table torch keeps for every accelerator
+    table = original.value
+    if (
+        not isinstance(table, cst.Dict)
+        or len(original.slice) != 1
+        or not isinstance(original.slice[0].slice, cst.Index)
+    ):
+        return updated
+    pairs = {string_value(el.key): string_value(el.value) for el in table.elements if isinstance(el, cst.DictElement)}
+    if pairs.get("cuda") != "nccl" or len(pairs) != len(table.elements) or not set(pairs.values()) <= {"nccl", "gloo"}:
+        return updated
+    index = updated.slice[0].slice.value  # type: ignore[attr-defined]
+
+    def build() -> cst.BaseExpression:
+        if ctx.target.value == "tpu":
+            entry = cst.DictElement(key=ctx.string("tpu"), value=ctx.default_backend())
+            return updated.with_changes(value=updated.value.with_changes(elements=[*updated.value.elements, entry]))  # type: ignore[attr-defined]
+        return cst.Call(func=ctx.torch_attr("distributed.get_default_backend_for_device"), args=[cst.Arg(index)])
+
+    if ctx.target.value == "tpu" and "tpu" in pairs:
+        return updated
+    new = ctx.fix("TPU401", original, build, lambda n: f"backend table {source(original)} -> {source(n)}")
+    return keep_parens(original, new) if new is not None else updated
+
+
+def _is_device_or_backend(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    return cuda_device_code(ctx, node) is not None or _is_backend_expression(ctx, node)
+
+
+# ---- argparse options ---------------------------------------------------------------------------------
+@devices.FAMILY.leave(cst.Call)
+def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    """``add_argument`` defaults and choices followed through the option's destination."""
+    if type(updated) is not cst.Call or not (
+        isinstance(original.func, cst.Attribute) and original.func.attr.value == "add_argument"
+    ):
+        return updated
+    default = keyword(original, "default")
+    choices = keyword(original, "choices")
+    if not (default is not None and _is_device_or_backend(ctx, default.value)) and not (
+        choices is not None and "cuda" in source(choices.value)
+    ):
+        return updated  # most options: no device or backend literal, no analysis needed
+    flags = [string_value(a.value) or "" for a in original.args if a.keyword is None]
+    dest_arg = keyword(original, "dest")
+    dest = argparse_dest(flags, string_value(dest_arg.value) if dest_arg is not None else None)
+    if dest is None:
+        return updated
+    verdict = ctx.value_flow.flow(attr_key(dest)).verdict
+    named_device = any("device" in f for f in flags)
+    result = updated
+    position = original.args.index(default) if default is not None else -1
+    if default is not None and not named_device and cuda_device_code(ctx, default.value):
+        if verdict is Verdict.DEVICE:
+            new = rewrite_device(ctx, default.value, "type", updated=updated.args[position].value)
+            if new is not None:
+                result = replace_arg_value(result, position, new)
+        elif verdict is Verdict.MIXED:
+            ctx.report(
+                "TPU108",
+                default.value,
+                f"--{dest} default {source(default.value)} is used as a device and by "
+                f"{_lines(ctx.value_flow.flow(attr_key(dest)))}",
+            )
+    if default is not None and not any("backend" in f for f in flags) and _is_backend_expression(ctx, default.value):
+        new = _backend_definition(
+            ctx, cst.Attribute(value=cst.Name("args"), attr=cst.Name(dest)), default.value, updated.args[position].value
+        )
+        if new is not None:
+            result = replace_arg_value(result, position, new)
+    if (
+        choices is not None
+        and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set))
+        and (named_device or verdict is Verdict.DEVICE)
+    ):
+        result = _device_choices(ctx, original, result, choices)
+    return result
+
+
+def _device_choices(ctx: PyContext, original: cst.Call, updated: cst.Call, choices: cst.Arg) -> cst.Call:
+    # choices=["cpu", "cuda"] -> ["cpu", DEVICE.type]: the default the device rules wrote stays a valid choice
+    position = original.args.index(choices)
+    elements = list(updated.args[position].value.elements)  # type: ignore[attr-defined]
+    if any(string_value(el.value) == ("tpu" if ctx.target.value == "tpu" else "") for el in elements):
+        return updated
+    changed = False
+    for j, el in enumerate(choices.value.elements):  # type: ignore[attr-defined]
+        if string_value(el.value) == "cuda":
+            new = ctx.fix(
+                "TPU101", el.value, lambda v=el.value: ctx.device_type(v), lambda n: f'choice "cuda" -> {source(n)}'
+            )
+            if new is not None:
+                elements[j] = elements[j].with_changes(value=new)
+                changed = True
+    if not changed:
+        return updated
+    return replace_arg_value(updated, position, updated.args[position].value.with_changes(elements=elements))  # type: ignore[attr-defined]
