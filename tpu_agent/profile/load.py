@@ -18,7 +18,7 @@ from typing import Any
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
-from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir
+from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, TRACE_FILE
 from tpu_agent.profile.model import (
     DataLoaderInfo,
     DataWait,
@@ -214,5 +214,4 @@ def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileMod
     return ProfileModel(config=config, ranks=ranks)
 
 
-# REPORT_DIR and raw_dir are read through this module by the MCP server; their home is profile.layout.
-__all__ = ["REPORT_DIR", "load_raw", "raw_dir", "steps_from_markers"]
+__all__ = ["load_raw", "steps_from_markers"]
