@@ -1,0 +1,67 @@
+"""Deviceless AOT compilation through libtpu: the compiler's figures checked against arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import needs_tpu_compiler
+from jax_gpt import GptShape, train_step_program, wide_mlp_step_program
+
+from tpu_agent.chips import parse_target
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.estimate.compiler import topology_name
+from tpu_agent.estimate.step import estimate_step, placement, suggest_fixes
+
+pytestmark = [needs_tpu_compiler, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("spec", ["v5e", "v6e-4"])
+def test_small_gpt_step_flops_and_memory_match_arithmetic(spec: str) -> None:
+    shape = GptShape()
+    target = parse_target(spec)
+    estimate = estimate_step([train_step_program(shape)], target, "data-parallel", shape.training_flops())
+    (program,) = estimate.programs
+    # FLOPs: the compiler's count over the slice within 10% of 6*N*tokens plus causal attention's terms.
+    assert program.flops * target.chips == pytest.approx(shape.training_flops(), rel=0.10)
+    # Inputs: parameters, Adam's two moments (f32) and this chip's share of the batch, as the compiler counts them.
+    analytic_inputs = 3 * shape.parameters * 4 + (shape.tokens // target.chips) * 4
+    assert program.compiler_argument_bytes == pytest.approx(analytic_inputs, rel=0.01)
+    assert program.memory.parameters == shape.parameters * 4
+    assert program.memory.optimizer_state == 2 * shape.parameters * 4
+    assert estimate.fits and estimate.step_seconds > 0 and 0 < estimate.mfu <= 1
+    collectives = program.hlo.collectives_by_kind()
+    assert ("all-reduce" in collectives) == (target.chips > 1)  # data parallelism all-reduces gradients
+    assert program.hlo.fusions > 0
+
+
+def test_model_too_big_for_one_v5e_fits_sharded_over_four_and_the_fix_is_compiled() -> None:
+    d_model, hidden = 16384, 65536  # 2.1B parameters: 17 GB of f32 weights and momentum alone
+    program = wide_mlp_step_program(d_model, hidden, batch=64)
+    parameters = 2 * d_model * hidden
+    one_chip = estimate_step([program], parse_target("v5e"))
+    assert not one_chip.fits and one_chip.programs[0].refused  # the compiler itself refuses: out of HBM
+    assert one_chip.peak_hbm_bytes >= 2 * parameters * 4
+    suggestions = suggest_fixes([program], parse_target("v5e"), "as-captured", max_compiles=2)
+    assert [s.change for s in suggestions] == ["keep parameters and optimizer state in bf16", "FSDP over a v5e-4 slice"]
+    bf16, sharded = suggestions
+    assert bf16.fits and bf16.target == "v5e"  # bf16 weights, momentum and gradients: 12.9 GB
+    assert sharded.fits and sharded.target == "v5e-4" and sharded.peak_hbm_bytes < 15 * 1024**3
+    fsdp = estimate_step([program], parse_target("v5e-4"), "fsdp")  # the same compile, served from the cache
+    assert fsdp.programs[0].memory.parameters == parameters * 4 // 4
+    assert "all-gather" in fsdp.programs[0].hlo.collectives_by_kind()  # FSDP gathers parameters before use
+
+
+def test_unsupported_targets_are_refused_with_the_choices() -> None:
+    with pytest.raises(TpuAgentError, match="slice of 3 chips") as error:
+        topology_name(parse_target("v5e-3"))
+    assert "use a slice of 1, 4, 8" in error.value.hint
+    with pytest.raises(TpuAgentError, match="not supported"):
+        topology_name(parse_target("v7"))
+
+
+def test_placement_splits_only_what_divides() -> None:
+    from tpu_agent.estimate.model import ArgRole, ArgSpec
+
+    weight = ArgSpec("w", (6, 8), "float32", ArgRole.PARAMETER)
+    assert placement(weight, "fsdp", 4) == 1 and placement(weight, "fsdp", 2) == 0
+    assert placement(weight, "data-parallel", 4) is None
+    assert placement(ArgSpec("x", (5, 8), "int32", ArgRole.BATCH), "fsdp", 4) is None

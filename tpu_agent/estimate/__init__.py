@@ -1,0 +1,25 @@
+"""TPU targets without a TPU: step programs compiled by libtpu's deviceless AOT compiler into one
+:class:`~tpu_agent.estimate.model.Estimate` (HBM by kind against the chip's, compiler FLOPs / bytes /
+``optimal_seconds``, fusions, collectives, a fits / does-not-fit verdict and fixes checked by compiling).
+
+* :mod:`.compiler`: is libtpu here, the slice's topology, the compile itself (libtpu's stderr noise filtered).
+* :mod:`.hlo`: the optimized HLO's breakdown (fusions, collectives and bytes, costliest matmuls, tile padding).
+* :mod:`.step`: sharding strategies, per-chip memory attribution, suggestions.
+* :mod:`.model` and :mod:`.report`: the one result model and its renderers.
+"""
+
+from tpu_agent.estimate.compiler import CompilerStatus, compiler_status
+from tpu_agent.estimate.model import ArgRole, ArgSpec, Estimate, StepProgram
+from tpu_agent.estimate.step import STRATEGIES, estimate_step, suggest_fixes
+
+__all__ = [
+    "STRATEGIES",
+    "ArgRole",
+    "ArgSpec",
+    "CompilerStatus",
+    "Estimate",
+    "StepProgram",
+    "compiler_status",
+    "estimate_step",
+    "suggest_fixes",
+]

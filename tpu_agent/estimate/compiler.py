@@ -1,0 +1,252 @@
+"""The TPU compiler without a TPU: libtpu's deviceless ahead-of-time compilation, driven through JAX.
+
+JAX can describe a TPU slice it is not running on (``jax.experimental.topologies.get_topology_desc``) and
+compile a program for that slice's devices with the same compiler (libtpu) that TorchTPU uses on a real host.
+The compiled executable is never run; what we keep is what the compiler knows about it: FLOPs, bytes,
+``optimal_seconds``, the HBM it needs by kind, and the optimized HLO. MaxText and AXLearn use the same
+mechanism for their CPU-only ahead-of-time tests.
+
+libtpu is a ~700 MB Linux x86_64 wheel (the ``[estimate]`` extra); :func:`compiler_status` says whether it is
+usable here and, if not, exactly what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_agent.chips import TpuTarget
+from tpu_agent.errors import TpuAgentError
+
+INSTALL_HINT = 'pip install "tpu-agent[estimate]" (adds jax[tpu], whose libtpu wheel is Linux x86_64 only)'
+
+# libtpu's own name for each generation's topologies, and the chip counts one slice of it can have. Counts are
+# chips (v5e-8 is eight chips), the grid is the slice's physical layout, and hosts hold up to 4 chips (8 for a
+# single-host v5e/v6e slice), as on Cloud TPU.
+_GRIDS_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_GRIDS_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+_TOPOLOGY_FAMILIES: dict[str, tuple[str, dict[int, str]]] = {
+    "v5e": ("v5e", _GRIDS_2D),
+    "v6e": ("v6e", _GRIDS_2D),
+    "v5p": ("v5p", _GRIDS_3D),
+}
+
+# What libtpu prints on stderr when it starts on a host that is not a TPU VM. It is expected here (there is no
+# TPU), says nothing the user can act on, and would bury the script's own output.
+_HARMLESS_LIBTPU_LINES = re.compile(
+    r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Source Location Trace|libtpu_init_utils"
+    r"|^=+\s*$|common_lib\.cc|could not determine TPU|Unable to initialize backend 'tpu'|^\s*$|^E0000|^W0000|^I0000"
+)
+
+
+@dataclass(frozen=True)
+class CompilerStatus:
+    """Whether the TPU compiler can be used on this machine, and what to do when it cannot."""
+
+    available: bool
+    libtpu_version: str | None
+    jax_version: str | None
+    reason: str
+    hint: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "available": self.available,
+            "libtpu_version": self.libtpu_version,
+            "jax_version": self.jax_version,
+            "reason": self.reason,
+            "hint": self.hint,
+        }
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def compiler_status() -> CompilerStatus:
+    """Find libtpu and jax without importing libtpu (importing it is slow and noisy); say what is missing."""
+    jax_version = _version("jax")
+    libtpu_version = _version("libtpu") or _version("libtpu-nightly")
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        reason = f"libtpu is published for Linux x86_64 only (this is {sys.platform} {platform.machine()})"
+        return CompilerStatus(False, libtpu_version, jax_version, reason, "run estimate on a Linux x86_64 machine")
+    if jax_version is None:
+        return CompilerStatus(False, libtpu_version, None, "jax is not installed", INSTALL_HINT)
+    if libtpu_version is None:
+        return CompilerStatus(False, None, jax_version, "libtpu (the TPU compiler) is not installed", INSTALL_HINT)
+    return CompilerStatus(True, libtpu_version, jax_version, f"libtpu {libtpu_version} with jax {jax_version}", "")
+
+
+def require_compiler() -> CompilerStatus:
+    """The compiler status, or an actionable error when estimates cannot be compiled here."""
+    status = compiler_status()
+    if not status.available:
+        raise TpuAgentError("tpu-compiler-missing", f"the TPU compiler is not available: {status.reason}", status.hint)
+    return status
+
+
+def supported_chip_counts(generation: str) -> tuple[int, ...]:
+    """Chip counts this compiler integration can lay out for ``generation`` (empty: generation unsupported)."""
+    family = _TOPOLOGY_FAMILIES.get(generation)
+    return tuple(family[1]) if family else ()
+
+
+def topology_name(target: TpuTarget) -> tuple[str, tuple[int, int, int]]:
+    """libtpu's topology name and chips-per-host bounds for ``target`` (``v5e-4`` -> ``v5e:2x2``, (2, 2, 1))."""
+    family = _TOPOLOGY_FAMILIES.get(target.chip.key)
+    if family is None:
+        raise TpuAgentError(
+            "unsupported-target",
+            f"estimates for {target.chip.device_name} are not supported by this libtpu",
+            f"use one of: {', '.join(_TOPOLOGY_FAMILIES)}",
+        )
+    prefix, grids = family
+    grid = grids.get(target.chips)
+    if grid is None:
+        raise TpuAgentError(
+            "unsupported-target",
+            f"--chip {target.spec}: a {target.chip.key} slice of {target.chips} chips has no layout here",
+            f"use a slice of {', '.join(str(count) for count in grids)} chips, e.g. {target.chip.key}-{min(c for c in grids if c > 1)}",
+        )
+    if target.chips == 1:
+        host_bounds = (1, 1, 1)
+    elif target.chips == 8 and len(grids[8].split("x")) == 2:
+        host_bounds = (2, 4, 1)
+    else:
+        host_bounds = (2, 2, 1)
+    return f"{prefix}:{grid}", host_bounds
+
+
+@contextlib.contextmanager
+def _quiet_libtpu() -> Iterator[None]:
+    """Route file descriptor 2 to a temporary file while libtpu runs, then replay what is not known noise.
+
+    libtpu writes its warnings from C++, below Python's ``sys.stderr``, so only a descriptor-level redirect
+    catches them. Anything not on the harmless list (a real compiler error, say) is still shown.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for raw in capture.read().decode("utf-8", "replace").splitlines():
+                if not _HARMLESS_LIBTPU_LINES.search(raw):
+                    print(raw, file=sys.stderr)
+
+
+def _jax() -> Any:
+    """Import jax for deviceless TPU work: the CPU platform for execution, and no metadata-server lookups."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    return jax
+
+
+def tpu_devices(target: TpuTarget) -> tuple[Any, ...]:
+    """The (deviceless) TPU devices of ``target``'s slice, as the compiler sees them."""
+    return _topology_devices(*topology_name(target))
+
+
+@functools.lru_cache(maxsize=16)
+def _topology_devices(name: str, host_bounds: tuple[int, int, int]) -> tuple[Any, ...]:
+    require_compiler()
+    _jax()
+    from jax.experimental import topologies
+
+    with _quiet_libtpu():
+        topology = topologies.get_topology_desc(
+            platform="tpu",
+            topology_name=name,
+            chip_config_name="default",
+            chips_per_host_bounds=host_bounds,
+            num_slices=1,
+        )
+    return tuple(topology.devices)
+
+
+_GIGABYTES = re.compile(r"\(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class HbmExhausted(TpuAgentError):
+    """The compiler refused the program because it needs more HBM than one chip has: the verdict, not a bug."""
+
+    def __init__(self, message: str, required_bytes: int, available_bytes: int) -> None:
+        super().__init__("hbm-exhausted", message, "see the suggestions: sharding, bf16 state, a smaller batch")
+        self.required_bytes = required_bytes
+        self.available_bytes = available_bytes
+
+
+def _hbm_exhausted(text: str) -> HbmExhausted | None:
+    """Read libtpu's out-of-HBM refusal (``... required ... (16.29G) exceeds available HBM (15.75G)``)."""
+    if "RESOURCE_EXHAUSTED" not in text or "HBM" not in text:
+        return None
+    sizes = [int(float(number) * _UNIT[unit]) for number, unit in _GIGABYTES.findall(text)]
+    if len(sizes) < 2:
+        return None
+    first_line = text.strip().splitlines()[0]
+    return HbmExhausted(first_line[:500], required_bytes=sizes[0], available_bytes=sizes[-1])
+
+
+@dataclass(frozen=True)
+class CompiledArtifacts:
+    """What the compiler returned for one program: its cost and memory analyses and the optimized HLO."""
+
+    cost: dict[str, float]
+    memory: dict[str, int]
+    hlo_text: str
+
+
+def compile_for_target(
+    fn: Callable[..., Any],
+    abstract_args: Sequence[Any],
+    target: TpuTarget,
+    donate_argnums: Sequence[int] = (),
+) -> CompiledArtifacts:
+    """AOT-compile ``fn`` for ``target`` on abstract arguments (``jax.ShapeDtypeStruct`` carrying shardings over
+    :func:`tpu_devices`); nothing is allocated and nothing runs."""
+    jax = _jax()
+    with _quiet_libtpu():
+        try:
+            compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*abstract_args).compile()
+        except Exception as error:  # the compiler's own refusal: report it, never a traceback
+            exhausted = _hbm_exhausted(str(error))
+            if exhausted is not None:
+                raise exhausted from error
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise TpuAgentError(
+                "tpu-compile-failed",
+                f"the TPU compiler refused the program for {target.spec}: {message[:500]}",
+                "run with --format json for the full program summary, or report it with the script that produced it",
+            ) from error
+    cost_list = compiled.cost_analysis()
+    cost = cost_list[0] if isinstance(cost_list, list | tuple) else cost_list
+    stats = compiled.memory_analysis()
+    memory = {
+        "argument": int(stats.argument_size_in_bytes),
+        "output": int(stats.output_size_in_bytes),
+        "alias": int(stats.alias_size_in_bytes),
+        "temp": int(stats.temp_size_in_bytes),
+        "code": int(stats.generated_code_size_in_bytes),
+    }
+    numeric_cost = {key: float(value) for key, value in (cost or {}).items() if isinstance(value, int | float)}
+    return CompiledArtifacts(cost=numeric_cost, memory=memory, hlo_text=compiled.as_text())

@@ -1,0 +1,187 @@
+"""Compile a step's programs for a TPU target and turn the compiler's answers into an :class:`Estimate`, with
+the changes that would make a step fit checked by compiling them too.
+
+Sharding follows the script (``as-captured``: the placements its DDP / FSDP2 / DTensor code gave each tensor)
+or a strategy applied to every input (``data-parallel``: parameters on every chip, batch split;
+``fsdp``: parameters and optimizer state split on their first divisible dimension, batch split), so the
+compiler sees the same collectives and per-chip shapes the real slice would run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tpu_agent.chips import TpuTarget
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.estimate.compiler import HbmExhausted, compile_for_target, compiler_status, supported_chip_counts, tpu_devices
+from tpu_agent.estimate.hlo import DTYPE_BYTES, summarize
+from tpu_agent.estimate.model import ArgRole, ArgSpec, Estimate, MemoryBreakdown, ProgramEstimate, StepProgram, Suggestion
+
+STRATEGIES = ("as-captured", "data-parallel", "fsdp")
+MESH_AXIS = "chips"
+_JAX_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "s64", "int32": "s32", "bool": "pred"}
+_STATE_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
+
+
+def _element_bytes(dtype: str) -> float:
+    return DTYPE_BYTES.get(_JAX_DTYPES.get(dtype, dtype), 4)
+
+
+def placement(arg: ArgSpec, strategy: str, chips: int) -> int | None:
+    """The dimension of ``arg`` split across ``chips`` under ``strategy`` (``None``: every chip holds all of it).
+
+    A dimension is only split when the chip count divides it; otherwise the tensor stays whole on every chip
+    (the memory figure then shows the cost of that choice instead of hiding it).
+    """
+    if chips == 1:
+        return None
+    if strategy == "as-captured":
+        wanted: list[int] = [] if arg.shard_dim is None else [arg.shard_dim]
+    elif arg.role is ArgRole.BATCH:
+        wanted = [0]
+    elif strategy == "fsdp" and arg.role in _STATE_ROLES:
+        wanted = list(range(len(arg.shape)))
+    else:
+        wanted = []
+    return next((dim for dim in wanted if dim < len(arg.shape) and arg.shape[dim] % chips == 0), None)
+
+
+def per_chip_bytes(arg: ArgSpec, dim: int | None, chips: int) -> int:
+    elements = math.prod(arg.shape) // (chips if dim is not None else 1)
+    return int(elements * _element_bytes(arg.dtype))
+
+
+def _abstract_args(program: StepProgram, target: TpuTarget, strategy: str) -> tuple[list[object], list[int | None]]:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(tpu_devices(target)), (MESH_AXIS,))
+    abstract, dims = [], []
+    for arg in program.args:
+        dim = placement(arg, strategy, target.chips)
+        spec = PartitionSpec() if dim is None else PartitionSpec(*([None] * dim), MESH_AXIS)
+        abstract.append(jax.ShapeDtypeStruct(arg.shape, arg.dtype, sharding=NamedSharding(mesh, spec)))
+        dims.append(dim)
+    return abstract, dims
+
+
+_COMPILED: dict[tuple[object, ...], ProgramEstimate] = {}
+
+
+def compile_program(program: StepProgram, target: TpuTarget, strategy: str = "as-captured") -> ProgramEstimate:
+    """Compile one program for ``target`` and attribute the HBM it needs per chip to parameters, optimizer
+    state, inputs, outputs, temporaries and code. A program compiled once for a target is not compiled again
+    in this process (suggestions revisit the same configurations)."""
+    key = (program.name, id(program.fn), program.args, program.donated, target.spec, strategy)
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile_program(program, target, strategy)
+    return _COMPILED[key]
+
+
+def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> ProgramEstimate:
+    if strategy not in STRATEGIES:
+        raise TpuAgentError("bad-strategy", f"unknown sharding strategy {strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
+    abstract, dims = _abstract_args(program, target, strategy)
+    by_role = {role: 0 for role in ArgRole}
+    for arg, dim in zip(program.args, dims, strict=True):
+        by_role[arg.role] += per_chip_bytes(arg, dim, target.chips)
+    inputs = sum(by_role.values())
+    try:
+        artifacts = compile_for_target(program.fn, abstract, target, donate_argnums=program.donated)
+    except HbmExhausted as refusal:
+        # The compiler stops before its cost analysis; what it needs beyond the inputs is temporaries.
+        memory = MemoryBreakdown(
+            parameters=by_role[ArgRole.PARAMETER],
+            optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
+            batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
+            outputs=0,
+            temporaries=max(0, refusal.required_bytes - inputs),
+            code=0,
+        )
+        return ProgramEstimate(program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message)
+    memory = MemoryBreakdown(
+        parameters=by_role[ArgRole.PARAMETER],
+        optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
+        batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
+        outputs=max(0, artifacts.memory["output"] - artifacts.memory["alias"]),
+        temporaries=artifacts.memory["temp"],
+        code=artifacts.memory["code"],
+    )
+    return ProgramEstimate(
+        name=program.name,
+        flops=artifacts.cost.get("flops", 0.0),
+        bytes_accessed=artifacts.cost.get("bytes accessed", 0.0),
+        transcendentals=artifacts.cost.get("transcendentals", 0.0),
+        optimal_seconds=artifacts.cost.get("optimal_seconds", 0.0),
+        memory=memory,
+        hlo=summarize(artifacts.hlo_text),
+        compiler_argument_bytes=artifacts.memory["argument"],
+    )
+
+
+def estimate_step(
+    programs: Sequence[StepProgram],
+    target: TpuTarget,
+    strategy: str = "as-captured",
+    model_flops_per_step: float | None = None,
+) -> Estimate:
+    """Compile every program of the step for ``target`` and gather the result into one :class:`Estimate`."""
+    if target.chips not in supported_chip_counts(target.chip.key):
+        raise TpuAgentError(
+            "unsupported-target",
+            f"--chip {target.spec}: no {target.chip.key} slice of {target.chips} chips is known to the compiler",
+            f"use a {target.chip.key} slice of {', '.join(map(str, supported_chip_counts(target.chip.key)))} chips",
+        )
+    compiled = [compile_program(program, target, strategy) for program in programs]
+    status = compiler_status()
+    return Estimate(
+        target=target.spec,
+        chip_name=target.chip.device_name,
+        chips=target.chips,
+        strategy=strategy,
+        hbm_bytes_per_chip=target.chip.hbm_bytes_per_device,
+        peak_bf16_flops_per_chip=target.chip.peak_bf16_flops_per_device,
+        programs=compiled,
+        model_flops_per_step=model_flops_per_step,
+        compiler=status.reason,
+        assumptions=[
+            f"compiled by libtpu for {target.chips} x {target.chip.device_name} ({strategy} sharding); nothing ran",
+            "memory: per chip, from the compiler's memory analysis; programs of one step run one after another, so "
+            "the step needs the largest of them",
+            "time: the compiler's optimal_seconds summed over programs (ideal overlap, no host or input pipeline time)",
+            "MFU: model FLOPs over that time and the chips' peak bf16 FLOP/s",
+        ],
+    )
+
+
+def _bf16_state(program: StepProgram) -> StepProgram:
+    return program.with_args(
+        [arg.with_dtype("bfloat16") if arg.role in _STATE_ROLES and arg.dtype == "float32" else arg for arg in program.args]
+    )
+
+
+def suggest_fixes(
+    programs: Sequence[StepProgram], target: TpuTarget, strategy: str, max_compiles: int = 6
+) -> list[Suggestion]:
+    """Changes that make a step that does not fit fit, each verified by compiling it (at most ``max_compiles``
+    compilations): FSDP over the same chips, bf16 parameters and optimizer state, and the smallest larger slice
+    with FSDP. (A smaller batch changes the captured graph's own shapes, so it is checked by capturing again with
+    the script's smaller batch, not here.)"""
+    candidates: list[tuple[str, TpuTarget, str, list[StepProgram]]] = []
+    if target.chips > 1 and strategy != "fsdp":
+        candidates.append((f"shard parameters and optimizer state over the {target.chips} chips (FSDP2 fully_shard)", target, "fsdp", list(programs)))
+    if any(arg.role in _STATE_ROLES and arg.dtype == "float32" for program in programs for arg in program.args):
+        candidates.append(("keep parameters and optimizer state in bf16", target, strategy, [_bf16_state(p) for p in programs]))
+    for count in supported_chip_counts(target.chip.key):
+        if count > target.chips:
+            bigger = TpuTarget(target.chip, count)
+            candidates.append((f"FSDP over a {bigger.spec} slice", bigger, "fsdp", list(programs)))
+    suggestions: list[Suggestion] = []
+    for change, candidate_target, candidate_strategy, candidate_programs in candidates[:max_compiles]:
+        estimate = estimate_step(candidate_programs, candidate_target, candidate_strategy)
+        suggestions.append(Suggestion(change, candidate_target.spec, estimate.fits, estimate.peak_hbm_bytes, estimate.step_seconds))
+        if estimate.fits and candidate_target is not target:
+            break  # the smallest larger slice that fits was found; larger ones would fit too
+    return suggestions
