@@ -1,7 +1,8 @@
 """Regression tests for the emulated runtime's fault classes (issue: HF architectures and public scripts), one
 fresh process per eager mode: fused attention parity, nested argument unwrapping, conjugate/negative views,
 refused layouts, CPU kernels that refuse what the device accepts, DeferAndFuse shape-inference fallback,
-``torch.Generator("tpu")``, growing ``resize_``, pinned memory, and errors without CPU kernel names."""
+``torch.Generator("tpu")``, growing ``resize_``, pinned memory (``pin_memory=True`` factories too), errors without
+CPU kernel names, and autograd after a late ``activate()`` (the script runs a CPU backward before it)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,12 @@ def test_ops_whose_shapes_meta_cannot_infer_still_run(observed: dict) -> None:
 def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None:
     assert observed["generator"] == {"device": "tpu:0", "matches_cpu_seed": True, "is_generator": True}
     assert observed["resize_grow"] == {"shape": [2, 4], "kept": [0.0, 1.0, 2.0], "row": [5.0, 5.0, 5.0, 5.0]}
-    assert observed["pinned"] == {"pin_memory": [False, True, True, True], "loader": [True, True, True], "non_blocking": True}
+    assert observed["pinned"] == {
+        "pin_memory": [False, True, True, True],
+        "loader": [True, True, True],
+        "factories": [True, True, True, True, True, False, True],
+        "non_blocking": True,
+    }
     assert observed["device_count"] == 1  # a single process on the default one-chip host
 
 

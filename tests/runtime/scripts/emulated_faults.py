@@ -14,6 +14,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tpu_agent.runtime.emulated import activate
 
+# A notebook's CPU work before activate(): torch's autograd engine sizes its device queues at this first backward,
+# before the tpu device exists; every tpu backward below then runs after a late activate().
+cpu_leaf = torch.ones(3, requires_grad=True)
+(cpu_leaf * 2).sum().backward()
 activate(eager_mode=sys.argv[1])
 torch.set_float32_matmul_precision("highest")
 warnings.simplefilter("ignore")
@@ -130,6 +134,15 @@ loader_device = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_si
 out["pinned"] = {
     "pin_memory": [host.is_pinned(), pinned.is_pinned(), pinned[2:].is_pinned(), same(pinned, host)],
     "loader": [b.is_pinned() for b in batches] + [next(iter(loader_device))[0].is_pinned()],
+    "factories": [
+        torch.empty(3, pin_memory=True).is_pinned(),
+        torch.zeros(2, 2, pin_memory=True).is_pinned(),
+        torch.tensor([1.0, 2.0], pin_memory=True).is_pinned(),
+        torch.randn(4, pin_memory=True)[1:].is_pinned(),
+        host.new_zeros(3, pin_memory=True).is_pinned(),
+        torch.empty(3, pin_memory=False).is_pinned(),
+        same(torch.full((2,), 7.0, pin_memory=True).to("tpu"), torch.full((2,), 7.0)),
+    ],
     "non_blocking": same(pinned.to("tpu", non_blocking=True), host) and same(host.to("tpu").to("cpu", non_blocking=True), host),
 }
 

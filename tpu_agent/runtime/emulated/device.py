@@ -21,6 +21,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.runtime.emulated import (
+    autograd_queue,
     generator,
     host_memory,
     memory,
@@ -216,3 +217,4 @@ def register() -> None:
     _patch_precision()
     generator.install()
     host_memory.install()
+    autograd_queue.install()
