@@ -50,7 +50,9 @@ def fail(error: TpuAgentError, output_format: OutputFormat = OutputFormat.text) 
     else:
         # soft_wrap: a path or command in the message is never broken into pieces (rich hard-wraps at 80
         # columns when stderr is a pipe, which is how agents and scripts read it); a terminal wraps visually.
-        console_err.print(f"[bold red]error[/] [dim]({error.code})[/]: {error.message}", highlight=False, soft_wrap=True)
+        console_err.print(
+            f"[bold red]error[/] [dim]({error.code})[/]: {error.message}", highlight=False, soft_wrap=True
+        )
         if error.hint:
             console_err.print(f"  [bold]hint[/]: {error.hint}", highlight=False, soft_wrap=True)
     raise typer.Exit(int(error.exit_code))

@@ -70,7 +70,12 @@ class MemoryBreakdown:
     @property
     def total(self) -> int:
         return (
-            self.parameters + self.optimizer_state + self.batch_and_other_inputs + self.outputs + self.temporaries + self.code
+            self.parameters
+            + self.optimizer_state
+            + self.batch_and_other_inputs
+            + self.outputs
+            + self.temporaries
+            + self.code
         )
 
     def to_dict(self) -> dict[str, int]:

@@ -19,7 +19,9 @@ def memory_rows(estimate: Estimate) -> list[tuple[str, str]]:
     if not estimate.programs:
         return []
     peak = max(estimate.programs, key=lambda program: program.memory.total)
-    rows = [(kind.replace("_", " "), human_bytes(value)) for kind, value in peak.memory.to_dict().items() if kind != "total"]
+    rows = [
+        (kind.replace("_", " "), human_bytes(value)) for kind, value in peak.memory.to_dict().items() if kind != "total"
+    ]
     rows.append(("total per chip", f"{human_bytes(peak.memory.total)} of {human_bytes(estimate.hbm_bytes_per_chip)}"))
     return rows
 
@@ -46,16 +48,30 @@ def to_markdown(estimate: Estimate) -> str:
     lines += [f"| {name} | {value} |" for name, value in summary_rows(estimate)]
     lines += ["", "## HBM per chip", "", "| kind | bytes |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in memory_rows(estimate)]
-    lines += ["", "## Programs", "", "| program | FLOPs | bytes accessed | optimal time | HBM | compiler |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Programs",
+        "",
+        "| program | FLOPs | bytes accessed | optimal time | HBM | compiler |",
+        "|---|---|---|---|---|---|",
+    ]
     for program in estimate.programs:
         lines.append(
             f"| {program.name} | {program.flops:.3e} | {human_bytes(program.bytes_accessed)} | "
             f"{program.optimal_seconds * 1e3:.3f} ms | {human_bytes(program.memory.total)} | {program.refused or 'compiled'} |"
         )
     if estimate.suggestions:
-        lines += ["", "## What would fit (each compiled)", "", "| change | target | fits | HBM per chip |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "## What would fit (each compiled)",
+            "",
+            "| change | target | fits | HBM per chip |",
+            "|---|---|---|---|",
+        ]
         for suggestion in estimate.suggestions:
             fits = "yes" if suggestion.fits else "no"
-            lines.append(f"| {suggestion.change} | {suggestion.target} | {fits} | {human_bytes(suggestion.peak_hbm_bytes)} |")
+            lines.append(
+                f"| {suggestion.change} | {suggestion.target} | {fits} | {human_bytes(suggestion.peak_hbm_bytes)} |"
+            )
     lines += ["", "## Assumptions", ""] + [f"- {assumption}" for assumption in estimate.assumptions]
     return "\n".join(lines) + "\n"
