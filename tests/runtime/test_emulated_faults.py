@@ -86,6 +86,11 @@ def test_ops_whose_shapes_meta_cannot_infer_still_run(observed: dict) -> None:
 
 
 @pytest.mark.slow
+def test_views_recorded_against_meta_strides_hold_when_the_cpu_kernel_picks_another_layout(observed: dict) -> None:
+    assert observed["recorded_layout_view"] is True
+
+
+@pytest.mark.slow
 def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None:
     assert observed["generator"] == {"device": "tpu:0", "matches_cpu_seed": True, "is_generator": True}
     assert observed["resize_grow"] == {"shape": [2, 4], "kept": [0.0, 1.0, 2.0], "row": [5.0, 5.0, 5.0, 5.0]}

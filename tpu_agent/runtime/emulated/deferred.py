@@ -96,10 +96,26 @@ class CpuExecutor:
 def _fill(wrapped: Any, out: Any) -> None:
     if type(wrapped) is tt.TpuTensor:
         if wrapped._elem is None and isinstance(out, torch.Tensor):
-            tt.materialized(wrapped, out)
+            tt.materialized(wrapped, _in_recorded_layout(wrapped, out))
     elif isinstance(wrapped, (list, tuple)) and isinstance(out, (list, tuple)):
         for w, o in zip(wrapped, out, strict=False):
             _fill(w, o)
+
+
+def _in_recorded_layout(wrapped: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` with the strides recording gave ``wrapped`` (meta's), so later recorded views of it stay valid.
+
+    Some CPU kernels choose another layout than their meta function (an output contiguous on meta comes back
+    transposed on CPU); a ``view`` recorded against meta's strides would then fail at the flush ("view size is
+    not compatible with input tensor's size and stride"). A fresh (non-view) result is copied into the recorded
+    layout; a view keeps its input's aliasing, and its input already has the recorded layout.
+    """
+    if out.stride() == wrapped.stride() or out._is_view() or out.shape != wrapped.shape or out.numel() <= 1:
+        return out
+    try:
+        return torch.empty_strided(out.shape, wrapped.stride(), dtype=out.dtype).copy_(out)
+    except RuntimeError:  # recorded strides that overlap (stride 0) cannot be written: keep the kernel's layout
+        return out
 
 
 class CompileCache:
