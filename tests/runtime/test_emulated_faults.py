@@ -26,7 +26,11 @@ def observed(request: pytest.FixtureRequest) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "emulated_faults.py"), request.param], capture_output=True, text=True, env=env, timeout=240
+        [sys.executable, str(SCRIPTS / "emulated_faults.py"), request.param],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -63,8 +67,14 @@ def test_conjugate_and_negative_views_and_zero_tensors_keep_their_meaning(observ
 @pytest.mark.slow
 def test_sparse_and_quantized_data_is_refused_with_a_clear_error(observed: dict) -> None:
     sparse, quantized = observed["refused"]["sparse"], observed["refused"]["quantized"]
-    assert sparse["type"] == "RuntimeError" and "sparse tensors (torch.sparse_coo) are not supported on TPU" in sparse["message"]
-    assert quantized["type"] == "NotImplementedError" and "quantized tensors are not supported on TPU" in quantized["message"]
+    assert (
+        sparse["type"] == "RuntimeError"
+        and "sparse tensors (torch.sparse_coo) are not supported on TPU" in sparse["message"]
+    )
+    assert (
+        quantized["type"] == "NotImplementedError"
+        and "quantized tensors are not supported on TPU" in quantized["message"]
+    )
 
 
 @pytest.mark.slow

@@ -153,6 +153,7 @@ def _select_executor() -> Executor:
         executor = CpuExecutor()
     return executor
 
+
 _pending = Graph()
 _lock = threading.RLock()
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._device
 
 _pinned_storages: dict[int, Any] = {}  # storage address -> weakref to a tensor that keeps the storage alive
 
@@ -94,10 +95,14 @@ def install() -> None:
     is_pinned.__doc__ = torch.Tensor.is_pinned.__doc__
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]  # torch's needs a PrivateUse1 allocator
     torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign]  # the same hook answers is_pinned
+    # ``with torch.device(...)`` recognises factories by identity in a cached set: the wrappers call the
+    # original builtins, which must stay in it however late the set is first built.
+    device_constructors = torch.utils._device._device_constructors()
     for owner, names in ((torch, _PINNABLE_FACTORIES), (torch.Tensor, _PINNABLE_TENSOR_METHODS)):
         for name in names:
             factory = getattr(owner, name)
             if not hasattr(factory, "__wrapped_factory__"):
                 setattr(owner, name, _pinning_factory(factory))
                 if owner is torch:  # TorchScript finds builtins by identity: the wrapper stands for the aten op
+                    device_constructors.add(factory)
                     torch.jit._builtins._register_builtin(getattr(torch, name), f"aten::{name}")
