@@ -30,6 +30,7 @@ def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
         capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]  # e.g. a tensor finaliser at shutdown
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
