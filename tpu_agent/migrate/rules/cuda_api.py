@@ -519,10 +519,10 @@ def _bind_per_rank(ctx: PyContext, original: cst.SimpleStatementLine, updated: c
     if _sole_statement(parent, original):
         _merge_into(ctx, parent)  # type: ignore[arg-type]
         return updated
-    return _guarded(_off_tpu(ctx), updated, _ONE_DEVICE)
+    return _guarded(off_tpu(ctx), updated, _ONE_DEVICE)
 
 
-def _off_tpu(ctx: PyContext) -> cst.BaseExpression:
+def off_tpu(ctx: PyContext) -> cst.BaseExpression:
     """``DEVICE.type != "tpu"``, behind ``torch.accelerator.is_available() and`` unless already checked."""
     not_tpu = cst.Comparison(
         left=ctx.device_type(),
@@ -542,7 +542,7 @@ def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
 
 
 def _merge_into(ctx: PyContext, statement: cst.If) -> None:
-    ctx.extra_tests[id(statement)] = (_off_tpu(ctx), _ONE_DEVICE)
+    ctx.extra_tests[id(statement)] = (off_tpu(ctx), _ONE_DEVICE)
 
 
 _LOOSE_TESTS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
