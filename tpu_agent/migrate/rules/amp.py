@@ -73,7 +73,8 @@ FAMILY.rule(
     apis=(
         ApiEquivalent(
             "torch.cuda.amp.GradScaler(enabled=e)",
-            'torch.amp.GradScaler(DEVICE.type, enabled=e and torch.accelerator.is_available() and DEVICE.type != "tpu")',
+            "torch.amp.GradScaler(DEVICE.type, "
+            'enabled=e and torch.accelerator.is_available() and DEVICE.type != "tpu")',
         ),
         ApiEquivalent(
             "torch.amp.GradScaler(\"cuda\")",
@@ -201,7 +202,8 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
                 return updated
 
         if any(arg.star for arg in updated.args):
-            ctx.report("TPU302", original, f"{source(original)}: arguments passed with * or **: rewrite it by hand", fixable=False)
+            message = f"{source(original)}: arguments passed with * or **: rewrite it by hand"
+            ctx.report("TPU302", original, message, fixable=False)
             return updated
         new = ctx.fix(
             "TPU302",

@@ -14,9 +14,21 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import arg_position, keep_parens, keyword, positional, replace_arg_value, source
+from tpu_agent.migrate.rules._cst import (
+    arg_position,
+    keep_parens,
+    keyword,
+    positional,
+    replace_arg_value,
+    source,
+)
 from tpu_agent.migrate.rules.devices import cuda_device_index
-from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED, PROFILER, RANDOM
+from tpu_agent.migrate.rules.references import (
+    ACCELERATOR,
+    DISTRIBUTED,
+    PROFILER,
+    RANDOM,
+)
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
