@@ -10,8 +10,10 @@ from tpu_agent.cli._options import EagerModeChoice, chip_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, fail, handles_errors, print_json
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.select import BACKENDS
+from tpu_agent.runtime.xla.settings import COMPILER_ENV, COMPILERS
 
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # type: ignore[misc]
+Compiler = Enum("Compiler", {name: name for name in COMPILERS}, type=str)  # type: ignore[misc]
 
 RUN_HELP = """Run a script (or -m MODULE) on the TorchTPU 'tpu' device: real torch_tpu on a TPU host, the CPU
 emulation elsewhere. Everything after SCRIPT belongs to the script, as with python.
@@ -23,6 +25,8 @@ Examples:
   tpu-agent run --nproc 2 --eager-mode defer-and-fuse train.py
 
   tpu-agent run -m mypkg.train --lr 3e-4
+
+  tpu-agent run --compiler xla --eager-mode defer-and-fuse train.py
 
   tpu-agent run --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400 --nproc 4 train.py
 """
@@ -64,6 +68,9 @@ def run(
     master_port: int | None = typer.Option(None, "--master-port", help="Port for the static rendezvous (torchrun)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra NAME=VALUE for every rank (repeatable)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop every rank after this many seconds (exit 124)."),
+    compiler: Compiler | None = typer.Option(  # type: ignore[valid-type]
+        None, "--compiler", help="Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA; eager runs them op by op."
+    ),
 ) -> None:
     from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
 
@@ -78,7 +85,7 @@ def run(
             node_rank=node_rank,
             rdzv_endpoint=rdzv_endpoint,
             master_port=master_port,
-            env=_parse_env(env),
+            env={**_parse_env(env), **({COMPILER_ENV: compiler.value} if compiler is not None else {})},
             timeout_s=timeout,
             rdzv_backend=rdzv_backend,
         )

@@ -97,12 +97,11 @@ def _current_code() -> Any:
         return None
 
 
-def _run_materialised(gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """The compiled callable: pending deferred work runs first, the graph runs op by op, outputs are real."""
+def _run_materialised(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """The compiled callable: pending deferred work runs first, then the graph (op by op, or as XLA
+    executables with ``--compiler xla``); outputs are real."""
     from tpu_agent.runtime.emulated import deferred, modes
     from tpu_agent.runtime.emulated.state import EagerMode
-
-    forward = gm.forward
 
     @functools.wraps(forward)
     def compiled(*args: Any) -> Any:
@@ -113,6 +112,16 @@ def _run_materialised(gm: torch.fx.GraphModule) -> Callable[..., Any]:
         return forward(*args)
 
     return compiled
+
+
+def _graph_callable(gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None) -> Callable[..., Any]:
+    from tpu_agent.runtime.xla import settings
+
+    if settings.uses_xla():
+        from tpu_agent.runtime.xla import dynamo
+
+        return dynamo.compile_dynamo_graph(gm, example_inputs, name, site)
+    return gm.forward
 
 
 class TpuBackend:
@@ -129,17 +138,19 @@ class TpuBackend:
         start = time.perf_counter_ns()
         code = _current_code()
         graph_id, is_recompile, reason = _log.record(code)
-        compiled = _run_materialised(gm)
+        site = events.Site(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else telemetry.call_site(2)
+        name = code.co_name if code is not None else gm.__class__.__name__
+        compiled = _run_materialised(_graph_callable(gm, example_inputs, name, site))
         if state.log_enabled:
             events.emit(
                 events.Compile,
-                function=code.co_name if code is not None else gm.__class__.__name__,
+                function=name,
                 graph_id=graph_id,
                 graph_ops=sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")),
                 is_recompile=is_recompile,
                 reason=reason,
                 duration_ns=time.perf_counter_ns() - start,
-                site=events.Site(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else telemetry.call_site(2),
+                site=site,
             )
         return compiled
 

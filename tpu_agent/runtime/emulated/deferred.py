@@ -122,7 +122,21 @@ class CompileCache:
 
 
 cache = CompileCache()
-executor: Executor = CpuExecutor()
+executor: Executor | None = None  # chosen at the first flush: the XLA executor under --compiler xla
+
+
+def _select_executor() -> Executor:
+    global executor
+    from tpu_agent.runtime.xla import settings
+
+    if settings.uses_xla():
+        from tpu_agent.runtime.xla.executor import XlaExecutor
+
+        executor = XlaExecutor()
+    else:
+        executor = CpuExecutor()
+    return executor
+
 _pending = Graph()
 _lock = threading.RLock()
 
@@ -141,7 +155,7 @@ def flush(cause: str, site: events.Site | None = None) -> None:
         try:
             # The program's ops were recorded as they were issued; their execution here is the emulator's.
             with tt.hidden_from_profiler():
-                executor.run(graph, cause)
+                (executor or _select_executor()).run(graph, cause)
         finally:
             if state.log_enabled:
                 events.emit(

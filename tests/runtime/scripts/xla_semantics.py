@@ -1,0 +1,113 @@
+"""Program semantics the XLA path must keep: each case runs in Strict mode and in DeferAndFuse (whose graphs
+XLA compiles), and compiled with torch.compile(backend="tpu"); prints the results of each side by side."""
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+from tpu_agent.runtime.emulated import activate
+
+activate()
+torch.set_float32_matmul_precision("highest")
+STRICT, FUSED = torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE
+
+
+def views_and_mutation() -> list:
+    a = torch.arange(12.0, device="tpu").reshape(3, 4)
+    w = torch.ones(4, 4, device="tpu")
+    wt = w.t()  # a view of a materialised tensor: the graph gets both as inputs over one storage
+    row = a[1]
+    row.mul_(10)  # through a view into the base
+    b = a @ wt
+    w.add_(1)  # written after a reader recorded: the reader must see the old values
+    c = (w @ a.t())[0]
+    total = torch.zeros(4, device="tpu")
+    for i in range(3):
+        total += a[i]
+    a.transpose(0, 1)[2].zero_()
+    return [a.cpu().tolist(), b.cpu().tolist(), c.cpu().tolist(), wt.cpu().tolist(), total.cpu().tolist()]
+
+
+def optimizer_steps() -> list:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, foreach=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)  # a new lr float every step
+    x = torch.linspace(-1, 1, 32 * 8).reshape(32, 8).to("tpu")
+    losses = []
+    for _ in range(4):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        sched.step()
+        losses.append(loss.item())
+    return [losses, [p.detach().cpu().flatten().tolist()[:4] for p in model.parameters()]]
+
+
+def data_dependent() -> list:
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0]).to("tpu")
+    kept = x[x > 0]
+    return [kept.cpu().tolist(), torch.nonzero(x < 0).cpu().tolist()]
+
+
+def compiled_cases() -> dict:
+    torch.manual_seed(3)
+    x = torch.rand(64, device="tpu") * 4
+
+    def with_poisson(t: torch.Tensor) -> torch.Tensor:
+        return (torch.poisson(t) * 2 + t).sum()  # LINE poisson
+
+    torch.manual_seed(5)
+    eager = float(with_poisson(x))
+    torch.manual_seed(5)
+    compiled = float(torch.compile(with_poisson, backend="tpu")(x))
+
+    def dropped(t: torch.Tensor) -> torch.Tensor:
+        return F.dropout(t, p=0.5, training=True)
+
+    compiled_dropout = torch.compile(dropped, backend="tpu")
+    torch.manual_seed(7)
+    first = compiled_dropout(x).cpu()
+    torch.manual_seed(7)
+    again = compiled_dropout(x).cpu()
+    other = compiled_dropout(x).cpu()
+    zeros = float((first == 0).float().mean())
+    return {
+        "poisson": [eager, compiled],
+        "dropout_reproducible": bool(torch.equal(first, again)),
+        "dropout_fresh": not bool(torch.equal(first, other)),
+        "dropout_rate": zeros,
+        "dropout_scale": bool(torch.allclose(first[first != 0], x.cpu()[first != 0] * 2)),
+    }
+
+
+def run(mode: torch.tpu.EagerMode, case) -> list:
+    with torch.tpu.set_eager_mode(mode):
+        return case()
+
+
+out = {
+    name: [run(STRICT, case), run(FUSED, case)]
+    for name, case in [
+        ("views", views_and_mutation),
+        ("optimizer", optimizer_steps),
+        ("data_dependent", data_dependent),
+    ]
+}
+out["compiled"] = compiled_cases()
+from tpu_agent.runtime import events
+from tpu_agent.runtime.xla import cache
+
+events.get_log().flush()
+import os
+
+log = events.read_events(os.environ["TPU_AGENT_EVENTS_DIR"]).get(0, [])
+out["fallbacks"] = [
+    [e.op, e.site.file.rsplit("/", 1)[-1] if e.site else None, e.site.line if e.site else None]
+    for e in log
+    if isinstance(e, events.FallbackOp)
+]
+out["compiles"] = cache.executables.stats.compiles
+print(json.dumps(out))

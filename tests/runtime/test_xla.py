@@ -1,0 +1,143 @@
+"""The XLA compiler path of the emulated device (``--compiler xla``): real torch, real JAX/XLA, fresh processes
+for anything that activates the device; results compared with plain CPU torch and with Strict mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from tpu_agent.runtime.xla import extra_ops, settings
+from tpu_agent.runtime.xla.decompositions import table
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TPU_AGENT_EVENTS_DIR=str(events_dir))
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args],
+        capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("sizes", "strides", "offset"),
+    [
+        ((3, 4), (4, 1), 0),
+        ((4, 3), (1, 4), 0),
+        ((3, 4), (4, 1), 7),
+        ((2, 3, 4), (12, 1, 3), 0),
+        ((3, 4), (0, 1), 5),
+        ((1, 5), (99, 1), 2),
+    ],
+)
+def test_strided_views_lower_to_slices_that_match_torch(sizes: tuple, strides: tuple, offset: int) -> None:
+    base = torch.arange(60.0)
+    view = extra_ops.as_strided(jnp.asarray(base.numpy()), sizes, strides, offset)
+    assert view is not None
+    np.testing.assert_array_equal(np.asarray(view), base.as_strided(sizes, strides, offset).numpy())
+    if 0 not in strides:
+        src = torch.randn(sizes)
+        scattered = extra_ops.as_strided_scatter(
+            jnp.asarray(base.numpy()), jnp.asarray(src.numpy()), sizes, strides, offset
+        )
+        np.testing.assert_array_equal(
+            np.asarray(scattered), torch.as_strided_scatter(base, src, sizes, strides, offset).numpy()
+        )
+
+
+def test_overlapping_strides_are_left_to_the_general_lowering() -> None:
+    assert extra_ops.as_strided(jnp.zeros(16), (3, 3), (2, 1), 0) is None
+
+
+def test_foreach_ops_decompose_to_per_tensor_loops_with_keyword_scalars() -> None:
+    xs, ys, zs = (
+        [torch.randn(3), torch.randn(2)],
+        [torch.randn(3), torch.randn(2)],
+        [torch.rand(3) + 1, torch.rand(2) + 1],
+    )
+    loop = table()[torch.ops.aten._foreach_addcdiv.ScalarList]
+    expected = torch._foreach_addcdiv(xs, ys, zs, [0.5, 2.0])
+    for got, want in zip(loop(xs, ys, zs, [0.5, 2.0]), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    inplace = [x.clone() for x in xs]
+    assert table()[torch.ops.aten._foreach_mul_.Scalar](inplace, 3.0) is None
+    for got, x in zip(inplace, xs, strict=True):
+        torch.testing.assert_close(got, x * 3)
+
+
+def test_compiler_switch_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings.COMPILER_ENV, "XLA")
+    assert settings.uses_xla()
+    monkeypatch.setenv(settings.COMPILER_ENV, "tvm")
+    with pytest.raises(ValueError, match="TPU_AGENT_COMPILER='tvm' is not a compiler; use one of xla, eager"):
+        settings.compiler()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["compile", "defer"])
+def test_training_through_xla_matches_cpu_and_compiles_once(mode: str, tmp_path: Path) -> None:
+    out = run_xla_script("xla_train.py", mode, "highest", "5", events_dir=tmp_path)
+    np.testing.assert_allclose(out["tpu"], out["cpu"], rtol=2e-6, atol=2e-6)
+    assert out["max_param_diff"] < 5e-3  # AdamW normalises tiny gradient differences up to ~lr
+    assert out["fallbacks"] == []
+    assert out["compile_events"] == out["cache"]["compiles"] > 0
+    # the first steps compile (optimizer state appears in step 1); the steady loop only hits the cache
+    assert out["compiles_after_step"][-1] == out["compiles_after_step"][2]
+    assert out["cache"]["hits"] >= 2
+
+
+@pytest.mark.slow
+def test_default_precision_rounds_matmul_inputs_like_strict_mode(tmp_path: Path) -> None:
+    out = run_xla_script("xla_train.py", "compile", "medium", "2", events_dir=tmp_path)
+    assert out["tpu"][0] != pytest.approx(out["cpu"][0], abs=1e-7)  # bf16 inputs: not the f32 CPU result
+    np.testing.assert_allclose(out["tpu"], out["cpu"], rtol=5e-3)
+
+
+@pytest.mark.slow
+def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path: Path) -> None:
+    out = run_xla_script("xla_semantics.py", events_dir=tmp_path)
+    strict_views, fused_views = out["views"]
+    assert fused_views == strict_views
+    assert out["data_dependent"][0] == out["data_dependent"][1] == [[2.0, 4.0], [[0], [2]]]
+    (strict_losses, strict_params), (fused_losses, fused_params) = out["optimizer"]
+    np.testing.assert_allclose(fused_losses, strict_losses, rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate(fused_params), np.concatenate(strict_params), rtol=1e-5, atol=1e-6)
+    compiled = out["compiled"]
+    assert compiled["poisson"][0] == compiled["poisson"][1]  # no lowering: eager for that op, same draws
+    assert compiled["dropout_reproducible"] and compiled["dropout_fresh"] and compiled["dropout_scale"]
+    assert 0.3 < compiled["dropout_rate"] < 0.7
+    poisson_line = next(
+        i for i, t in enumerate((SCRIPTS / "xla_semantics.py").read_text().splitlines(), 1) if "# LINE poisson" in t
+    )
+    assert ["aten.poisson.default", "xla_semantics.py", poisson_line] in out["fallbacks"]
+    assert not [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]  # every deferred graph compiled
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_compiled_model_with_tpu_dist_collectives(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, "-m", "tpu_agent", "run", "--nproc", "2", "--backend", "emulated", "--compiler", "xla"]
+    proc = subprocess.run(
+        [*command, str(SCRIPTS / "xla_dist.py"), str(tmp_path)],
+        capture_output=True, text=True, check=False, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads((tmp_path / f"results-rank{r}.json").read_text()) for r in range(2)]
+    for result in results:
+        assert result["grad_diff"] < 1e-6  # averaged shard gradients equal the full-batch CPU gradients
+        assert result["collective_in_graph"] == 4 * 1 + 4 * 4 + 1  # both ranks' sums, reduced, then + 1
+        assert result["compiles"] >= 2  # forward and backward executables, at least

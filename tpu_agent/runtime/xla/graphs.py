@@ -1,0 +1,134 @@
+"""Running an ATen FX graph on CPU tensors through XLA, split around ops that have no lowering.
+
+:class:`GraphRunner` is what both front ends hand their graphs to: the ``"tpu"`` Dynamo backend (one runner
+per AOTAutograd forward and backward graph) and the DeferAndFuse XLA executor (one per captured graph). A
+runner looks up the executable for the call's input shapes, dtypes and matmul precision in the shared
+:data:`cache.executables` and compiles on a miss.
+
+An op torchax cannot lower never crashes a run and never silently changes a result: the graph is split into
+runs of lowerable ops, each compiled by XLA, and the ops between them run on the CPU exactly as Strict mode
+runs them (same MXU rounding). Each such op is reported once as a
+:class:`~tpu_agent.runtime.events.FallbackOp` naming the op and the user's line that produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated import tensor as tt
+from tpu_agent.runtime.xla import cache, lowering
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def user_site(node: torch.fx.Node) -> events.Site | None:
+    """The user line a graph node came from, read from the stack trace Dynamo keeps in its metadata."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = [f for f in _FRAME.findall(trace) if not events._is_library_file(f[0])]
+    if not frames:
+        return None
+    file, line, function = frames[-1]
+    return events.Site(file, int(line), function)
+
+
+def graph_signature(gm: torch.fx.GraphModule) -> str:
+    """Stable over identical graphs (the code and any constant tensors baked into it), whatever object holds them."""
+    digest = hashlib.sha1(gm.code.encode())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor):
+                digest.update(f"{node.target}{tuple(value.shape)}{value.dtype}".encode())
+                digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
+def _op_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+class EagerOps(torch.fx.Interpreter):
+    """Runs a graph op by op on the CPU with the eager emulation's op semantics (MXU operand rounding)."""
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if isinstance(target, torch._ops.OpOverload):
+            return tt.run_on_cpu(target, list(args), dict(kwargs), state.effective_precision())
+        return super().call_function(target, args, kwargs)
+
+
+class _Segment(torch.nn.Module):
+    """A split-out piece of the graph, as the module ``split_module`` calls."""
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def forward(self, *args: Any) -> Any:
+        return self.runner(*args)
+
+
+class GraphRunner:
+    """An ATen graph run through XLA executables (compiled per input specialisation, cached)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, site: events.Site | None = None) -> None:
+        self.gm = gm
+        self.name = name
+        self.site = site
+        self.signature = graph_signature(gm)
+        self.split: torch.fx.GraphModule | None = None
+        missing = lowering.unsupported_ops(gm)
+        if missing:
+            self.split = self._split(missing)
+
+    def _split(self, missing: list[torch.fx.Node]) -> torch.fx.GraphModule:
+        unsupported = set(missing)
+        for node in missing:
+            if state.log_enabled:
+                events.emit(events.FallbackOp, op=str(node.target), site=user_site(node) or self.site)
+        partition = {"id": 0, "eager": None}
+        assignment: dict[torch.fx.Node, int] = {}
+        for node in self.gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            eager = node in unsupported
+            if partition["eager"] is not None and (eager or partition["eager"]):
+                partition["id"] += 1
+            partition["eager"] = eager
+            assignment[node] = partition["id"]
+        split = split_module(self.gm, None, lambda node: assignment[node], keep_original_order=True)
+        eager_ids = {assignment[n] for n in missing}
+        for name, sub in list(split.named_children()):
+            index = int(name.removeprefix("submod_"))
+            if index in eager_ids:
+                runner: Any = EagerOps(sub).run
+            else:
+                runner = GraphRunner(sub, f"{self.name}#{index}", self.site)
+            setattr(split, name, _Segment(runner))
+        return split
+
+    def __call__(self, *args: Any) -> Any:
+        if self.split is not None:
+            return self.split(*args)
+        if not all(isinstance(a, (torch.Tensor, float)) for a in args):
+            return EagerOps(self.gm).run(*args)
+        tensors: Sequence[torch.Tensor | float] = args
+        precision = state.effective_precision()
+        specialisation = (
+            tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors),
+            precision.name,
+        )
+        executable = cache.executables.get_or_compile(
+            self.signature,
+            specialisation,
+            lambda: lowering.compile_graph(self.gm, tensors, precision),
+            lambda: (self.name, _op_count(self.gm), self.site),
+        )
+        return executable(list(tensors))

@@ -1,0 +1,338 @@
+"""ATen FX graphs lowered to JAX functions through torchax's op table, compiled ahead of time by XLA.
+
+A graph (an AOTAutograd forward or backward graph, or a functionalised DeferAndFuse graph) is interpreted once
+with torchax tensors wrapping JAX tracers, inside ``jax.jit``'s trace: every ATen op becomes the JAX code of
+torchax's lowering, and XLA compiles the whole function into one executable. Three things differ from plain
+torchax, all so that the result matches the emulated device's eager numerics:
+
+* **MXU precision.** The operands of matmul-family ops (:data:`ops.MXU_OPERANDS`) are rounded as the eager
+  emulation rounds them (1-pass bf16 at DEFAULT, ~16 significand bits at HIGH, untouched at HIGHEST); the
+  precision is part of the executable's cache key.
+* **RNG.** The PRNG key is an argument of the executable, drawn from torch's default generator at each call,
+  so dropout is fresh every step, and reproducible under ``torch.manual_seed``.
+* **Input mutation.** An op that writes into a graph input (``copy_`` into a placeholder, as functionalisation
+  leaves them, or any in-place op torchax implements by rebinding its tensor) makes the new value an extra
+  output; the caller writes it back into the input's CPU data.
+
+Ops torchax has no lowering for are found before tracing (:func:`unsupported_ops`); the callers split the
+graph around them (see :mod:`tpu_agent.runtime.xla.partition`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import operator
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.utils._pytree as pytree
+
+from tpu_agent.runtime.emulated import ops, state
+from tpu_agent.runtime.xla import extra_ops, torchax_compat
+
+# Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
+_PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
+
+
+class _TraceState(threading.local):
+    precision: state.Precision = state.Precision.HIGHEST
+
+
+_trace = _TraceState()
+
+
+def round_mantissa(x: jax.Array, bits: int) -> jax.Array:
+    """``x`` (f32) rounded to nearest even at ``bits`` significand bits: the JAX twin of the eager rounding."""
+    drop = 23 - bits
+    i = jax.lax.bitcast_convert_type(x, jnp.int32)
+    i = i + ((i >> drop) & 1) + ((1 << (drop - 1)) - 1)
+    i = i & jnp.int32(-(1 << drop))
+    return jax.lax.bitcast_convert_type(i, jnp.float32)
+
+
+def mxu_round(x: Any, precision: state.Precision) -> Any:
+    """An MXU operand as TorchTPU sees it (see ``tensor.mxu_operand`` for the eager version)."""
+    if not isinstance(x, jax.Array) or precision is state.Precision.HIGHEST:
+        return x
+    if x.dtype == jnp.float32:
+        if precision is state.Precision.DEFAULT:
+            return x.astype(jnp.bfloat16).astype(jnp.float32)
+        return round_mantissa(x, 16)
+    if x.dtype == jnp.float16 and precision is state.Precision.DEFAULT:
+        return x.astype(jnp.bfloat16).astype(jnp.float16)
+    return x
+
+
+def _rounding(operator_entry: Any, positions: tuple[int, ...]) -> Any:
+    """torchax's operator for an MXU op, with its matmul operands rounded at the trace's precision."""
+    inner = operator_entry.func
+    is_jax = operator_entry.is_jax_function
+
+    def rounded(*args: Any, **kwargs: Any) -> Any:
+        precision = _trace.precision
+        if precision is not state.Precision.HIGHEST:
+            args = list(args)
+            for p in positions:
+                if p < len(args):
+                    args[p] = mxu_round(args[p], precision) if is_jax else _round_torchax(args[p], precision)
+        return inner(*args, **kwargs)
+
+    return type(operator_entry)(
+        operator_entry.torch_op,
+        rounded,
+        is_jax_function=is_jax,
+        is_user_defined=operator_entry.is_user_defined,
+        needs_env=operator_entry.needs_env,
+        is_view_op=operator_entry.is_view_op,
+    )
+
+
+def _round_torchax(t: Any, precision: state.Precision) -> Any:
+    if hasattr(t, "apply_jax"):
+        return t.apply_jax(mxu_round, precision)
+    return t
+
+
+_env: Any = None
+_env_lock = threading.Lock()
+
+
+def environment() -> Any:
+    """The torchax environment the lowering uses (built once: loading the op table takes seconds)."""
+    global _env
+    with _env_lock:
+        if _env is None:
+            torchax = torchax_compat.load()
+            env = torchax.tensor.Environment()
+            env._should_use_torchax_tensor = lambda device: True  # factories in a graph make traced arrays
+            extra_ops.install(env, torchax.ops.ops_registry.Operator)
+            for op, positions in ops.MXU_OPERANDS.items():
+                for table in (env._ops, env._decomps):
+                    for key in (op, op.overloadpacket):
+                        if key in table:
+                            table[key] = _rounding(table[key], positions)
+            _env = env
+        return _env
+
+
+# Collectives stay outside the executables: the emulated device runs them through tpu_dist, between compiled
+# pieces of the graph (torchax would lower them to JAX collectives over a device mesh this process lacks).
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
+
+
+def has_lowering(target: Any) -> bool:
+    """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
+    if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    if target.namespace in _COLLECTIVE_NAMESPACES:
+        return False
+    env = environment()
+    try:
+        env._get_op_or_decomp(target)
+    except Exception:  # noqa: BLE001 - torchax's OperatorNotFound, or any failure to resolve: no lowering
+        return False
+    return True
+
+
+def unsupported_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The call nodes of ``gm`` torchax cannot lower."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and not has_lowering(n.target)]
+
+
+@dataclass
+class Lowered:
+    """A compiled graph: call with the CPU input tensors, get the graph's outputs as CPU tensors.
+
+    Inputs the graph wrote into have been updated in place when the call returns."""
+
+    executable: Any
+    out_spec: Any
+    static_leaves: list[Any]  # graph outputs that are not tensors (None, ints), by flat position
+    mutated_inputs: list[int]
+    uses_rng: bool
+    output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
+
+    def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
+        arrays = [_aliases.array(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+        key = _next_key() if self.uses_rng else _NO_KEY
+        flat, mutated = self.executable(key, *arrays)
+        _aliases.rotate()
+        for index, value in zip(self.mutated_inputs, mutated, strict=True):
+            inputs[index].copy_(to_torch(value))
+        leaves = list(self.static_leaves)
+        outputs = iter(flat)
+        for i, leaf in enumerate(leaves):
+            if leaf is _ARRAY:
+                result = to_torch(next(outputs))
+                dtype = self.output_dtypes[i] if i < len(self.output_dtypes) else None
+                leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+_ARRAY = object()  # placeholder in Lowered.static_leaves for an array output
+_NO_KEY = jax.random.key_data(jax.random.PRNGKey(0))
+
+
+def _next_key() -> jax.Array:
+    """A PRNG key drawn from torch's default generator: seeded by ``torch.manual_seed``, fresh each call."""
+    seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
+    return jax.random.key_data(jax.random.PRNGKey(seed))
+
+
+class _AliasCache:
+    """JAX arrays that alias CPU tensors' memory, reused by the next call that passes the same tensor.
+
+    Making a JAX array over a tensor costs ~0.1-0.3 ms (more than a small op); parameters and optimizer state
+    are passed to every step's executable. An alias always shows the tensor's current values (same memory),
+    and while it is cached it holds the tensor's storage, so no other tensor can take its address. Entries a
+    call did not use are dropped at the next call, so the cache holds no more than the latest inputs."""
+
+    def __init__(self) -> None:
+        self.now: dict[tuple[int, torch.Size, torch.dtype], jax.Array] = {}
+        self.previous: dict[tuple[int, torch.Size, torch.dtype], jax.Array] = {}
+
+    def array(self, t: torch.Tensor) -> jax.Array:
+        if not t.is_contiguous() or t.dtype is torch.bool:
+            return to_jax(t)
+        key = (t.data_ptr(), t.shape, t.dtype)
+        found = self.now.get(key)
+        if found is None:
+            found = self.previous.pop(key, None)
+        if found is None:
+            found = to_jax(t)
+            if t.numel() and found.unsafe_buffer_pointer() != t.data_ptr():
+                return found  # a copy, not an alias: it would go stale
+        self.now[key] = found
+        return found
+
+    def rotate(self) -> None:
+        self.previous = self.now
+        self.now = {}
+
+    def clear(self) -> None:
+        self.now, self.previous = {}, {}
+
+
+_aliases = _AliasCache()
+atexit.register(_aliases.clear)  # before interpreter teardown: the aliases hold device tensors' storages
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of dlpack dtypes)."""
+    if t.dtype is torch.bool:
+        return jnp.asarray(t.numpy())
+    if not t.is_contiguous():
+        t = t.contiguous()
+    try:
+        return jax.dlpack.from_dlpack(t.detach())
+    except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
+        return jax.dlpack.from_dlpack(t.detach().clone())
+
+
+def to_torch(a: jax.Array) -> torch.Tensor:
+    """A CPU tensor over a JAX array's buffer (no copy)."""
+    if a.dtype == jnp.bool_:
+        return torch.from_numpy(jax.device_get(a).copy())
+    return torch.from_dlpack(a)
+
+
+class _Interpreter(torch.fx.Interpreter):
+    """Runs the graph on torchax tensors; constants (``get_attr``) become JAX constants of the executable."""
+
+    def __init__(self, gm: torch.fx.GraphModule, env: Any) -> None:
+        super().__init__(gm)
+        self.env = env
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            return self.env.j2t_iso(to_jax(value.detach().cpu()))
+        return value
+
+
+def _abstract(t: torch.Tensor | float) -> jax.ShapeDtypeStruct:
+    if not isinstance(t, torch.Tensor):
+        return jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
+    dtype = jnp.bool_ if t.dtype is torch.bool else torch_dtype_to_jax(t.dtype)
+    return jax.ShapeDtypeStruct(tuple(t.shape), dtype)
+
+
+def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
+    torchax = torchax_compat.load()
+    return torchax.ops.mappings.t2j_dtype(dtype)
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
+) -> Lowered:
+    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
+
+    Float inputs are Python scalars lifted out of the graph (see :mod:`.executor`), passed at each call."""
+    env = environment()
+    found: dict[str, Any] = {}
+
+    def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+        # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
+        inputs = [
+            env.j2t_iso(a) if isinstance(t, torch.Tensor) else a for t, a in zip(example_inputs, arrays, strict=True)
+        ]
+        previous = _trace.precision
+        _trace.precision = precision
+        try:
+            with env, env.override_property(prng=jax.random.wrap_key_data(key)):
+                result = _Interpreter(gm, env).run(*inputs)
+                result = env.v2t_iso(result)
+        finally:
+            _trace.precision = previous
+        leaves, spec = pytree.tree_flatten(result)
+        arrays_out = []
+        statics: list[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                arrays_out.append(env.t2j_iso(leaf))
+                statics.append(_ARRAY)
+            else:
+                statics.append(leaf)
+        mutated = [
+            i
+            for i, (t, a) in enumerate(zip(inputs, arrays, strict=True))
+            if isinstance(example_inputs[i], torch.Tensor) and t._elem is not a
+        ]
+        found.update(spec=spec, statics=statics, mutated=mutated)
+        return arrays_out, [inputs[i]._elem for i in mutated]
+
+    abstract = [_abstract(t) for t in example_inputs]
+    lowered = jax.jit(jax_function).lower(jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype), *abstract)
+    executable = lowered.compile()
+    return Lowered(
+        executable=executable,
+        out_spec=found["spec"],
+        static_leaves=found["statics"],
+        mutated_inputs=found["mutated"],
+        uses_rng=_uses_rng(gm),
+        output_dtypes=_output_dtypes(gm),
+    )
+
+
+def _output_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype | None]:
+    """torch dtypes of the graph's tensor outputs, in flat order, from the tracer's metadata."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    dtypes: list[torch.dtype | None] = []
+    for leaf in pytree.tree_leaves(output.args[0]):
+        value = leaf.meta.get("val") if isinstance(leaf, torch.fx.Node) else None
+        dtypes.append(value.dtype if isinstance(value, torch.Tensor) else None)
+    return dtypes
+
+
+def _uses_rng(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and _is_random(n.target) for n in gm.graph.nodes)
+
+
+def _is_random(target: Any) -> bool:
+    tags = getattr(target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
