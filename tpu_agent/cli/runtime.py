@@ -115,6 +115,9 @@ def doctor(
     console.print(f"  TPU devices {', '.join(report.tpu_devices) or 'none'}", highlight=False)
     console.print(f"  chip        {report.chip} ({report.chip_source})", highlight=False)
     console.print(f"  eager mode  {report.eager_mode} / {report.eager_mode_doc_name} ({report.eager_mode_source})", highlight=False)
+    compiler = report.tpu_compiler
+    hint = f"; {compiler['hint']}" if compiler.get("hint") else ""
+    console.print(f"  compiler    {compiler['reason']} (for estimate{hint})", highlight=False, soft_wrap=True)
     for name, value in report.env.items():
         console.print(f"  env         {name}={value}", highlight=False)
 

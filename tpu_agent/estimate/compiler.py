@@ -44,7 +44,7 @@ _TOPOLOGY_FAMILIES: dict[str, tuple[str, dict[int, str]]] = {
 # TPU), says nothing the user can act on, and would bury the script's own output.
 _HARMLESS_LIBTPU_LINES = re.compile(
     r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Source Location Trace|libtpu_init_utils"
-    r"|^=+\s*$|common_lib\.cc|could not determine TPU|Unable to initialize backend 'tpu'|^\s*$|^E0000|^W0000|^I0000"
+    r"|^=+\s*$|common_lib\.cc|could not determine TPU|Unable to initialize backend 'tpu'|^\s*$|^E0000|^W0000|^I0000|Logging before InitGoogle"
 )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,10 @@ from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.xla import cache, lowering
+
+# Called with (runner, inputs, precision) before each XLA run of a graph: how ``tpu-agent estimate`` sees the
+# graphs of a step and the tensors they read. Empty unless an observer installed itself.
+graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], state.Precision], None]] = []
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -125,6 +129,8 @@ class GraphRunner:
             tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors),
             precision.name,
         )
+        for observe in graph_observers:
+            observe(self, tensors, precision)
         executable = cache.executables.get_or_compile(
             self.signature,
             specialisation,

@@ -30,6 +30,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import torch
+
+# Executables run on XLA:CPU. Naming the platform keeps an installed libtpu (the estimate extra) from being
+# initialised for execution, which would print its "no TPU here" errors into every run.
+jax.config.update("jax_platforms", "cpu")
 import torch.utils._pytree as pytree
 
 from tpu_agent.runtime.emulated import ops, state
@@ -267,20 +271,31 @@ def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
     return torchax.ops.mappings.t2j_dtype(dtype)
 
 
-def compile_graph(
+@dataclass
+class TracedGraph:
+    """A graph as a JAX function ``function(key, *arrays) -> (outputs, mutated inputs' new values)`` and the
+    abstract arguments it is traced for. The XLA:CPU executable and the TPU estimate compile this same function.
+
+    ``found`` is filled by the trace (output tree, static leaves, mutated input positions)."""
+
+    function: Any
+    abstract: list[jax.ShapeDtypeStruct]  # the key first, then one per input
+    found: dict[str, Any]
+
+
+def trace_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
-) -> Lowered:
-    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
+) -> TracedGraph:
+    """``gm`` as a JAX function over arrays shaped like ``example_inputs`` (nothing is traced until it is lowered).
 
     Float inputs are Python scalars lifted out of the graph (see :mod:`.executor`), passed at each call."""
     env = environment()
     found: dict[str, Any] = {}
+    is_tensor = [isinstance(t, torch.Tensor) for t in example_inputs]
 
     def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
-        inputs = [
-            env.j2t_iso(a) if isinstance(t, torch.Tensor) else a for t, a in zip(example_inputs, arrays, strict=True)
-        ]
+        inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, arrays, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
         try:
@@ -298,22 +313,25 @@ def compile_graph(
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
-        mutated = [
-            i
-            for i, (t, a) in enumerate(zip(inputs, arrays, strict=True))
-            if isinstance(example_inputs[i], torch.Tensor) and t._elem is not a
-        ]
+        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if is_tensor[i] and t._elem is not a]
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
-    abstract = [_abstract(t) for t in example_inputs]
-    lowered = jax.jit(jax_function).lower(jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype), *abstract)
-    executable = lowered.compile()
+    key = jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype)
+    return TracedGraph(jax_function, [key, *(_abstract(t) for t in example_inputs)], found)
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
+) -> Lowered:
+    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes."""
+    traced = trace_graph(gm, example_inputs, precision)
+    executable = jax.jit(traced.function).lower(*traced.abstract).compile()
     return Lowered(
         executable=executable,
-        out_spec=found["spec"],
-        static_leaves=found["statics"],
-        mutated_inputs=found["mutated"],
+        out_spec=traced.found["spec"],
+        static_leaves=traced.found["statics"],
+        mutated_inputs=traced.found["mutated"],
         uses_rng=_uses_rng(gm),
         output_dtypes=_output_dtypes(gm),
     )
