@@ -9,6 +9,14 @@ Targets (ISSUE 2): 3,000 lines/s per core for files that are parsed, 50,000 line
 prefilter dismisses. Run:
 
     .venv/bin/python benchmarks/migrate_bench.py [--files 2400] [--lines 150] [--cuda-share 0.25] [--jobs N]
+
+``--real-tree`` instead writes the real-shaped tree of ``benchmarks/real_tree.py`` (default 1,700 files,
+about 440k lines; issue 13's target: the in-place run in <= 30 s on 2 cores with the default jobs) and
+migrates it in place as the CLI does (plan, then apply), printing the wall time next to the time the
+value-flow analysis took inside it (measured on the same files in the same run), and the share of
+converted CUDA references: over all references, and over those that have a TorchTPU / torch.accelerator
+form (manual-by-design rules excluded), with and without ``--unsafe-fixes`` and for both targets (on a quarter
+of the tree).
 """
 
 from __future__ import annotations
@@ -23,8 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from real_tree import conversion_share, make_tree
+
 from tpu_agent.migrate import api
-from tpu_agent.migrate.model import MigrateOptions, Plan
+from tpu_agent.migrate.analysis.valueflow import analyse
+from tpu_agent.migrate.model import MigrateOptions, Plan, Target
 
 PARSED_TARGET_PER_CORE = 3_000  # lines/s
 PREFILTER_TARGET = 50_000  # lines/s
@@ -194,13 +205,58 @@ def measure(label: str, root: Path, jobs: int) -> Measurement:
     )
 
 
+def real_tree(files: int, lines: int) -> None:
+    """Migrate the real-shaped tree in place (default jobs), then report speed and conversion shares."""
+    workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-real-"))
+    try:
+        root = make_tree(workdir / "tree", files=files, mean_lines=lines)
+        start = time.perf_counter()
+        plan = api.plan([root], MigrateOptions())
+        planned = time.perf_counter() - start
+        api.apply(plan, allow_dirty=True)
+        in_place = time.perf_counter() - start
+        total_lines = sum(f.lines for f in plan.files)
+        analysed = [f.path for f in plan.files if f.path.suffix == ".py" and not f.prefiltered]
+        flow_start = time.perf_counter()
+        for path in analysed:  # what the value-flow analysis costs where it could run (an upper bound)
+            analyse(path.read_text(encoding="utf-8"))
+        flow_seconds = time.perf_counter() - flow_start
+        print(f"real-shaped tree: {len(plan.files)} files, {total_lines:,} lines; {os.cpu_count()} cores, "
+              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"in-place run (plan + apply, default jobs): {in_place:.1f} s wall (plan {planned:.1f} s); "
+              f"target 30 s: {30 / in_place:.2f}x")
+        print(f"value-flow analysis on all {len(analysed)} parsed files (upper bound, stdlib re-parse included): "
+              f"{flow_seconds:.1f} s wall")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    share_files = max(120, files // 4)  # the same generator and seed, a quarter of the files: 4 plans to run
+    print(f"conversion shares on the first {share_files} files of the same tree:")
+    for target in (Target.ACCELERATOR, Target.TPU):
+        for unsafe in (False, True):
+            tree = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-share-"))
+            try:
+                result = api.plan([make_tree(tree, files=share_files, mean_lines=lines)],
+                                  MigrateOptions(target=target, unsafe_fixes=unsafe))
+            finally:
+                shutil.rmtree(tree, ignore_errors=True)
+            references, converted, convertible, left = conversion_share(result)
+            top = ", ".join(f"{code} {count}" for code, count in sorted(left.items(), key=lambda kv: -kv[1])[:8])
+            print(f"target {target.value:<11} unsafe fixes {'on ' if unsafe else 'off'}: {converted}/{references} "
+                  f"references converted ({converted / references:.1%}); of those with a TorchTPU form "
+                  f"{converted}/{convertible} ({converted / max(1, convertible):.1%}); left: {top}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=2_400, help="files in the corpus (default 2400)")
     parser.add_argument("--lines", type=int, default=150, help="mean lines per file (default 150)")
     parser.add_argument("--cuda-share", type=float, default=0.25, help="share of files using CUDA (default 0.25)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="workers for the parallel run (default: cores)")
+    parser.add_argument("--real-tree", action="store_true", help="measure the real-shaped tree instead (issue 13)")
     args = parser.parse_args()
+    if args.real_tree:
+        real_tree(args.files if args.files != 2_400 else 1_700, args.lines if args.lines != 150 else 260)
+        return
 
     workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-bench-"))
     try:

@@ -86,6 +86,30 @@ class TpuTarget:
         return self.chips_per_host * self.chip.devices_per_chip
 
 
+def host_devices(target: TpuTarget, nproc: int) -> int:
+    """Devices the host of a run shows (``torch.accelerator.device_count()`` in every rank), for ``nproc`` ranks.
+
+    A slice (``v6e-4``) fixes the host: one host of it, and at most that many ranks. A generation alone
+    (``v6e``) names no host size, so the host is the smallest single-host topology that holds ``nproc`` ranks
+    (two ranks on v6e: a 4-chip host), up to the largest one host can have. More ranks than the host has
+    devices is refused: TorchTPU binds one device per process. Raises TpuAgentError.
+    """
+    per_chip = target.chip.devices_per_chip
+    sizes = sorted(count * per_chip for count in target.chip.single_host_topology)
+    capacity = target.devices_per_host if target.chips > 1 else sizes[-1]
+    if nproc > capacity:
+        what = f"one {target.spec} host has" if target.chips > 1 else f"the largest {target.chip.key} host has"
+        raise TpuAgentError(
+            code="too-many-ranks",
+            message=f"--nproc {nproc}: {what} {capacity} TPU devices, and TorchTPU runs one process per device",
+            hint=f"use --nproc {capacity} or fewer on one host; for more ranks run several hosts with --nnodes "
+            "(each with its own --node-rank and a shared --rdzv-endpoint)",
+        )
+    if target.chips > 1:
+        return target.devices_per_host
+    return next(size for size in sizes if size >= nproc) if nproc > 1 else max(per_chip, 1)
+
+
 def _unknown_chip(spec: str) -> TpuAgentError:
     return TpuAgentError(
         code="unknown-chip",

@@ -38,7 +38,19 @@ def _migrated(tmp: Path, target: Target) -> Path:
 
 def _run(tree: Path, nproc: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--nproc", str(nproc), "train.py", "--steps", "3"],
+        [
+            sys.executable,
+            "-m",
+            "tpu_agent",
+            "run",
+            "--backend",
+            "emulated",
+            "--nproc",
+            str(nproc),
+            "train.py",
+            "--steps",
+            "3",
+        ],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -49,11 +61,11 @@ def _run(tree: Path, nproc: int) -> subprocess.CompletedProcess[str]:
 def test_config_values_are_followed_to_their_uses(tmp_path: Path) -> None:
     out = _migrated(tmp_path, Target.ACCELERATOR)
     config = (out / "config.py").read_text()
-    assert 'device: str = DEVICE.type' in config
+    assert "device: str = DEVICE.type" in config
     assert "dist_backend: str = torch.distributed.get_default_backend_for_device(DEVICE)" in config
     assert 'choices=["cpu", DEVICE.type]' in config
     dist_utils = (out / "dist_utils.py").read_text()
-    assert 'if cfg.device == DEVICE.type:' in dist_utils
+    assert "if cfg.device == DEVICE.type:" in dist_utils
     assert "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index())" in dist_utils
     train = (out / "train.py").read_text()
     assert "local_rank)" not in train.replace("setup_distributed(cfg)", "")  # no rank used as a device index

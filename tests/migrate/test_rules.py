@@ -115,4 +115,4 @@ def test_family_order_does_not_change_any_result() -> None:
         forward = migrate_source(source, options, ALL_RULES, dispatch())
         backward = migrate_source(source, options, ALL_RULES, reversed_dispatch)
         assert forward.code == backward.code, case.source.name
-        assert [(f.code, p) for f, p in forward.findings] == [(f.code, p) for f, p in backward.findings]
+        assert forward.findings == backward.findings, case.source.name

@@ -7,7 +7,8 @@ from tpu_agent.migrate.analysis.valueflow import Verdict, analyse, argparse_dest
 
 def test_device_only_uses_through_copies_and_keywords() -> None:
     flow = analyse(
-        'dev = "cuda"\nplace = dev\nmodel.to(place)\nbuild(device=dev)\nprint(f"on {dev}")\nif dev == "cuda":\n    pass\n'
+        'dev = "cuda"\nplace = dev\nmodel.to(place)\nbuild(device=dev)\n'
+        'print(f"on {dev}")\nif dev == "cuda":\n    pass\n'
     )
     assert flow.flow(name_key("dev")).verdict is Verdict.DEVICE
     assert flow.flow(name_key("place")).verdict is Verdict.DEVICE

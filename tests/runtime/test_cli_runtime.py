@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from runtime_launch_util import flat, tpu_agent
 
 ECHO = "import os, sys\nprint(sys.argv[1:], os.environ.get('EXTRA'), os.environ.get('TPU_AGENT_CHIP'))\n"
 
 
+@pytest.mark.slow
 def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
     # "--" ends tpu-agent's options; everything after SCRIPT, options and "--" included, is the script's
@@ -17,10 +19,22 @@ def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
     assert result.stdout.strip().splitlines()[-1] == "['--nproc', '4', '--', '-x'] yes v5p"
 
 
+@pytest.mark.slow
+def test_the_host_follows_the_chip_slice(tmp_path: Path) -> None:
+    (tmp_path / "count.py").write_text("import torch\nprint(torch.accelerator.device_count())\n")
+    for chip, expected in (("v6e", "1"), ("v6e-4", "4"), ("v5e-8", "8")):
+        result = tpu_agent("run", "--backend", "emulated", "--chip", chip, "count.py", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().splitlines()[-1] == expected, chip
+
+
 def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
     for args, mentions in (
         (["--nproc", "0", "echo.py"], "--nproc"),
+        (["--nproc", "1000", "echo.py"], "--nproc 1000: the largest v6e host has 8 TPU devices"),
+        (["--chip", "v6e-4", "--nproc", "5", "echo.py"], "--nproc 5: one v6e-4 host has 4 TPU devices"),
+        (["--chip", "v7", "--nproc", "17", "--nnodes", "2", "echo.py"], "use --nproc 16 or fewer on one host"),
         (["--chip", "v9", "echo.py"], "v9"),
         (["--eager-mode", "lazy", "echo.py"], "lazy"),
         (["--env", "NOEQUALS", "echo.py"], "NOEQUALS"),
@@ -43,8 +57,8 @@ def test_help_documents_the_launcher() -> None:
 def test_rendezvous_options_reach_torchrun_unchanged() -> None:
     from torch.distributed.run import parse_args
 
-    from tpu_agent.runtime.api import LaunchTarget, RunOptions
     from tpu_agent.runtime.launcher import command
+    from tpu_agent.runtime.options import LaunchTarget, RunOptions
 
     options = RunOptions(nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host0:29400", rdzv_backend="c10d", master_port=29555)
     argv = command(LaunchTarget("train.py", ["--lr", "1"]), options)

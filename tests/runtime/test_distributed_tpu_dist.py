@@ -19,6 +19,8 @@ from runtime_launch_util import SCRIPTS, clean_env, flat, tpu_agent
 
 from tpu_agent.runtime.events import Collective, RunInfo, iter_kind, read_events
 
+pytestmark = pytest.mark.slow  # every test launches fresh torch processes
+
 
 def _results(out_dir: Path) -> dict[int, dict]:
     return {int(p.stem.removeprefix("results-rank")): json.loads(p.read_text()) for p in out_dir.glob("results-rank*.json")}
@@ -128,3 +130,26 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_pinned_memory_and_the_host_device_count_work_in_every_rank(tmp_path: Path) -> None:
+    args = ["--nproc", "2", "--chip", "v6e-4", "--backend", "emulated"]
+    result = tpu_agent("run", *args, str(SCRIPTS / "dist_host_memory.py"), str(tmp_path), timeout=240)
+    assert result.returncode == 0, result.stderr
+    ranks = _results(tmp_path)
+    assert sorted(ranks) == [0, 1]
+    for seen in ranks.values():
+        assert seen["device_count"] == 4  # a v6e-4 host shows its four chips while each process binds one
+        assert seen["devices_per_rank"] == 2 and seen["enough_devices"] is True and seen["current_device"] == 0
+        assert seen["pinned_batches"] == [True, True]
+        assert seen["pinned_host"] == [True, [1.0, 1.0, 1.0]]
+        assert seen["total"] == [56.0, 64.0]  # every row summed once across both ranks' shards
+
+
+def test_a_rank_that_returns_early_is_named_by_the_peer_waiting_in_a_collective() -> None:
+    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_early_exit.py"), timeout=120)
+    assert result.returncode == 1, result.stderr
+    text = flat(result.stderr)
+    assert re.search(r"tpu_dist: all_reduce \(collective #2 of group \S+, ranks \[0, 1\]\) on rank 0 failed: rank 1 exited while", text)
+    assert "Connection closed by peer" in text  # the transport's own words are kept, after the explanation
+    assert re.search(r"rank 0 \(local rank 0, pid \d+\) failed with exit code 1", text)

@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from tpu_agent.runtime.events import Compile, Flush, GraphBreak, HostSync, MemorySample, OpBatch, StepMarker, read_events
+from tpu_agent.runtime.events import (
+    Compile,
+    Flush,
+    GraphBreak,
+    HostSync,
+    MemorySample,
+    OpBatch,
+    StepMarker,
+    read_events,
+)
+
+pytestmark = pytest.mark.slow  # every test runs a fresh torch process
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +52,9 @@ def basics(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 
 def test_device_and_accelerator_api(basics: tuple[dict, Path]) -> None:
     out, _ = basics
-    assert out["accelerator"] == ["tpu", True, 1, 0]
-    assert out["is_tpu"] == [True, "tpu:0", True]
-    assert out["factories"] == [[0, 1, 2, 3, 4], 2, "tpu"]
+    assert out["accelerator"] == {"type": "tpu", "available": True, "device_count": 1, "current_index": 0}
+    assert out["is_tpu"] == {"is_tpu": True, "device": "tpu:0", "tpu_method_moves": True}
+    assert out["factories"] == {"arange": [0, 1, 2, 3, 4], "eye_rows": 2, "zeros_device": "tpu"}
     assert out["eager_mode"] == "DEFER_NEVER"
     assert out["amp_dtypes"] == 20
 
@@ -51,35 +62,44 @@ def test_device_and_accelerator_api(basics: tuple[dict, Path]) -> None:
 def test_chip_properties_follow_the_chip_table(basics: tuple[dict, Path]) -> None:
     out, _ = basics
     assert out["name"] == "TPU v5e"
-    assert out["props"] == ["TPU v5e", 16 * 1024**3]
+    assert out["props"] == {"name": "TPU v5e", "total_memory": 16 * 1024**3}
 
 
 def test_torchtpu_rules_for_legacy_calls_and_device_index(basics: tuple[dict, Path]) -> None:
     out, _ = basics
-    assert out["legacy"] == [
-        "RuntimeError",
-        "is_available is internal to TorchTPU and can only be called by the PyTorch framework (torch and torch_tpu). "
-        "Use torch.accelerator.is_available instead.",
-    ]
-    assert out["set_device"] == [
-        "ValueError",
-        "Cannot set TPU device to index 1, current process is bound to device index 0. "
+    assert out["legacy"] == {
+        "type": "RuntimeError",
+        "message": "is_available is internal to TorchTPU and can only be called by the PyTorch framework (torch and "
+        "torch_tpu). Use torch.accelerator.is_available instead.",
+    }
+    assert out["set_device"] == {
+        "type": "ValueError",
+        "message": "Cannot set TPU device to index 1, current process is bound to device index 0. "
         "Changing the active TPU device within a process is not supported.",
-    ]
-    assert out["stream"][0] == "NotImplementedError"
+    }
+    assert out["stream"]["type"] == "NotImplementedError"
 
 
 def test_views_alias_and_device_errors(basics: tuple[dict, Path]) -> None:
     out, _ = basics
     assert out["alias"] == [40.0, 50.0, 60.0, 70.0]
-    assert out["mixed"][0] == "RuntimeError" and out["mixed"][1].startswith("Expected all tensors to be on the same device")
-    assert out["numpy"] == ["TypeError", "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."]
+    assert out["mixed"]["type"] == "RuntimeError"
+    assert out["mixed"]["message"].startswith("Expected all tensors to be on the same device")
+    assert out["numpy"] == {
+        "type": "TypeError",
+        "message": "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.",
+    }
     assert out["repr"] == "tensor([1.5000, 2.0000], device='tpu:0')"
 
 
 def test_inplace_shape_ops_device_context_and_fused_attention(basics: tuple[dict, Path]) -> None:
     out, _ = basics
-    assert out["inplace_meta"] == [[1, 3], [1, 3], [3, 2], [1, 3]]
+    assert out["inplace_meta"] == {
+        "unsqueezed_shape": [1, 3],
+        "unsqueezed_data_shape": [1, 3],
+        "transposed_shape": [3, 2],
+        "transposed_stride": [1, 3],
+    }
     assert out["device_context"] == "tpu:0"
     assert out["sdpa_bf16_inputs"] is True  # fused attention sees bf16-rounded q/k/v at default precision
 
@@ -94,14 +114,17 @@ def test_memory_stats_track_allocations(basics: tuple[dict, Path]) -> None:
 def test_precision_remap_and_unsupported_ops(basics: tuple[dict, Path]) -> None:
     out, _ = basics
     assert out["matmul_precision"] == "medium"
-    assert out["bad_precision"][0] == "ValueError"
-    assert out["unsupported"] == ["NotImplementedError", "'aten::linalg_eig' is not implemented for TPU. Please file a feature request"]
-    assert out["complex32"] == ["NotImplementedError", "TorchTPU does not yet support dtype complex32"]
+    assert out["bad_precision"]["type"] == "ValueError"
+    assert out["unsupported"] == {
+        "type": "NotImplementedError",
+        "message": "'aten::linalg_eig' is not implemented for TPU. Please file a feature request",
+    }
+    assert out["complex32"] == {"type": "NotImplementedError", "message": "TorchTPU does not yet support dtype complex32"}
 
 
 def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None:
     out, checkpoint = basics
-    assert out["load_default"] == ["tpu:0", True]
+    assert out["load_default"] == {"device": "tpu:0", "equal": True}
     assert out["load_map_tpu"] == "tpu:0"
     assert out["load_cpu_ckpt_to_tpu"] == "tpu:0"
     # A CPU-only process without the emulation restores the same checkpoint with weights_only defaults.
@@ -211,16 +234,24 @@ def test_activation_refuses_a_foreign_privateuse1_backend() -> None:
 
 def test_events_and_streams_are_host_timed_flush_triggers(tmp_path: Path) -> None:
     out = run_script("emulated_streams.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
-    assert out["classes"] == [True, True, "tpu"]
+    assert out["classes"] == {"is_tpu_event": True, "is_torch_event": True, "device": "tpu"}
     assert out["recorded_work_ran"] is True and out["end_work_ran"] is True
     assert isinstance(out["elapsed"], float) and 50.0 <= out["elapsed"] < 10_000.0  # a 50 ms host sleep lies between
     assert out["query"] is True
-    assert out["untimed"] == ["ValueError", "Both events must be created with argument 'enable_timing=True'."]
-    assert out["unrecorded"] == ["ValueError", "Both events must be recorded before calculating elapsed time."]
-    assert out["other_index"][0] == "ValueError" and "bound to device index 0" in out["other_index"][1]
+    assert out["untimed"] == {"type": "ValueError", "message": "Both events must be created with argument 'enable_timing=True'."}
+    assert out["unrecorded"] == {"type": "ValueError", "message": "Both events must be recorded before calculating elapsed time."}
+    assert out["other_index"]["type"] == "ValueError" and "bound to device index 0" in out["other_index"]["message"]
     assert out["inside"] == "<torch.tpu.TpuStream>"
-    assert out["streams"] == [True, True, True, "<torch.tpu.TpuStream>", True, True, True]
-    assert out["stream_query"][0] == "NotImplementedError"
+    assert out["streams"] == {
+        "current_is_tpu_stream": True,
+        "new_is_tpu_stream": True,
+        "is_torch_stream": True,
+        "repr": "<torch.tpu.TpuStream>",
+        "record_event_is_tpu_event": True,
+        "work_inside_ran": True,
+        "by_id_is_tpu_stream": True,
+    }
+    assert out["stream_query"]["type"] == "NotImplementedError"
     events = read_events(tmp_path)[0]
     flushes = [(e.cause, e.site.line if e.site else None) for e in events if isinstance(e, Flush)]
     assert ("event_record", line_of("emulated_streams.py", "record")) in flushes

@@ -8,7 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from runtime_launch_util import clean_env, flat, tpu_agent
+
+pytestmark = pytest.mark.slow  # every test launches fresh torch processes
 
 PROBE = textwrap.dedent(
     """

@@ -16,6 +16,8 @@ from runtime_launch_util import REPO, clean_env, tpu_agent
 from tpu_agent.migrate.api import apply, plan
 from tpu_agent.migrate.model import MigrateOptions
 
+pytestmark = pytest.mark.slow  # every test launches fresh torch processes
+
 EXAMPLE = REPO / "examples" / "cuda_ddp"
 TRAIN_ARGS = ["--steps", "5", "--d-model", "32", "--layers", "1", "--seq-len", "16", "--batch-size", "8"]
 LOSS = re.compile(r"^step (\d+) loss (\S+)$", re.MULTILINE)

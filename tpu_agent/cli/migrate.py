@@ -6,7 +6,9 @@ Argument parsing and rendering only: the plan, the writes and every safety check
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -94,6 +96,25 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
         bar.stop()
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Stop on SIGTERM the way Ctrl-C stops: a KeyboardInterrupt unwinds the run, so a file being written is
+    either replaced whole or left as it was, its temporary file is removed, and worker processes are shut
+    down (the default SIGTERM action would kill the process mid-write and leave a temporary file behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_format: ReportFormat, report: Path | None) -> None:
     if output_dir is not None and (diff or check):
         flag = "--diff" if diff else "--check"
@@ -130,6 +151,14 @@ def migrate(
     annotate: bool = typer.Option(False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."),
     min_torch: str | None = typer.Option(None, "--min-torch", help="Oldest torch the output must run on (e.g. 2.5): rewrites to newer APIs are reported, not applied.", metavar="VERSION"),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Worker processes for parsing; 0 means one per core."),
+    file_budget: float = typer.Option(
+        60.0,
+        "--file-budget",
+        min=0.1,
+        help="Seconds a deeply nested or otherwise risky file may take (in its own process) before it is skipped; "
+        "ordinary files are not limited.",
+        metavar="SECONDS",
+    ),
     allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Rewrite files even when they have uncommitted git changes."),
     output_format: ReportFormat = typer.Option(ReportFormat.text, "--format", "-f", help="Report format: text for people, json for agents, sarif for code scanning, markdown for PRs."),
     report: Path | None = typer.Option(None, "--report", help="Write the report (in --format) to FILE and print only a short summary.", metavar="FILE"),
@@ -147,11 +176,13 @@ def migrate(
         annotate=annotate,
         jobs=jobs,
         min_torch=_check_min_torch(min_torch),
+        file_budget_s=file_budget,
     )
     show_progress = output_format == ReportFormat.text and console_err.is_terminal
-    with progress_bar(show_progress) as progress:
-        plan = api.plan(paths, options, progress)
-    applied = None if (diff or check) else api.apply(plan, output_dir=output_dir, allow_dirty=allow_dirty)
+    with sigterm_as_interrupt():
+        with progress_bar(show_progress) as progress:
+            plan = api.plan(paths, options, progress)
+        applied = None if (diff or check) else api.apply(plan, output_dir=output_dir, allow_dirty=allow_dirty)
     summary = summarize(plan)
     if diff:
         sys.stdout.write(unified_diff(plan))

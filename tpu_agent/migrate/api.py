@@ -5,7 +5,9 @@ reports and the MCP tools all run on a plan. :func:`apply` writes a plan only af
 every check (inside the named tree, unchanged since the plan, no uncommitted git work at stake), so a
 refusal leaves the tree untouched; each file is then replaced atomically (:mod:`tpu_agent.fsutil`), so a
 crash leaves either the old or the new content, never half of it. Applying a plan twice is a no-op: a
-file that already holds the migrated bytes is recognised and left alone.
+file that already holds the migrated bytes is recognised and left alone. A run killed mid-write leaves at
+most a temporary file of ours next to its target; the next in-place apply removes those it finds and lists
+them in :attr:`ApplyResult.removed_temp_files`.
 """
 
 from __future__ import annotations
@@ -66,12 +68,30 @@ def apply(plan: Plan, *, output_dir: Path | None = None, allow_dirty: bool = Fal
         return _apply_copy(plan, Path(output_dir), pending)
     if not allow_dirty:
         refuse_dirty([r.path for r in pending], {real(r.path): r.display_path for r in pending})
+    removed = _remove_stale_temp_files(plan)
     written: list[Path] = []
     for result in pending:
         assert result.migrated_bytes is not None  # _pending_writes keeps only changed files
         _write(Path(result.path), result.migrated_bytes, result.display_path, written)
     unchanged = sorted({real(r.path) for r in plan.files} - set(written))
-    return ApplyResult(written=written, unchanged=unchanged)
+    return ApplyResult(written=written, unchanged=unchanged, removed_temp_files=removed)
+
+
+def _remove_stale_temp_files(plan: Plan) -> list[Path]:
+    """Delete the temporary files of an interrupted run that the plan found, if they are still stale and
+    still inside the planned tree (checked again now: the plan may be old)."""
+    from tpu_agent.migrate.engine.discovery import is_stale_temp_file
+
+    removed: list[Path] = []
+    for path in plan.stale_temp_files:
+        if containing_root(path, plan.roots) is None or not is_stale_temp_file(path):
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue  # gone already, or not ours to remove: nothing was half-written either way
+        removed.append(path)
+    return removed
 
 
 def _pending_writes(plan: Plan) -> list[FileResult]:
@@ -142,12 +162,15 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
     migrated = {real(r.path): r.migrated_bytes for r in pending if r.migrated_bytes is not None}
     # Files an earlier apply already migrated in place hold their migrated bytes; copying them is right.
     # The copy leaves out what discovery never walks (VCS data, virtual environments, caches, build output).
-    from tpu_agent.migrate.engine.discovery import SKIP_DIRS
+    from tpu_agent.migrate.engine.discovery import SKIP_DIRS, TEMP_FILE_RE, not_regular, read_regular
 
     base = _common_base(plan.roots)
     written: list[Path] = []
     unchanged: list[Path] = []
+    not_copied: list[str] = []
     for source in _tree_entries(plan.roots, SKIP_DIRS):
+        if TEMP_FILE_RE.fullmatch(source.name):
+            continue  # a temporary file of an interrupted run: not part of the tree
         dest = out / source.relative_to(base)
         if not is_within(real(dest.parent), out_real):
             raise TpuAgentError(
@@ -159,10 +182,19 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
         if source.is_symlink():
             _copy_link(source, dest, written, unchanged)
             continue
-        data = migrated.get(real(source))
-        if data is None:
-            data = source.read_bytes()
-        mode = stat.S_IMODE(source.stat().st_mode)
+        try:
+            info = os.lstat(source)
+            kind = not_regular(info.st_mode)
+            if kind is not None:
+                not_copied.append(f"{source}: {kind}, not a regular file")
+                continue
+            data = migrated.get(real(source))
+            if data is None:
+                data = read_regular(source)
+        except OSError as error:  # vanished or changed since the plan: report it and copy the rest
+            not_copied.append(f"{source}: could not be read ({error.strerror or error})")
+            continue
+        mode = stat.S_IMODE(info.st_mode)
         if dest.is_symlink():
             dest.unlink()
         elif dest.is_file() and stat.S_IMODE(dest.stat().st_mode) == mode and dest.read_bytes() == data:
@@ -170,7 +202,7 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
             continue
         _write(dest, data, str(dest), written)
         os.chmod(dest, mode)
-    return ApplyResult(written=written, unchanged=unchanged, output_dir=out_real)
+    return ApplyResult(written=written, unchanged=unchanged, output_dir=out_real, not_copied=not_copied)
 
 
 def _copy_link(source: Path, dest: Path, written: list[Path], unchanged: list[Path]) -> None:

@@ -126,6 +126,7 @@ class FileKind(str, Enum):
     YAML = "yaml"
     DOCKERFILE = "dockerfile"
     CUDA_SOURCE = "cuda-source"  # .cu/.cuh files: inventoried as manual items, never rewritten
+    DEPENDENCIES = "dependencies"  # requirements*.txt, pyproject.toml, setup.cfg, Pipfile: reported, never rewritten
 
 
 @dataclass
@@ -165,6 +166,9 @@ class MigrateOptions:
     target: Target = Target.ACCELERATOR
     annotate: bool = False  # insert "# TODO(tpu-agent CODE): ..." comments at manual items
     jobs: int = 0  # 0: one worker per core
+    # seconds a file the parse guard deems risky (deeply nested, or rejected by the stdlib parser) may take in
+    # its sacrificial process before it is skipped; ordinary files are migrated in-process with no budget
+    file_budget_s: float = 60.0
     # the oldest torch the migrated code must run on: a rewrite whose target API is newer (Rule.since_torch)
     # is reported instead of applied; None: the installed torch's APIs are all allowed
     min_torch: str | None = None
@@ -182,7 +186,7 @@ class MigrateOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> MigrateOptions:
-        """Inverse of :meth:`to_dict` (``jobs`` is a runtime choice, not part of a plan)."""
+        """Inverse of :meth:`to_dict` (``jobs`` and ``file_budget_s`` are runtime choices, not part of a plan)."""
         select = data.get("select")
         return cls(
             select=frozenset(select) if isinstance(select, list) else None,
@@ -212,6 +216,8 @@ class Plan:
     roots: list[Path]
     options: MigrateOptions
     files: list[FileResult]
+    # temporary files an interrupted in-place run left in the tree; an in-place apply removes them
+    stale_temp_files: list[Path] = field(default_factory=list)
 
     @property
     def changed_files(self) -> list[FileResult]:
@@ -233,6 +239,8 @@ class ApplyResult:
     written: list[Path]
     unchanged: list[Path]
     output_dir: Path | None = None
+    removed_temp_files: list[Path] = field(default_factory=list)  # left by an interrupted run, now gone
+    not_copied: list[str] = field(default_factory=list)  # "path: why" for files an --output-dir copy left out
 
 
 def torch_version(text: str) -> tuple[int, int]:

@@ -9,61 +9,27 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 
-from tpu_agent.chips import DEFAULT_CHIP
+from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.runtime.doctor import DoctorReport, doctor
-from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, eager_mode_from_env, recorded_env
+from tpu_agent.runtime.envvars import (
+    BACKEND_ENV,
+    CHIP_ENV,
+    eager_mode_from_env,
+    recorded_env,
+)
 from tpu_agent.runtime.events import RunInfo, emit
+from tpu_agent.runtime.options import LaunchTarget, RunOptions
 from tpu_agent.runtime.select import BackendChoice, scan_tpu_devices, select_backend
-
-
-@dataclass(frozen=True)
-class LaunchTarget:
-    """What to run: a script path (``python SCRIPT``) or a module (``python -m MODULE``), with its argv."""
-
-    target: str
-    args: list[str] = field(default_factory=list)
-    is_module: bool = False
-
-    def python_argv(self) -> list[str]:
-        """The arguments after ``python`` that run this target (``["-m", mod, *args]`` or ``[path, *args]``)."""
-        return (["-m", self.target] if self.is_module else [self.target]) + list(self.args)
-
-
-@dataclass
-class RunOptions:
-    """How to run: ranks, backend, chip, eager mode, rendezvous, extra environment and a time bound.
-
-    ``nnodes``, ``node_rank``, ``rdzv_endpoint``, ``rdzv_backend`` and ``master_port`` mean what they mean
-    to torchrun. ``eager_mode`` is ``"strict"``, ``"debug"``, ``"defer-and-fuse"`` or ``None`` (leave the
-    TorchTPU variables as the environment has them). ``timeout_s`` bounds the whole run: when it passes,
-    every rank is stopped and :func:`launch` returns 124.
-    """
-
-    nproc: int = 1
-    backend: str = "auto"
-    chip: str = DEFAULT_CHIP
-    eager_mode: str | None = None
-    nnodes: str = "1"
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    master_port: int | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float | None = None
-    rdzv_backend: str | None = None
-
-    @property
-    def multi_process(self) -> bool:
-        """Whether the run goes through torchrun's elastic agent (more than one rank, here or elsewhere)."""
-        return self.nproc > 1 or self.nnodes != "1" or self.rdzv_endpoint is not None
 
 
 def launch(target: LaunchTarget, options: RunOptions) -> int:
     """Run ``target`` under the runtime and return its exit code (as a shell would report it)."""
-    from tpu_agent.runtime.launcher import launch as _launch
+    from tpu_agent.runtime import (
+        launcher,  # imports subprocess machinery only when something is launched
+    )
 
-    return _launch(target, options)
+    return launcher.launch(target, options)
 
 
 _active: BackendChoice | None = None
@@ -94,7 +60,7 @@ def activate() -> BackendChoice:
         emit(
             RunInfo,
             backend=choice.name,
-            chip=devices[0].chip.key if devices else os.environ.get(CHIP_ENV, DEFAULT_CHIP),
+            chip=devices[0].chip.key if devices else get_chip(os.environ.get(CHIP_ENV, DEFAULT_CHIP)).key,
             eager_mode=mode.enum_name,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             argv=list(sys.argv),

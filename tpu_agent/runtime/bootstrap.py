@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import io
 import importlib
 import importlib.util
+import io
 import os
 import runpy
 import signal
@@ -98,7 +98,7 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
 def _prepare(argv: list[str]) -> tuple[str, bool, list[str]]:
     """Split the bootstrap's argv into (target, is_module, script args) and check the target exists."""
     from tpu_agent.runtime.launcher import check_target, module_not_found
-    from tpu_agent.runtime.api import LaunchTarget
+    from tpu_agent.runtime.options import LaunchTarget
 
     if not argv or argv == ["-m"]:
         raise TpuAgentError("no-target", "no script or module to run", "usage: python -m tpu_agent.runtime SCRIPT [ARGS...]")

@@ -14,7 +14,12 @@ from typing import Any
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.runtime.envvars import CHIP_ENV, eager_mode_from_env, recorded_env
-from tpu_agent.runtime.select import BackendChoice, package_version, scan_tpu_devices, select_backend
+from tpu_agent.runtime.select import (
+    BackendChoice,
+    package_version,
+    scan_tpu_devices,
+    select_backend,
+)
 
 NOT_INSTALLED = "not installed"
 REPORTED_PACKAGES = ("torch", "torch_tpu", "libtpu", "jax", "jaxlib")

@@ -18,7 +18,7 @@ from tpu_agent.chips import Chip
 from tpu_agent.runtime.events import EVENTS_DIR_ENV
 
 BACKEND_ENV = "TPU_AGENT_BACKEND"  # the resolved backend: "emulated" or "torch_tpu"
-CHIP_ENV = "TPU_AGENT_CHIP"  # chip key the emulation presents, e.g. "v6e"
+CHIP_ENV = "TPU_AGENT_CHIP"  # --chip in canonical spelling: a generation ("v6e") or a slice ("v6e-4")
 HOOKS_ENV = "TPU_AGENT_HOOKS"  # comma-separated "module:function" run in every rank before user code
 
 LAUNCH_BLOCKING_ENV = "TORCH_TPU_LAUNCH_BLOCKING"

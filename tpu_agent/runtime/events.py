@@ -13,6 +13,7 @@ rank, the current step (``None`` before the first step marker) and, where a user
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -168,18 +169,28 @@ _LIBRARY_ROOTS = tuple(
 ) + (os.path.dirname(os.path.dirname(os.path.realpath(__file__))),)
 
 
-def _is_library_file(filename: str) -> bool:
+@functools.lru_cache(maxsize=4096)
+def is_library_file(filename: str) -> bool:
+    """Whether ``filename`` is library code (cached per file: the emulator asks once per recorded op)."""
     if filename.startswith("<"):
         return True
     return os.path.realpath(filename).startswith(_LIBRARY_ROOTS)
 
 
+_is_library_file = is_library_file  # the name tpu_agent.profile.capture imports
+
+
 def user_call_site(skip: int = 1) -> Site | None:
-    """The first stack frame outside the standard library, site-packages and tpu_agent, or ``None``."""
-    frame = sys._getframe(skip)
+    """The first stack frame outside the standard library, site-packages and tpu_agent, or ``None``.
+
+    ``skip`` counts frames above this one (1: the caller). The single stack walk behind every event's site."""
+    try:
+        frame = sys._getframe(skip)
+    except ValueError:
+        return None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _is_library_file(filename):
+        if not is_library_file(filename):
             return Site(file=filename, line=frame.f_lineno, function=frame.f_code.co_name)
         frame = frame.f_back
     return None

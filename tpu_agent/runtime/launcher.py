@@ -18,9 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from tpu_agent.chips import get_chip
+from tpu_agent.chips import get_chip, host_devices, parse_target
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.runtime.api import LaunchTarget, RunOptions
 from tpu_agent.runtime.envvars import (
     BACKEND_ENV,
     CHIP_ENV,
@@ -29,6 +28,7 @@ from tpu_agent.runtime.envvars import (
     eager_mode_env,
     tpu_launch_env,
 )
+from tpu_agent.runtime.options import LaunchTarget, RunOptions
 from tpu_agent.runtime.select import BackendChoice, select_backend, torch_tpu_importable
 
 TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns, so shell scripts read it the same way
@@ -52,7 +52,7 @@ def validate(target: LaunchTarget, options: RunOptions) -> None:
     """Refuse bad options and a missing script or module before any process starts."""
     if options.nproc < 1:
         raise TpuAgentError("bad-nproc", f"--nproc must be at least 1, got {options.nproc}", "use --nproc 1 or more")
-    get_chip(options.chip)
+    host_devices(parse_target(options.chip), options.nproc)  # --nproc is per host: at most its devices
     if options.eager_mode is not None and options.eager_mode not in EAGER_MODES:
         raise TpuAgentError(
             "unknown-eager-mode",
@@ -98,7 +98,7 @@ def build_env(choice: BackendChoice, options: RunOptions) -> dict[str, str]:
     env = dict(os.environ)
     env.update(options.env)
     env[BACKEND_ENV] = choice.name
-    env[CHIP_ENV] = get_chip(options.chip).key
+    env[CHIP_ENV] = parse_target(options.chip).spec
     if options.eager_mode is not None:
         apply_env(eager_mode_env(options.eager_mode), env)
     if choice.name == "emulated" and torch_tpu_importable() and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:

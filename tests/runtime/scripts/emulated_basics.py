@@ -20,25 +20,34 @@ def error_of(fn):
     try:
         fn()
     except Exception as e:  # noqa: BLE001 - the test compares type and text
-        return [type(e).__name__, str(e)]
+        return {"type": type(e).__name__, "message": str(e)}
     return None
 
 
-out["accelerator"] = [str(torch.accelerator.current_accelerator()), torch.accelerator.is_available(), torch.accelerator.device_count(), torch.accelerator.current_device_index()]
+out["accelerator"] = {
+    "type": str(torch.accelerator.current_accelerator()),
+    "available": torch.accelerator.is_available(),
+    "device_count": torch.accelerator.device_count(),
+    "current_index": torch.accelerator.current_device_index(),
+}
 out["name"] = torch.tpu.get_device_name()
 props = torch.tpu.get_device_properties()
-out["props"] = [props.name, props.total_memory]
+out["props"] = {"name": props.name, "total_memory": props.total_memory}
 out["legacy"] = error_of(torch.tpu.is_available)
 out["set_device"] = error_of(lambda: torch.accelerator.set_device_index(1))
 x = torch.arange(12, dtype=torch.float32).to("tpu").view(3, 4)
-out["is_tpu"] = [x.is_tpu, str(x.device), type(torch.randn(2).tpu()).__name__ != "Tensor"]
+out["is_tpu"] = {"is_tpu": x.is_tpu, "device": str(x.device), "tpu_method_moves": type(torch.randn(2).tpu()).__name__ != "Tensor"}
 view = x[1]
 view.mul_(10)
 out["alias"] = x.cpu()[1].tolist()
 out["mixed"] = error_of(lambda: x + torch.ones(3, 4))
 out["numpy"] = error_of(lambda: x.numpy())
 out["repr"] = repr(torch.tensor([1.5, 2.0]).to("tpu"))
-out["factories"] = [torch.arange(5, device="tpu").tolist(), torch.eye(2, device="tpu").shape[0], torch.zeros(2, device="tpu").device.type]
+out["factories"] = {
+    "arange": torch.arange(5, device="tpu").tolist(),
+    "eye_rows": torch.eye(2, device="tpu").shape[0],
+    "zeros_device": torch.zeros(2, device="tpu").device.type,
+}
 before = torch.accelerator.memory_allocated()
 big = torch.empty(1024, 1024, device="tpu")
 out["memory_delta"] = torch.accelerator.memory_allocated() - before
@@ -52,7 +61,10 @@ with open(sys.argv[2], "wb") as handle:
     handle.write(buffer.getvalue())
 buffer.seek(0)
 loaded = torch.load(buffer)
-out["load_default"] = [str(loaded["model"]["weight"].device), torch.equal(loaded["model"]["weight"].cpu(), model.weight.detach().cpu())]
+out["load_default"] = {
+    "device": str(loaded["model"]["weight"].device),
+    "equal": torch.equal(loaded["model"]["weight"].cpu(), model.weight.detach().cpu()),
+}
 buffer.seek(0)
 out["load_map_tpu"] = str(torch.load(buffer, map_location="tpu")["model"]["bias"].device)
 cpu_buffer = io.BytesIO()
@@ -69,7 +81,12 @@ out["complex32"] = error_of(lambda: x.to(torch.complex32))
 grown = torch.randn(3).to("tpu")
 grown.unsqueeze_(0)
 flipped = torch.randn(2, 3).to("tpu").t_()
-out["inplace_meta"] = [list(grown.shape), list(grown.cpu().shape), list(flipped.shape), list(flipped.stride())]
+out["inplace_meta"] = {
+    "unsqueezed_shape": list(grown.shape),
+    "unsqueezed_data_shape": list(grown.cpu().shape),
+    "transposed_shape": list(flipped.shape),
+    "transposed_stride": list(flipped.stride()),
+}
 with torch.device("tpu"):
     built = torch.nn.Linear(2, 2)
 out["device_context"] = str(built.weight.device)

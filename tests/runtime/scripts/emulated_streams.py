@@ -15,12 +15,12 @@ def error_of(fn):
     try:
         fn()
     except Exception as e:  # noqa: BLE001 - the test compares type and text
-        return [type(e).__name__, str(e)]
+        return {"type": type(e).__name__, "message": str(e)}
     return None
 
 
 start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
-out["classes"] = [type(start) is torch.tpu.Event, isinstance(start, torch.Event), str(start.device)]
+out["classes"] = {"is_tpu_event": type(start) is torch.tpu.Event, "is_torch_event": isinstance(start, torch.Event), "device": str(start.device)}
 x = torch.randn(64, 64, device="tpu")
 y = x @ x
 start.record()  # LINE record
@@ -47,14 +47,14 @@ with side:
 side.wait_event(start)
 current.wait_stream(side)
 side.synchronize()  # LINE stream_sync
-out["streams"] = [
-    type(current) is torch.tpu.Stream,
-    type(side) is torch.tpu.Stream,
-    isinstance(side, torch.Stream),
-    repr(side),
-    type(done) is torch.tpu.Event,
-    w._elem is not None,
-    type(torch.Stream(stream_id=0, device_index=0, device_type=side.device_type)) is torch.tpu.Stream,
-]
+out["streams"] = {
+    "current_is_tpu_stream": type(current) is torch.tpu.Stream,
+    "new_is_tpu_stream": type(side) is torch.tpu.Stream,
+    "is_torch_stream": isinstance(side, torch.Stream),
+    "repr": repr(side),
+    "record_event_is_tpu_event": type(done) is torch.tpu.Event,
+    "work_inside_ran": w._elem is not None,
+    "by_id_is_tpu_stream": type(torch.Stream(stream_id=0, device_index=0, device_type=side.device_type)) is torch.tpu.Stream,
+}
 out["stream_query"] = error_of(side.query)
 print(json.dumps(out))

@@ -25,15 +25,34 @@ from enum import Enum
 _CUDA_RE = re.compile(r"cuda(?::\d+)?")
 # positions whose argument is a device / a backend
 _DEVICE_KEYWORDS = frozenset({"device", "map_location", "device_type", "device_id"})
-_DEVICE_FIRST_FUNCS = frozenset({"to", "device", "set_default_device", "init_device_mesh", "get_device_module", "Generator"})
+_DEVICE_FIRST_FUNCS = frozenset(
+    {"to", "device", "set_default_device", "init_device_mesh", "get_device_module", "Generator"}
+)
 _BACKEND_KEYWORDS = frozenset({"backend"})
 _BACKEND_FIRST_FUNCS = frozenset({"init_process_group", "new_group", "get_default_backend_for_device"})
 _STR_METHODS = frozenset(
-    {"startswith", "endswith", "split", "rsplit", "partition", "lower", "upper", "replace", "strip", "format", "find",
-     "index", "count", "join", "encode"}
+    {
+        "startswith",
+        "endswith",
+        "split",
+        "rsplit",
+        "partition",
+        "lower",
+        "upper",
+        "replace",
+        "strip",
+        "format",
+        "find",
+        "index",
+        "count",
+        "join",
+        "encode",
+    }
 )
 # calls whose arguments are only shown to people
-_LOG_FUNCS = frozenset({"print", "info", "debug", "warning", "warn", "error", "log", "exception", "critical", "str", "repr"})
+_LOG_FUNCS = frozenset(
+    {"print", "info", "debug", "warning", "warn", "error", "log", "exception", "critical", "str", "repr"}
+)
 
 
 class UseKind(str, Enum):
@@ -127,25 +146,27 @@ def argparse_dest(flags: list[str], dest: str | None) -> str | None:
     return chosen.replace("-", "_") or None
 
 
-def analyse(source: str) -> ValueFlow:
-    """The uses of every name and attribute of ``source``; an empty flow when it does not parse."""
+def analyse(source: str, tree: ast.Module | None = None) -> ValueFlow:
+    """The uses of every name and attribute of ``source`` (or of its already parsed ``tree``); an empty flow
+    when it does not parse."""
     flow = ValueFlow()
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return flow
-    parents: dict[int, ast.AST] = {}
-    for parent in ast.walk(tree):
-        for child in ast.iter_child_nodes(parent):
-            parents[id(child)] = parent
-    for node in ast.walk(tree):
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return flow
+    # one walk carrying each node's parent and grandparent (cheaper than a parent map of every node)
+    stack: list[tuple[ast.AST, ast.AST | None, ast.AST | None]] = [(tree, None, None)]
+    while stack:
+        node, parent, grand = stack.pop()
+        stack.extend((child, node, parent) for child in ast.iter_child_nodes(node))
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             key = name_key(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             key = attr_key(node.attr)
         else:
             continue
-        kind, follow = _classify(node, parents)
+        kind, follow = _classify(node, parent, grand)
         if follow is not None:
             flow.follows.setdefault(key, set()).add(follow)
         elif kind is not None:
@@ -162,16 +183,14 @@ def _call_name(call: ast.Call) -> str | None:
     return None
 
 
-def _classify(node: ast.expr, parents: dict[int, ast.AST]) -> tuple[UseKind | None, str | None]:
+def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> tuple[UseKind | None, str | None]:
     """(kind of use, None) or (None, key the value is copied into); (None, None) for no use (``x.attr``)."""
-    parent = parents.get(id(node))
     if isinstance(parent, ast.Attribute):
         # `dev.startswith(...)` reads the string; `device.type`, `args.device`: the node is an object holding
         # the value (the attribute is its own key)
         return (UseKind.OTHER, None) if parent.attr in _STR_METHODS else (None, None)
     if isinstance(parent, ast.keyword):
-        call = parents.get(id(parent))
-        name = _call_name(call) if isinstance(call, ast.Call) else None
+        name = _call_name(grand) if isinstance(grand, ast.Call) else None
         if parent.arg in _DEVICE_KEYWORDS:
             return UseKind.DEVICE, None
         if parent.arg in _BACKEND_KEYWORDS:
@@ -209,7 +228,6 @@ def _classify(node: ast.expr, parents: dict[int, ast.AST]) -> tuple[UseKind | No
             return None, keys[0]
         return UseKind.OTHER, None
     if isinstance(parent, ast.IfExp) and parent.test is not node:
-        grand = parents.get(id(parent))
         if isinstance(grand, (ast.Assign, ast.AnnAssign)):
             targets = grand.targets if isinstance(grand, ast.Assign) else [grand.target]
             if len(targets) == 1 and (key := target_key(targets[0])) is not None:

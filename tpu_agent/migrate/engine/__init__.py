@@ -3,40 +3,54 @@
 :func:`build_plan` is the contract the public API (:mod:`tpu_agent.migrate.api`) builds on: it examines files,
 fills a :class:`~tpu_agent.migrate.model.Plan` and touches nothing on disk. Files are read and prefiltered in
 the calling process; the parse work goes to a process pool when there is enough of it, and results come back
-in input order whatever order the workers finish in.
+in input order whatever order the workers finish in. A file that vanishes or turns into something other than
+a regular file is reported as skipped; a worker that dies takes no result with it: the files it left
+unfinished are migrated again one by one in sacrificial processes
+(:func:`~tpu_agent.migrate.engine.guard.run_isolated`).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
+import dataclasses
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from tpu_agent.migrate.engine.discovery import Candidate, discover
+from tpu_agent.migrate.engine.discovery import Candidate, discover, read_regular
+from tpu_agent.migrate.engine.guard import SourceProblem, process_context, run_isolated
 from tpu_agent.migrate.engine.prefilter import may_need_migration
 from tpu_agent.migrate.engine.worker import migrate_file, whole_file_rules
-from tpu_agent.migrate.model import FileResult, MigrateOptions, Plan
+from tpu_agent.migrate.model import FileResult, MigrateOptions, Plan, sha256_bytes
 
 # Below this much parse work a pool costs more to start than it saves.
 POOL_MIN_BYTES = 256 * 1024
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
-    # forkserver: workers start from a clean process (no threads of the caller, e.g. a progress bar), with
-    # the engine and its rules imported once in the server.
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["tpu_agent.migrate.engine.worker"])
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
-def _read(candidate: Candidate) -> bytes:
+def _read(candidate: Candidate) -> tuple[Candidate, bytes]:
+    """The file's bytes; a file that cannot be read (gone, swapped for a FIFO...) becomes a skipped candidate."""
     if candidate.skipped_reason:
-        return b""
-    return candidate.path.read_bytes()
+        return candidate, b""
+    try:
+        return candidate, read_regular(candidate.path)
+    except OSError as error:
+        reason = f"{candidate.display_path}: could not be read ({error.strerror or error}): skipped"
+        return dataclasses.replace(candidate, skipped_reason=reason), b""
+
+
+def _isolated_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> FileResult:
+    """Migrate one file in its own sacrificial process: what a crashed pool left unfinished goes through here."""
+    try:
+        return run_isolated(migrate_file, (candidate, data, options), options.file_budget_s, process_context())
+    except SourceProblem as problem:
+        return FileResult(
+            path=candidate.path,
+            display_path=candidate.display_path,
+            kind=candidate.kind,
+            original_sha256=sha256_bytes(data),
+            skipped_reason=f"{candidate.display_path}: skipped: {problem}; migrate this file by hand",
+        )
 
 
 def build_plan(
@@ -45,7 +59,8 @@ def build_plan(
     progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
     """Examine ``paths`` (files or directories) and return what migrating them would change, and why."""
-    candidates = discover([Path(p) for p in paths])
+    discovered = discover([Path(p) for p in paths])
+    candidates = discovered.candidates
     total = len(candidates)
     results: list[FileResult | None] = [None] * total
     done = 0
@@ -59,11 +74,10 @@ def build_plan(
 
     heavy: list[tuple[int, bytes]] = []
     for index, candidate in enumerate(candidates):
-        data = _read(candidate)
+        candidate, data = _read(candidate)
+        candidates[index] = candidate
         needs_parse = (
-            not candidate.skipped_reason
-            and candidate.kind not in whole_file_rules()
-            and may_need_migration(data)
+            not candidate.skipped_reason and candidate.kind not in whole_file_rules() and may_need_migration(data)
         )
         if needs_parse:
             heavy.append((index, data))
@@ -73,17 +87,26 @@ def build_plan(
     jobs = options.jobs or os.cpu_count() or 1
     work_bytes = sum(len(data) for _, data in heavy)
     if jobs > 1 and len(heavy) > 1 and work_bytes >= POOL_MIN_BYTES:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(heavy)), mp_context=_pool_context()) as pool:
-            futures = {
-                pool.submit(migrate_file, candidates[index], data, options): index for index, data in heavy
-            }
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(heavy)), mp_context=process_context())
+        try:
+            futures = {pool.submit(migrate_file, candidates[index], data, options): index for index, data in heavy}
             for future in as_completed(futures):
                 finished(futures[future], future.result())
+        except BrokenProcessPool:
+            for index, data in heavy:
+                if results[index] is None:
+                    finished(index, _isolated_file(candidates[index], data, options))
+        except BaseException:  # Ctrl-C or SIGTERM: drop the queued files instead of migrating them all first
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
     else:
         for index, data in heavy:
             finished(index, migrate_file(candidates[index], data, options))
     roots = [Path(os.path.abspath(p)) for p in paths]
-    return Plan(roots=roots, options=options, files=[r for r in results if r is not None])
+    files = [r for r in results if r is not None]
+    return Plan(roots=roots, options=options, files=files, stale_temp_files=discovered.stale_temp_files)
 
 
 __all__ = ["build_plan"]

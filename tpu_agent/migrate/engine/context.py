@@ -125,6 +125,7 @@ class PyContext:
     _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
     source: str = ""  # the file's text, for the analyses computed on demand
     _value_flow: ValueFlow | None = None
+    ast_tree: ast.Module | None = None  # the stdlib parse of ``source`` when the engine has one
 
     @classmethod
     def for_source(
@@ -152,7 +153,7 @@ class PyContext:
     def value_flow(self) -> ValueFlow:
         """Where the module's names and attributes are used (computed on first need: most files never ask)."""
         if self._value_flow is None:
-            self._value_flow = analyse_value_flow(self.source)
+            self._value_flow = analyse_value_flow(self.source, self.ast_tree)
         return self._value_flow
 
     # ---- names -------------------------------------------------------------------------------------

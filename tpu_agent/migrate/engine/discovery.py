@@ -3,14 +3,22 @@
 Directories are walked in sorted order without following symlinks; version-control, virtual-environment,
 cache, ``node_modules`` and build directories are pruned. A symlinked file is never read through: its target
 is either inside the given roots (and migrated at its real path) or outside them (reported as skipped), and
-writing through a link would replace the link with a file.
+writing through a link would replace the link with a file. Only regular files are read: a FIFO, socket or
+device named ``*.py`` would block the reader forever, so it is reported as skipped, and a file is opened
+without following links and checked again after opening (it may have been swapped meanwhile).
+
+The walk also notes the temporary files an interrupted in-place run left behind (:data:`TEMP_FILE_RE`), so
+that the next in-place apply can remove them and say so.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
@@ -50,7 +58,22 @@ _SUFFIXES = {
     ".cu": FileKind.CUDA_SOURCE,
     ".cuh": FileKind.CUDA_SOURCE,
 }
-SUPPORTED = ".py, .ipynb, .sh/.bash/.zsh, .env, .yaml/.yml, Dockerfile, .cu/.cuh"
+SUPPORTED = (
+    ".py, .ipynb, .sh/.bash/.zsh, .env, .yaml/.yml, Dockerfile, .cu/.cuh, "
+    "requirements*.txt/pyproject.toml/setup.cfg/Pipfile"
+)
+_DEPENDENCY_FILE_RE = re.compile(
+    r"[\w.-]*(?:requirements|constraints)[\w.-]*\.(?:txt|in)|pyproject\.toml|setup\.cfg|Pipfile",
+    re.IGNORECASE,
+)
+
+# The temporary files tpu_agent.fsutil writes next to a target before renaming it over the target:
+# ".<name>.<8 random characters from tempfile.mkstemp>.tpu-agent-tmp". Killed mid-write, a run leaves one.
+TEMP_FILE_RE = re.compile(r"\..+\.[a-z0-9_]{8}\.tpu-agent-tmp")
+# Younger temp files may belong to a write in progress (another run); they are left alone.
+STALE_TEMP_AGE_S = 10.0
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
 
 
 def classify(name: str) -> FileKind | None:
@@ -59,6 +82,8 @@ def classify(name: str) -> FileKind | None:
         return FileKind.DOCKERFILE
     if name == ".env" or name.startswith(".env."):
         return FileKind.ENV
+    if _DEPENDENCY_FILE_RE.fullmatch(name):
+        return FileKind.DEPENDENCIES
     return _SUFFIXES.get(os.path.splitext(name)[1].lower())
 
 
@@ -68,6 +93,49 @@ class Candidate:
     display_path: str
     kind: FileKind
     skipped_reason: str | None = None
+
+
+@dataclass
+class Discovered:
+    """What a walk found: the files to examine and the stale temporary files of an interrupted run."""
+
+    candidates: list[Candidate]
+    stale_temp_files: list[Path] = field(default_factory=list)
+
+
+def not_regular(mode: int) -> str | None:
+    """What a non-regular file is (``"a FIFO"``...), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "not a regular file")
+
+
+def is_stale_temp_file(path: Path, now: float | None = None) -> bool:
+    """A regular file named like our temporary files and old enough not to be a write in progress."""
+    if not TEMP_FILE_RE.fullmatch(path.name):
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and (now or time.time()) - info.st_mtime >= STALE_TEMP_AGE_S
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file, opened without following a symlink and without blocking
+    on a FIFO; :class:`OSError` (with a readable ``strerror``) otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        kind = not_regular(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise OSError(0, f"{kind}, not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def display(path: Path, cwd: Path) -> str:
@@ -85,8 +153,9 @@ def _within(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or root in path.parents for root in roots)
 
 
-def discover(paths: Sequence[Path], cwd: Path | None = None) -> list[Candidate]:
-    """Every candidate file under ``paths``, in input order (directories sorted), each once."""
+def discover(paths: Sequence[Path], cwd: Path | None = None) -> Discovered:
+    """Every candidate file under ``paths``, in input order (directories sorted), each once, and the stale
+    temporary files found on the way."""
     cwd = Path(os.path.abspath(cwd or Path.cwd()))
     given = [Path(os.path.abspath(p)) for p in paths]
     for path in given:
@@ -97,6 +166,8 @@ def discover(paths: Sequence[Path], cwd: Path | None = None) -> list[Candidate]:
     roots = [path.resolve() for path in given]
     seen: set[Path] = set()
     out: list[Candidate] = []
+    stale: list[Path] = []
+    now = time.time()
 
     def add(path: Path, kind: FileKind, explicit: bool = False) -> None:
         real = path.resolve()
@@ -114,6 +185,12 @@ def discover(paths: Sequence[Path], cwd: Path | None = None) -> list[Candidate]:
             )
         else:
             seen.add(real)
+            try:
+                special = not_regular(os.lstat(path).st_mode)
+            except OSError as error:
+                special = f"gone before it could be read ({error.strerror or error})"
+            if special is not None:
+                reason = f"{display(path, cwd)}: {special}: not read"
         out.append(Candidate(path, display(path, cwd), kind, reason))
 
     for path in given:
@@ -128,6 +205,8 @@ def discover(paths: Sequence[Path], cwd: Path | None = None) -> list[Candidate]:
                     kind = classify(name)
                     if kind is not None:
                         add(Path(directory) / name, kind)
+                    elif name.endswith(".tpu-agent-tmp") and is_stale_temp_file(Path(directory) / name, now):
+                        stale.append(Path(directory) / name)
             continue
         kind = classify(path.name)
         if kind is None:
@@ -144,4 +223,4 @@ def discover(paths: Sequence[Path], cwd: Path | None = None) -> list[Candidate]:
                 exit_code=ExitCode.USAGE,
             )
         add(path, kind, explicit=True)
-    return out
+    return Discovered(out, stale)

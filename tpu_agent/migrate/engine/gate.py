@@ -57,21 +57,24 @@ class StatementMap:
 
     inert: set[int]  # ids of statements with no trigger for any rule
     begins: list[int] | None  # first line (1-based, decorators included) of each top-level statement
+    tree: ast.Module | None = None  # the stdlib parse, reused by the analyses rules ask for (value flow)
 
 
-def statement_map(module: cst.Module, source: str) -> StatementMap:
+def statement_map(module: cst.Module, source: str, tree: ast.Module | None = None) -> StatementMap:
     """Top-level statements (and methods of top-level classes) whose text holds no trigger for any rule,
     and the first line of every top-level statement.
 
     The stdlib parser gives each statement's line span; the libcst statements are matched to it one to one
     (a ``SimpleStatementLine`` covers as many ast statements as it has small statements). Statements that
     import are always visited (their names resolve the rest). Any mismatch, or code the stdlib parser does
-    not accept, disables the gate.
+    not accept, disables the gate. ``tree`` is the stdlib parse of ``source`` when the caller has it already
+    (:func:`~tpu_agent.migrate.engine.guard.assess`).
     """
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return StatementMap(set(), None)
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return StatementMap(set(), None)
     aliases = _cuda_aliases(tree)
     gate = CUDA_TOKENS
     if aliases:
@@ -109,5 +112,5 @@ def statement_map(module: cst.Module, source: str) -> StatementMap:
         return index == len(ast_body)
 
     if not walk(module.body, tree.body, True):
-        return StatementMap(set(), None)
-    return StatementMap(inert, begins)
+        return StatementMap(set(), None, tree)
+    return StatementMap(inert, begins, tree)

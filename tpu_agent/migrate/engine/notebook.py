@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_agent.migrate.engine.pypass import ParseFailure, PyOutcome
+from tpu_agent.migrate.engine.guard import SourceProblem
+from tpu_agent.migrate.engine.pypass import PyOutcome
 
 _MARKER = "# tpu-agent-cell {}\n"
 _MARKER_RE = re.compile(r"^# tpu-agent-cell (\d+)\r?\n", re.MULTILINE)
@@ -104,9 +105,9 @@ def migrate_notebook(
         return None, PyOutcome(None, []), where
     try:
         outcome = migrate(joined)
-    except ParseFailure as exc:
+    except SourceProblem as exc:  # a position in the joined text: say which cell, and the line in that cell
         cell_no, cell_line = where(exc.line)
-        raise ParseFailure(f"cell {cell_no}: {exc}", cell_line, exc.column) from exc
+        raise exc.relocated(f"cell {cell_no}", cell_line) from exc
     if outcome.code is None:
         return None, outcome, where
     restored = _PLACEHOLDER_RE.sub(lambda m: magics[int(m.group(1))], outcome.code)

@@ -14,7 +14,9 @@ CUDA_TOKENS = re.compile(
     rb"pynvml|gputil|gradscaler|load_inline|cpp_extension|load_library|torch\.compile|inductor|device_ids|nproc.per.node|dataparallel|"
     # integer devices and process-group device ids (``.to(local_rank)``, ``device_id=device``)
     rb"device_id|\.to\(\s*(?:int\(\s*os\.environ|(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)])|device\(\s*(?:\w+\.)*(?:local_?rank|gpu)\s*\)|"
-    rb"device\s*=\s*(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)]",
+    rb"device\s*=\s*(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)]|"
+    # dependency files: flash-attn, CUDA wheel builds and indexes
+    rb"flash.attn|\+cu\d{2,3}|whl/cu\d",
     re.IGNORECASE,
 )
 

@@ -16,29 +16,24 @@ code generation; :func:`migrate_source` is what the engine calls.
 
 from __future__ import annotations
 
+import ast
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tpu_agent.migrate.engine.context import PendingFinding, PyContext
+from tpu_agent.migrate.engine.context import PyContext
 from tpu_agent.migrate.engine.dispatch import Dispatch
 from tpu_agent.migrate.engine.gate import StatementMap, statement_map
+from tpu_agent.migrate.engine.guard import ParseFailure
 from tpu_agent.migrate.engine.imports import remove_unused_cuda_imports
 from tpu_agent.migrate.engine.positions import Layout, Position, layout, positions, statement_positions
 from tpu_agent.migrate.engine.rulepass import Edits, RulePass
 from tpu_agent.migrate.engine.splice import same_lines, splice
-from tpu_agent.migrate.model import MigrateOptions, Rule
+from tpu_agent.migrate.model import MigrateOptions, Rule, Safety
 
-
-class ParseFailure(Exception):
-    """The file is not Python this tool can parse; ``line``/``column`` are 1-based."""
-
-    def __init__(self, message: str, line: int, column: int) -> None:
-        super().__init__(message)
-        self.line = line
-        self.column = column
+__all__ = ["ParseFailure", "PlacedFinding", "PyOutcome", "Rewrite", "migrate_source", "parse", "rewrite"]
 
 
 @dataclass
@@ -53,12 +48,23 @@ class Rewrite:
     edits: Edits
 
 
+@dataclass(frozen=True)
+class PlacedFinding:
+    """A finding with its position, free of libcst nodes (so an outcome can cross a process boundary)."""
+
+    code: str
+    message: str
+    safety: Safety
+    fixed: bool
+    position: Position  # 1-based line, 0-based column of start and end
+
+
 @dataclass
 class PyOutcome:
     """The result of migrating one Python source text."""
 
     code: str | None  # None when nothing changes
-    findings: list[tuple[PendingFinding, Position]] = field(default_factory=list)
+    findings: list[PlacedFinding] = field(default_factory=list)
 
 
 def parse(source: str) -> cst.Module:
@@ -69,25 +75,38 @@ def parse(source: str) -> cst.Module:
         raise ParseFailure(exc.message, exc.raw_line, exc.raw_column + 1) from exc
 
 
-def rewrite(source: str, options: MigrateOptions, rules: Mapping[str, Rule], dispatch: Dispatch) -> Rewrite:
+def rewrite(
+    source: str,
+    options: MigrateOptions,
+    rules: Mapping[str, Rule],
+    dispatch: Dispatch,
+    tree: ast.Module | None = None,
+) -> Rewrite:
     """Parse ``source`` and run every enabled rule over it in one pass (statements the gate marks inert are
-    not visited)."""
+    not visited). ``tree`` is the stdlib parse of ``source`` when the caller already made it."""
     module = parse(source)
     ctx = PyContext.for_source(source, options, rules, dispatch.claimed_calls)
     transformer = RulePass(ctx, dispatch)
-    statements = statement_map(module, source)
+    statements = statement_map(module, source, tree)
     transformer.inert = statements.inert
+    ctx.ast_tree = statements.tree
     new_module = module.visit(transformer)
     return Rewrite(source, module, new_module, ctx, statements, transformer.edits)
 
 
-def migrate_source(source: str, options: MigrateOptions, rules: Mapping[str, Rule], dispatch: Dispatch) -> PyOutcome:
+def migrate_source(
+    source: str,
+    options: MigrateOptions,
+    rules: Mapping[str, Rule],
+    dispatch: Dispatch,
+    tree: ast.Module | None = None,
+) -> PyOutcome:
     """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse."""
     # Parsing and the pass allocate many short-lived, acyclic nodes: the cyclic collector only slows them down.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _outcome(rewrite(source, options, rules, dispatch))
+        return _outcome(rewrite(source, options, rules, dispatch, tree))
     finally:
         if collecting:
             gc.enable()
@@ -106,9 +125,10 @@ def _outcome(result: Rewrite) -> PyOutcome:
             code = splice(result.source, module, new_module, placed.spans, edits)
     elif ctx.findings:
         found, _ = positions(module, [f.node for f in ctx.findings])
-    ordered = sorted(
-        ((f, found.get(id(f.node), (1, 0, 1, 0))) for f in ctx.findings), key=lambda item: (item[1][:2], item[0].code)
+    placed_findings = (
+        PlacedFinding(f.code, f.message, f.safety, f.fixed, found.get(id(f.node), (1, 0, 1, 0))) for f in ctx.findings
     )
+    ordered = sorted(placed_findings, key=lambda f: (f.position[:2], f.code))
     if not edits.changed:
         return PyOutcome(None, ordered)
     if code is None:

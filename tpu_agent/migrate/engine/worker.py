@@ -7,8 +7,8 @@ file's bytes) and returns a :class:`FileResult`; every failure that is the file'
 
 from __future__ import annotations
 
-import ast
 import io
+import sys
 import tokenize
 from collections.abc import Callable
 from functools import lru_cache
@@ -17,11 +17,22 @@ from tpu_agent.migrate.engine.discovery import Candidate
 from tpu_agent.migrate.engine.dispatch import Dispatch
 from tpu_agent.migrate.engine.notebook import NotebookError, migrate_notebook
 from tpu_agent.migrate.engine.prefilter import may_need_migration
-from tpu_agent.migrate.engine.pypass import ParseFailure, PyOutcome, migrate_source
+from tpu_agent.migrate.engine.guard import (
+    IsolationFailure,
+    ParseFailure,
+    SourceProblem,
+    assess,
+    process_context,
+    run_isolated,
+)
+from tpu_agent.migrate.engine.pypass import PyOutcome, migrate_source
 from tpu_agent.migrate.engine.textfiles import migrate_text
 from tpu_agent.migrate.model import FileKind, FileResult, Finding, MigrateOptions, sha256_bytes
 from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
 from tpu_agent.migrate.rules._base import TextFix, WholeFileRule
+
+
+ISOLATED_RECURSION_LIMIT = 20_000
 
 
 @lru_cache(maxsize=1)
@@ -58,30 +69,20 @@ def _findings(
 ) -> list[Finding]:
     """Findings with 1-based positions; ``where`` maps a joined-notebook line to (cell, line in cell)."""
     out = []
-    for pending, (line, col, end_line, end_col) in outcome.findings:
-        message = pending.message
+    for placed in outcome.findings:
+        line, col, end_line, end_col = placed.position
+        message = placed.message
         if where is not None:
             cell, line_in_cell = where(line)
             _, end_in_cell = where(end_line)
             message = f"cell {cell}: {message}"
             line, end_line = line_in_cell, end_in_cell
-        out.append(Finding(pending.code, display_path, line, col + 1, message, pending.safety, pending.fixed, end_line, end_col + 1))
+        out.append(
+            Finding(
+                placed.code, display_path, line, col + 1, message, placed.safety, placed.fixed, end_line, end_col + 1
+            )
+        )
     return out
-
-
-def _error_position(data: bytes, exc: ParseFailure) -> tuple[int, int]:
-    """Where a parse error is, as Python itself reports it (libcst's tokenizer errors say line 1)."""
-    if b"\0" in data:
-        offset = data.index(b"\0")
-        return _line_of(data, offset), offset - data.rfind(b"\n", 0, offset)
-    try:
-        ast.parse(data)
-    except SyntaxError as error:
-        if error.lineno:
-            return error.lineno, error.offset or 1
-    except ValueError:
-        pass
-    return exc.line, exc.column
 
 
 class EncodingCookieError(Exception):
@@ -105,6 +106,26 @@ def _decode(data: bytes) -> tuple[str, str]:
 
 
 def _run_python(source: str, options: MigrateOptions) -> PyOutcome:
+    """Migrate a Python text in-process when the stdlib parser finds it ordinary, else in a sacrificial process
+    under the per-file time budget (:mod:`~tpu_agent.migrate.engine.guard`)."""
+    assessment = assess(source)
+    try:
+        if not assessment.isolate:
+            return migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree)
+        return run_isolated(_run_in_isolation, (source, options), options.file_budget_s, process_context())
+    except ParseFailure as exc:  # libcst's positions are rough where the stdlib parser gave one
+        raise assessment.error or exc from None  # the stdlib parser places syntax errors more exactly
+    except IsolationFailure as exc:
+        raise IsolationFailure(f"{exc} on {assessment.reason}", assessment.line) from None
+
+
+def _run_in_isolation(source: str, options: MigrateOptions) -> PyOutcome:
+    """What the sacrificial process runs: the whole migration of one text (the caller already assessed it).
+
+    libcst's visitors recurse once per tree level; the process exists to absorb deep trees, so it allows the
+    recursion that the in-process path must not risk (a stack overflow here costs only this process).
+    """
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), ISOLATED_RECURSION_LIMIT))
     return migrate_source(source, options, ALL_RULES, dispatch())
 
 
@@ -146,9 +167,14 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
                 data, candidate.kind, where, options, ALL_RULES, text_fixes()
             )
     except ParseFailure as exc:
-        line, column = _error_position(data, exc) if candidate.kind is FileKind.PYTHON else (exc.line, exc.column)
-        result.skipped_reason = f"{where}:{line}:{column}: does not parse as Python 3 ({exc})"
+        result.skipped_reason = f"{where}:{exc.line}:{exc.column}: does not parse as Python 3 ({exc})"
         result.findings = []
+    except SourceProblem as exc:
+        result.skipped_reason = f"{where}:{exc.line}: skipped: {exc}; migrate this file by hand or simplify that code"
+        result.findings = []
+    except RecursionError:
+        result.skipped_reason = f"{where}: skipped: nested too deeply for the rewrite; migrate this file by hand"
+        result.findings, result.migrated_bytes = [], None
     except UnicodeDecodeError as exc:
         result.skipped_reason = f"{where}:{_line_of(data, exc.start)}: undecodable bytes ({exc.reason}, {exc.encoding})"
     except EncodingCookieError as exc:

@@ -50,7 +50,14 @@ def totals_line(totals: Totals) -> str:
 
 def applied_line(applied: ApplyResult) -> str:
     where = f" into {applied.output_dir}" if applied.output_dir is not None else ""
-    return f"Wrote {len(applied.written)} file(s){where}; {len(applied.unchanged)} left as they were."
+    line = f"Wrote {len(applied.written)} file(s){where}; {len(applied.unchanged)} left as they were."
+    if applied.removed_temp_files:
+        names = ", ".join(str(p) for p in applied.removed_temp_files[:5])
+        more = f" and {len(applied.removed_temp_files) - 5} more" if len(applied.removed_temp_files) > 5 else ""
+        line += f" Removed {len(applied.removed_temp_files)} temporary file(s) an interrupted run left: {names}{more}."
+    if applied.not_copied:
+        line += f" Not copied: {'; '.join(applied.not_copied)}."
+    return line
 
 
 def renderables(summary: Summary, applied: ApplyResult | None = None) -> list[RenderableType]:

@@ -18,6 +18,7 @@ from tpu_agent.migrate.rules import (
     compile,
     cuda_api,
     cuda_classes,  # registers its rules and handlers with the cuda-api and backend-flags families
+    dependencies,  # registers its rules and text fixes with the third-party family
     devices,
     distributed,
     env_vars,

@@ -14,8 +14,8 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules import backend_flags, cuda_api
-from tpu_agent.migrate.rules.references import DEVICE, SDPA, TORCH_TPU
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, kwarg, positional, source
+from tpu_agent.migrate.rules.references import DEVICE, SDPA, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -120,10 +120,20 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
         return _legacy_constructor(ctx, original, updated, _LEGACY[qualname])
     if qualname == "torch.cuda.is_bf16_supported":
         if ctx.target is Target.TPU:
-            new = ctx.fix("TPU214", original, lambda: cst.Name("True"), lambda n: "is_bf16_supported() -> True (bf16 is native on TPU)")
+            new = ctx.fix(
+                "TPU214",
+                original,
+                lambda: cst.Name("True"),
+                lambda n: "is_bf16_supported() -> True (bf16 is native on TPU)",
+            )
             return keep_parens(original, new) if new is not None else updated
-        ctx.report("TPU214", original, "is_bf16_supported(): no device-agnostic query in torch 2.13; bf16 is native on "
-                   "TPU: make it an explicit option (or use --target tpu)", fixable=False)
+        ctx.report(
+            "TPU214",
+            original,
+            "is_bf16_supported(): not rewritten: no device-agnostic query in torch 2.13; "
+            "bf16 is native on TPU: make it an explicit option (or use --target tpu)",
+            fixable=False,
+        )
         return updated
     if qualname == _SDP_KERNEL:
         return _sdp_kernel(ctx, original, updated)
@@ -131,6 +141,7 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
     if isinstance(func, cst.Attribute) and func.attr.value == "type" and len(original.args) == 1 and qualname is None:
         dtype = _legacy_dtype(ctx, original.args[0].value)
         if dtype is not None:
+
             def build() -> cst.Call:
                 return cst.Call(
                     func=updated.func.with_changes(attr=cst.Name("to")),  # type: ignore[attr-defined]
@@ -145,7 +156,12 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
 def _legacy_constructor(ctx: PyContext, original: cst.Call, updated: cst.Call, dtype: str) -> cst.BaseExpression:
     args = list(updated.args)
     if any(a.keyword is not None or a.star for a in original.args):
-        ctx.report("TPU213", original, f"{source(original.func)} with keywords: build it with torch.empty/torch.tensor", fixable=False)
+        ctx.report(
+            "TPU213",
+            original,
+            f"{source(original.func)} with keywords: build it with torch.empty/torch.tensor",
+            fixable=False,
+        )
         return updated
     values = [a.value for a in original.args]
     if len(values) == 1 and isinstance(values[0], (cst.List, cst.Tuple)):
@@ -153,8 +169,13 @@ def _legacy_constructor(ctx: PyContext, original: cst.Call, updated: cst.Call, d
     elif not values or len(values) > 1 or isinstance(values[0], cst.Integer):
         factory, new_args = "empty", args or [cst.Arg(cst.Integer("0"))]
     else:
-        ctx.report("TPU213", original, f"{source(original)}: a size or data? use torch.empty(size, ...) or "
-                   f"torch.tensor(data, ...) with dtype=torch.{dtype}", fixable=False)
+        ctx.report(
+            "TPU213",
+            original,
+            f"{source(original)}: a size or data? use torch.empty(size, ...) or "
+            f"torch.tensor(data, ...) with dtype=torch.{dtype}",
+            fixable=False,
+        )
         return updated
 
     def build() -> cst.Call:
@@ -164,7 +185,12 @@ def _legacy_constructor(ctx: PyContext, original: cst.Call, updated: cst.Call, d
             args=[*last, kwarg("dtype", ctx.torch_attr(dtype)), kwarg("device", ctx.device_value())],
         )
 
-    new = ctx.fix("TPU213", original, build, lambda n: f"{source(original.func)}(...) -> torch.{factory}(..., dtype=torch.{dtype})")
+    new = ctx.fix(
+        "TPU213",
+        original,
+        build,
+        lambda n: f"{source(original.func)}(...) -> torch.{factory}(..., dtype=torch.{dtype})",
+    )
     return keep_parens(original, new) if new is not None else updated
 
 
@@ -172,16 +198,28 @@ def _sdp_kernel(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Ba
     enabled: list[str] = []
     for index, (flag, member) in enumerate(_SDP_FLAGS):
         arg = keyword(original, flag) or positional(original, index)
-        value = arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else "True" if arg is None else None
+        value = (
+            arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else "True" if arg is None else None
+        )
         if value not in ("True", "False"):
-            ctx.report("TPU606", original, f"sdp_kernel({flag}={source(arg.value)}): flags must be literals to "  # type: ignore[union-attr]
-                       "choose the sdpa_kernel backends", fixable=False)
+            ctx.report(
+                "TPU606",
+                original,
+                f"sdp_kernel({flag}={source(arg.value)}): flags must be literals to "  # type: ignore[union-attr]
+                "choose the sdpa_kernel backends",
+                fixable=False,
+            )
             return updated
         if value == "True":
             enabled.append(member)
     if "MATH" not in enabled:
-        ctx.report("TPU606", original, f"sdp_kernel allows only CUDA kernels ({', '.join(enabled) or 'none'}): on TPU "
-                   "drop the context (TorchTPU runs F.scaled_dot_product_attention itself)", fixable=False)
+        ctx.report(
+            "TPU606",
+            original,
+            f"sdp_kernel allows only CUDA kernels ({', '.join(enabled) or 'none'}): on TPU "
+            "drop the context (TorchTPU runs F.scaled_dot_product_attention itself)",
+            fixable=False,
+        )
         return updated
 
     def build() -> cst.Call:

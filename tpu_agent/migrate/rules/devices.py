@@ -92,17 +92,18 @@ FAMILY.rule(
 FAMILY.rule(
     code="TPU104",
     name="cuda-device-check",
-    safety=Safety.UNSAFE,
+    safety=Safety.SAFE,
     summary='A check that a tensor is on CUDA: t.is_cuda, t.device.type == "cuda".',
-    rationale="On TPU such checks are always False, silently skipping code meant for the accelerator. The fix "
-    "compares with the device in use, which assumes the check meant 'on the accelerator' rather than 'on an NVIDIA "
-    "GPU'.",
+    rationale="On TPU such checks are always False, silently skipping code meant for the accelerator. The fix asks "
+    "'on the accelerator in use' (t.device.type == DEVICE.type != \"cpu\"): on a CUDA machine that is exactly "
+    "'on CUDA', on a CPU-only machine it stays False as before, and on TPU it holds for TPU tensors. For the tpu "
+    "target it is t.device.type == \"tpu\". Chains of several comparisons are reported.",
     before="if x.is_cuda:\n    ...",
-    after="if x.device.type == DEVICE.type:\n    ...",
+    after='if x.device.type == DEVICE.type != "cpu":\n    ...',
     references=(DEVICE, ACCELERATOR),
     apis=(
-        ApiEquivalent("t.is_cuda", "t.device.type == DEVICE.type"),
-        ApiEquivalent("t.device.type == \"cuda\"", "t.device.type == DEVICE.type"),
+        ApiEquivalent("t.is_cuda", 't.device.type == DEVICE.type != "cpu"'),
+        ApiEquivalent("t.device.type == \"cuda\"", 't.device.type == DEVICE.type != "cpu"'),
     ),
 )
 FAMILY.rule(
@@ -346,16 +347,33 @@ def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.P
     return updated
 
 
+def on_accelerator(ctx: PyContext, device_type: cst.BaseExpression, negated: bool = False) -> cst.BaseExpression:
+    """``<device_type> == DEVICE.type != "cpu"`` (for the tpu target ``<device_type> == "tpu"``): the device
+    is the accelerator in use; exactly 'on CUDA' on a CUDA machine and False on a CPU-only one. ``negated``
+    wraps it in ``not (...)``."""
+    if ctx.target.value == "tpu":
+        operator = cst.NotEqual() if negated else cst.Equal()
+        return cst.Comparison(left=device_type, comparisons=[cst.ComparisonTarget(operator, ctx.device_type())])
+    targets = [
+        cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type()),
+        cst.ComparisonTarget(operator=cst.NotEqual(), comparator=ctx.string("cpu")),
+    ]
+    check: cst.BaseExpression = cst.Comparison(left=device_type, comparisons=targets)
+    if negated:
+        check = cst.UnaryOperation(
+            operator=cst.Not(), expression=check.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        )
+    return check
+
+
 @FAMILY.leave(cst.Attribute)
 def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
     if original.attr.value != "is_cuda" or ctx.is_call_func(original) or ctx.qualname(original) is not None:
         return updated
+
     def build() -> cst.BaseExpression:
         device = cst.Attribute(value=updated.value, attr=cst.Name("device"))
-        return cst.Comparison(
-            left=cst.Attribute(value=device, attr=cst.Name("type")),
-            comparisons=[cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type())],
-        )
+        return on_accelerator(ctx, cst.Attribute(value=device, attr=cst.Name("type")))
 
     new = ctx.fix("TPU104", original, build, lambda n: f"{source(original)} -> {source(n)}")
     if new is None:
@@ -366,25 +384,32 @@ def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attr
 
 
 @FAMILY.leave(cst.Comparison)
-def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.Comparison:
-    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type
+def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type != "cpu"
     if not (isinstance(original.left, cst.Attribute) and original.left.attr.value == "type"):
         return updated
-    targets = list(updated.comparisons)
-    changed = False
-    for i, comparison in enumerate(original.comparisons):
-        if isinstance(comparison.operator, (cst.Equal, cst.NotEqual)) and string_value(comparison.comparator) == "cuda":
-            template = comparison.comparator
-            new = ctx.fix(
-                "TPU104",
-                template,
-                lambda: ctx.device_type(template),
-                lambda n: f'"cuda" -> {source(n)} in {source(original)}',
-            )
-            if new is not None:
-                targets[i] = targets[i].with_changes(comparator=new)
-                changed = True
-    return updated.with_changes(comparisons=targets) if changed else updated
+    cuda = [
+        c for c in original.comparisons
+        if isinstance(c.operator, (cst.Equal, cst.NotEqual)) and string_value(c.comparator) == "cuda"
+    ]
+    if not cuda:
+        return updated
+    if len(original.comparisons) != 1:
+        ctx.report("TPU104", original, f"{source(original)}: compare x.device.type with DEVICE.type (a chain of "
+                   "comparisons is left as it is)", fixable=False)
+        return updated
+    negated = isinstance(cuda[0].operator, cst.NotEqual)
+    new = ctx.fix(
+        "TPU104",
+        original,
+        lambda: on_accelerator(ctx, updated.left, negated),
+        lambda n: f"{source(original)} -> {source(n)}",
+    )
+    if new is None:
+        return updated
+    if isinstance(new, cst.UnaryOperation) and not ctx.is_bare(original):
+        new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return keep_parens(original, new)
 
 
 # ---- launch scripts and configs -----------------------------------------------------------------------
@@ -446,19 +471,22 @@ def is_rank_value(node: cst.CSTNode) -> bool:
         return bool(_RANK_NAME_RE.fullmatch(node.value))
     if isinstance(node, cst.Attribute):
         return bool(_RANK_NAME_RE.fullmatch(node.attr.value))
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int" and len(node.args) == 1:
-        inner = node.args[0].value
-        if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
-            key = inner.slice[0].slice
-            return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
-        if isinstance(inner, cst.Call) and inner.args:
-            return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int"):
+        return False
+    inner = node.args[0].value if len(node.args) == 1 else None
+    if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
+        key = inner.slice[0].slice
+        return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
+    if isinstance(inner, cst.Call) and inner.args:
+        return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
     return False
 
 
 def _integer_device(ctx: PyContext, value: cst.BaseExpression, form: str) -> cst.BaseExpression | None:
     build = ctx.device if form == "device" else ctx.device_value
-    return ctx.fix("TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)")
+    return ctx.fix(
+        "TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)"
+    )
 
 
 @FAMILY.leave(cst.Call)
@@ -482,7 +510,8 @@ def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst
     ):
         # torch.device(cfg.device, local_rank): the type stays, the rank's index goes (one device per process)
         index = original.args[1].value
-        if ctx.report("TPU107", index, f"device index {source(index)} dropped from {source(original)} (one device per process)"):
+        message = f"device index {source(index)} dropped from {source(original)} (one device per process)"
+        if ctx.report("TPU107", index, message):
             return drop_args(updated, lambda i, a: i == 1)
         return updated
     device = keyword(original, "device")

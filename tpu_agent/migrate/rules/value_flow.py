@@ -20,9 +20,9 @@ import libcst as cst
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
-from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.devices import cuda_device_code, rewrite_device
+from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -86,7 +86,9 @@ def _lines(flow: KeyFlow) -> str:
 
 
 # ---- devices ------------------------------------------------------------------------------------------
-def _device_definition(ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression | None:
+def _device_definition(
+    ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
+) -> cst.BaseExpression | None:
     key = _key_of(target)
     if key is None or cuda_device_code(ctx, original) is None or cuda_device_code(ctx, updated) is None:
         return None  # not a CUDA literal, or the name-based rule already rewrote it
@@ -168,10 +170,12 @@ def _is_backend_expression(ctx: PyContext, node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.IfExp) and "nccl" in (string_value(node.body), string_value(node.orelse))
 
 
-def backend_replacement(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
-    """The rewrite of a backend expression (one :func:`_is_backend_expression` accepts): ``"nccl"``, ``"nccl" if <nccl or CUDA available> else "gloo"``
-    (either way round: the whole expression becomes the default backend), or a user's ``"nccl" if flag else ...``
-    (only the NCCL branch changes)."""
+def backend_replacement(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression
+) -> cst.BaseExpression:
+    """The rewrite of a backend expression (one :func:`_is_backend_expression` accepts): ``"nccl"``,
+    ``"nccl" if <nccl or CUDA available> else "gloo"`` (either way round: the whole expression becomes the
+    default backend), or a user's ``"nccl" if flag else ...`` (only the NCCL branch changes)."""
     if not isinstance(original, cst.IfExp) or not isinstance(updated, cst.IfExp):
         return ctx.default_backend(original)
     values = (string_value(original.body), string_value(original.orelse))
@@ -193,7 +197,9 @@ def _claim_backend_check(ctx: PyContext, node: cst.IfExp) -> None:
         ctx.claim(inner.func)  # type: ignore[attr-defined]
 
 
-def _backend_definition(ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression | None:
+def _backend_definition(
+    ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
+) -> cst.BaseExpression | None:
     key = _key_of(target)
     if key is None or "nccl" not in source(original):
         return None
@@ -235,11 +241,13 @@ def annotated_backend_definition(ctx: PyContext, original: cst.AnnAssign, update
 def backend_table(ctx: PyContext, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
     # {"cuda": "nccl", "cpu": "gloo"}[device.type]: the table torch keeps for every accelerator
     table = original.value
-    if not isinstance(table, cst.Dict) or len(original.slice) != 1 or not isinstance(original.slice[0].slice, cst.Index):
+    if (
+        not isinstance(table, cst.Dict)
+        or len(original.slice) != 1
+        or not isinstance(original.slice[0].slice, cst.Index)
+    ):
         return updated
-    pairs = {
-        string_value(el.key): string_value(el.value) for el in table.elements if isinstance(el, cst.DictElement)
-    }
+    pairs = {string_value(el.key): string_value(el.value) for el in table.elements if isinstance(el, cst.DictElement)}
     if pairs.get("cuda") != "nccl" or len(pairs) != len(table.elements) or not set(pairs.values()) <= {"nccl", "gloo"}:
         return updated
     index = updated.slice[0].slice.value  # type: ignore[attr-defined]
@@ -256,6 +264,10 @@ def backend_table(ctx: PyContext, original: cst.Subscript, updated: cst.Subscrip
     return keep_parens(original, new) if new is not None else updated
 
 
+def _is_device_or_backend(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    return cuda_device_code(ctx, node) is not None or _is_backend_expression(ctx, node)
+
+
 # ---- argparse options ---------------------------------------------------------------------------------
 @devices.FAMILY.leave(cst.Call)
 def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -264,6 +276,12 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
         isinstance(original.func, cst.Attribute) and original.func.attr.value == "add_argument"
     ):
         return updated
+    default = keyword(original, "default")
+    choices = keyword(original, "choices")
+    if not (default is not None and _is_device_or_backend(ctx, default.value)) and not (
+        choices is not None and "cuda" in source(choices.value)
+    ):
+        return updated  # most options: no device or backend literal, no analysis needed
     flags = [string_value(a.value) or "" for a in original.args if a.keyword is None]
     dest_arg = keyword(original, "dest")
     dest = argparse_dest(flags, string_value(dest_arg.value) if dest_arg is not None else None)
@@ -272,7 +290,6 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
     verdict = ctx.value_flow.flow(attr_key(dest)).verdict
     named_device = any("device" in f for f in flags)
     result = updated
-    default = keyword(original, "default")
     position = original.args.index(default) if default is not None else -1
     if default is not None and not named_device and cuda_device_code(ctx, default.value):
         if verdict is Verdict.DEVICE:
@@ -280,16 +297,22 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
             if new is not None:
                 result = replace_arg_value(result, position, new)
         elif verdict is Verdict.MIXED:
-            ctx.report("TPU108", default.value, f"--{dest} default {source(default.value)} is used as a device and by "
-                       f"{_lines(ctx.value_flow.flow(attr_key(dest)))}")
+            ctx.report(
+                "TPU108",
+                default.value,
+                f"--{dest} default {source(default.value)} is used as a device and by "
+                f"{_lines(ctx.value_flow.flow(attr_key(dest)))}",
+            )
     if default is not None and not any("backend" in f for f in flags) and _is_backend_expression(ctx, default.value):
-        new = _backend_definition(ctx, cst.Attribute(value=cst.Name("args"), attr=cst.Name(dest)), default.value,
-                                  updated.args[position].value)
+        new = _backend_definition(
+            ctx, cst.Attribute(value=cst.Name("args"), attr=cst.Name(dest)), default.value, updated.args[position].value
+        )
         if new is not None:
             result = replace_arg_value(result, position, new)
-    choices = keyword(original, "choices")
-    if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)) and (
-        named_device or verdict is Verdict.DEVICE
+    if (
+        choices is not None
+        and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set))
+        and (named_device or verdict is Verdict.DEVICE)
     ):
         result = _device_choices(ctx, original, result, choices)
     return result

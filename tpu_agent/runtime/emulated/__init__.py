@@ -12,7 +12,7 @@ import atexit
 import os
 import sys
 
-from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.chips import DEFAULT_CHIP, host_devices, parse_target
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import state
 
@@ -26,13 +26,17 @@ def is_active() -> bool:
 def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     """Register the emulated ``tpu`` device for this process (idempotent).
 
-    ``chip`` picks what ``torch.tpu.get_device_name/get_device_properties`` report; ``eager_mode`` (strict,
-    debug, defer_and_fuse, or a TorchTPU enum name) overrides the TORCH_TPU_* environment default.
+    ``chip`` (a generation, ``v6e``, or a slice, ``v6e-4``) picks what ``torch.tpu.get_device_name`` and
+    ``get_device_properties`` report and the host's device count (``torch.accelerator.device_count()``: the
+    slice's host, or the smallest host that holds this run's ``LOCAL_WORLD_SIZE`` ranks); ``eager_mode``
+    (strict, debug, defer_and_fuse, or a TorchTPU enum name) overrides the TORCH_TPU_* environment default.
     Raises TpuAgentError when another PrivateUse1 backend owns the process.
     """
     global _active
-    chosen = get_chip(chip)
+    target = parse_target(chip)
+    chosen = target.chip
     mode = state.parse_eager_mode(eager_mode) if eager_mode is not None else None
+    state.host_devices = host_devices(target, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if _active:
         state.chip = chosen
         if mode is not None:
@@ -40,7 +44,15 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
 
             modes.apply_mode(mode)
         return
-    from tpu_agent.runtime.emulated import attention, autocast, compile, device, modes, telemetry
+    from tpu_agent.runtime.emulated import (
+        attention,
+        autocast,
+        compile,
+        device,
+        modes,
+        mxu,
+        telemetry,
+    )
 
     device.register()
     attention.install()
@@ -48,6 +60,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     autocast.register()
     compile.install()
     telemetry.install()
+    mxu.install()
     modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())
     atexit.register(_at_exit)
     _active = True

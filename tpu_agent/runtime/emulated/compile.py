@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import state, telemetry
+from tpu_agent.runtime.emulated import state
 
 OPTION_KEYS = frozenset({"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "custom_module_name", "name"})
 # TorchTPU's backend raises NotImplementedError with this text for dynamic=True (reference §3.3); we mirror it.
@@ -138,7 +138,7 @@ class TpuBackend:
         start = time.perf_counter_ns()
         code = _current_code()
         graph_id, is_recompile, reason = _log.record(code)
-        site = events.Site(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else telemetry.call_site(2)
+        site = events.Site(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else events.user_call_site(2)
         name = code.co_name if code is not None else gm.__class__.__name__
         compiled = _run_materialised(_graph_callable(gm, example_inputs, name, site))
         if state.log_enabled:
@@ -191,7 +191,10 @@ def _is_tpu_backend(backend: Any) -> bool:
 
 
 _registered = False
-_EMULATION_MODULES = ("tensor", "deferred", "debug", "telemetry", "memory", "unsupported", "autocast", "device", "modes")
+_EMULATION_MODULES = (
+    "tensor", "mxu", "kernels", "cpu_gaps", "deferred", "debug", "telemetry", "memory", "unsupported", "autocast", "device",
+    "modes",
+)  # fmt: skip
 
 
 def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:

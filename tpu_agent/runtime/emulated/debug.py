@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from tpu_agent.runtime.emulated import ops, telemetry
+from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import ops
 
 
 class TpuDebugCheckError(RuntimeError):
@@ -38,7 +39,7 @@ def check(func: Any, cargs: list, ckwargs: dict, out: Any) -> None:
     """Raise :class:`TpuDebugCheckError` if ``func`` turned finite inputs into NaN/Inf outputs."""
     if func in ops.DEBUG_SKIP_FINITE_CHECK:
         return
-    outputs = [t for t in _tensors(out) if t.is_floating_point() or t.is_complex()]
+    outputs = [t for t in _tensors(out) if (t.is_floating_point() or t.is_complex()) and t.layout is torch.strided]
     if not outputs:
         return
     bad = [t for t in outputs if t.numel() and not bool(torch.isfinite(t).all())]
@@ -50,7 +51,7 @@ def check(func: Any, cargs: list, ckwargs: dict, out: Any) -> None:
     if _has_nonfinite_scalar(cargs) or _has_nonfinite_scalar(ckwargs.values()):
         return
     kind = "NaN" if any(bool(torch.isnan(t).any()) for t in bad) else "Inf"
-    site = telemetry.call_site(2)
+    site = events.user_call_site(2)
     where = f" at {site.file}:{site.line} (in {site.function})" if site else ""
     raise TpuDebugCheckError(
         f"TorchTPU debug check failed: op {func} produced {kind} from finite inputs{where}. "

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import ops, state, telemetry
+from tpu_agent.runtime.emulated import kernels, ops, shape_cache, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
 
 MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
@@ -84,11 +84,11 @@ class CpuExecutor:
                 cargs = tt.unwrap_args(node.func, node.args)
                 ckwargs, _ = tt.unwrap_kwargs(node.func, node.kwargs) if node.kwargs else (node.kwargs, False)
                 # no tpu args: the rounding cache keys on version counters, which recording has already advanced
-                out = tt.run_on_cpu(node.func, cargs, ckwargs, node.precision)
+                out = kernels.run_on_cpu(node.func, cargs, ckwargs, node.precision)
             except Exception as error:
                 where = f" recorded at {node.site}" if node.site else ""
                 raise DeferredExecutionError(
-                    f"{error}\n  [DeferAndFuse] op {node.func}{where} failed when the pending graph was materialised by '{cause}'"
+                    f"{kernels.device_error(node.func, error)}\n  [DeferAndFuse] op {node.func}{where} failed when the pending graph was materialised by '{cause}'"
                 ) from error
             _fill(node.outputs, out)
 
@@ -164,7 +164,7 @@ def flush(cause: str, site: events.Site | None = None) -> None:
                     graph_ops=len(graph),
                     graph_hash=graph_hash,
                     duration_ns=time.perf_counter_ns() - start,
-                    site=site if site is not None else telemetry.call_site(2),
+                    site=site if site is not None else events.user_call_site(2),
                 )
                 telemetry.emit_op_batch()
 
@@ -180,6 +180,10 @@ def _meta_of(x: Any) -> Any:
             m = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
             if x.storage_offset():
                 m = m.as_strided(x.shape, x.stride(), x.storage_offset())
+            if x.is_conj():
+                torch._C._set_conj(m, True)
+            if x.is_neg():
+                torch._C._set_neg(m, True)
             x._meta = m
         return m
     if t is list or t is tuple:
@@ -228,7 +232,7 @@ def _signature(func: Any, margs: Any) -> str:
 
 
 def _eager(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
-    flush(cause, telemetry.call_site(3) if state.log_enabled else None)
+    flush(cause, events.user_call_site(3) if state.log_enabled else None)
     return tt.strict_dispatch(func, args, kwargs)
 
 
@@ -260,44 +264,63 @@ def _is_host_upload(func: Any, args: tuple) -> bool:
     )
 
 
-def record(func: Any, args: tuple, kwargs: dict) -> Any:
-    """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
-    if func in ops.HOST_READ_OPS or _is_host_transfer(func, args, kwargs):
-        return _eager(func, args, kwargs, ops.HOST_READ_OPS.get(func, "cpu"))
-    if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
-        return tt.strict_dispatch(func, args, kwargs)
-    if func in ops.DATA_DEPENDENT_OPS:
-        return _eager(func, args, kwargs, "data_dependent")
-    special = tt.special_for(func)
-    if special is not None:
-        special(func, args, kwargs)
+def _infer(func: Any, args: tuple, kwargs: dict, key: tuple | None) -> tuple[Any, str] | None:
+    """Run ``func`` on meta tensors: its deferred outputs and graph signature (``None``: shapes unknown)."""
     margs = [_meta_of(a) for a in args]
     mkwargs = {k: _meta_of(v) for k, v in kwargs.items()} if kwargs else kwargs
     if mkwargs and "device" in mkwargs and mkwargs["device"] is not None:
         mkwargs["device"] = _META
     try:
         mout = func(*margs, **mkwargs)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
-        telemetry.emit_fallback(str(func))
-        return _eager(func, args, kwargs, "fallback")
-    except RuntimeError as error:
-        if "meta" in str(error).lower():
-            telemetry.emit_fallback(str(func))
-            return _eager(func, args, kwargs, "fallback")
-        raise
-    if state.log_enabled:
-        telemetry.op_counts[func] += 1
+    except Exception:  # noqa: BLE001 - any op whose shapes cannot be inferred runs eagerly (with an event)
+        return None
     outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
     if func in ops.METADATA_INPLACE_OPS:
         tt.sync_metadata(outputs, mout)
+    signature = _signature(func, margs)
+    if key is not None:
+        inferred = shape_cache.describe(mout, margs, mkwargs, args, kwargs, signature)
+        if inferred is not None:
+            shape_cache.store(key, inferred)
+    return outputs, signature
+
+
+def record(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
+    plan = ops.plan_of(func)
+    if plan.host_read is not None or _is_host_transfer(func, args, kwargs):
+        return _eager(func, args, kwargs, plan.host_read or "cpu")
+    if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
+        return tt.strict_dispatch(func, args, kwargs)
+    if plan.data_dependent:
+        return _eager(func, args, kwargs, "data_dependent")
+    if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
+        telemetry.emit_fallback(str(func))
+        return _eager(func, args, kwargs, "fallback")
+    special = tt.special_for(func)
+    if special is not None:
+        special(func, args, kwargs)
+    key = shape_cache.key_of(func, args, kwargs) if not plan.metadata_inplace else None
+    inferred = shape_cache.lookup(key) if key is not None else None
+    if inferred is not None:
+        outputs = shape_cache.build(inferred.outputs, args, kwargs)
+        signature = inferred.signature
+    else:
+        inferred_now = _infer(func, args, kwargs, key)
+        if inferred_now is None:
+            telemetry.emit_fallback(str(func))
+            return _eager(func, args, kwargs, "fallback")
+        outputs, signature = inferred_now
+    if state.log_enabled:
+        telemetry.op_counts[func] += 1
     node = Node(
         func=func,
         args=tuple(_snapshot_host(a) for a in args),
         kwargs={k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
         outputs=outputs,
         precision=state.effective_precision(),
-        site=telemetry.call_site(3),
-        signature=_signature(func, margs),
+        site=events.user_call_site(3),
+        signature=signature,
     )
     with _lock:
         _pending.nodes.append(node)

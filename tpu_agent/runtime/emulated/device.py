@@ -20,7 +20,17 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.runtime.emulated import memory, modes, state, streams, tensor, tpu_module
+from tpu_agent.runtime.emulated import (
+    generator,
+    host_memory,
+    memory,
+    modes,
+    state,
+    streams,
+    tensor,
+    tpu_module,
+    unsupported,
+)
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive for the process
@@ -72,6 +82,12 @@ def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None
     return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype))
 
 
+def _zeros(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
+    """``_efficientzerotensor`` (autograd's zero gradients): real zeros, since the emulator's CPU kernels run with
+    the ZeroTensor dispatch key off and would read a storage-less tensor."""
+    return tensor.wrap(torch.zeros(size, dtype=dtype))
+
+
 def _copy_from(src: Any, dst: Any, non_blocking: bool = False) -> Any:
     tensor.unwrap(dst).copy_(tensor.unwrap(src))
     return dst
@@ -83,6 +99,10 @@ def _register_kernels() -> None:
     lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("_efficientzerotensor", _zeros, "PrivateUse1")
+    fallbacks = torch.library.Library("_", "IMPL")
+    _libraries.append(fallbacks)
+    fallbacks.fallback(unsupported.refuse_quantized, "QuantizedPrivateUse1")
     for name in RESIZING_FACTORIES:
         base, _, overload = name.partition(".")
         packet = getattr(aten, base)
@@ -194,3 +214,5 @@ def register() -> None:
     streams.install()
     _patch_serialization()
     _patch_precision()
+    generator.install()
+    host_memory.install()

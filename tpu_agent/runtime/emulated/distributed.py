@@ -12,13 +12,14 @@ collectives used by DTensor and FSDP2) reach its Python methods through the Proc
    into their own graph, reference §8.1 ``..._MATERIALIZE_COLLECTIVE_TENSORS``),
 2. checks TorchTPU's restrictions (no ``reduce``, ``monitored_barrier``, ``PREMUL_SUM``, barrier options, or
    buffer sizes that differ across ranks; :data:`RESTRICTIONS`),
-3. agrees with the other ranks on what is being run (a tiny gloo all-gather of op, size and sequence number),
-   which turns a desynchronised program or uneven sizes into an error on every rank instead of a hang,
+3. agrees with the other ranks on what is being run (:mod:`collective_guard`: a tiny gloo all-gather of op,
+   size and sequence number), which turns a desynchronised program or uneven sizes into an error on every
+   rank instead of a hang,
 4. runs the gloo collective in place on the CPU tensors (results land in the ``tpu`` tensors, which share
    that data) and emits a :class:`~tpu_agent.runtime.events.Collective` event.
 
-Hangs: each rank records its progress in the store before each collective; when gloo times out (the
-``timeout`` of ``init_process_group``), the error names the op and the ranks that never reached it.
+Hangs and departures: when gloo times out, or a peer's process is gone, the guard's error names the op and the
+ranks that never reached it or that left. FSDP2's storage resizing is adapted in :mod:`fsdp_storage`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 from torch.futures import Future
 
 from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import fsdp_storage
+from tpu_agent.runtime.emulated.collective_guard import (
+    ANY_SIZE,
+    ASYMMETRIC_INPUT,
+    CollectiveGuard,
+)
 
 BACKEND_NAMES = ("tpu_dist", "tpu")
 DEVICE_TYPE = "tpu"
-ASYMMETRIC_INPUT = "asymmetric input buffer sizes across ranks are not supported on TPU."
 ASYMMETRIC_OUTPUT = "asymmetric output buffer sizes across ranks are not supported on TPU."
 
 
@@ -73,15 +79,7 @@ RESTRICTIONS: dict[str, Restriction] = {
     )
 }
 
-# Codes exchanged in the agreement step (index = code), so ranks can tell which op each of them is in.
-_OPS = (
-    "barrier", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "all_reduce_coalesced",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
-)  # fmt: skip
-_OP_CODE = {name: code for code, name in enumerate(_OPS)}
 _UNSET_TIMEOUT = dist.BarrierOptions().timeout
-_ANY_SIZE = -1  # all_to_all: TorchTPU accepts uneven splits
 
 
 def _restricted(code: str) -> RuntimeError:
@@ -179,10 +177,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
         _GLOO_GROUPS.append(self._gloo)
-        self._progress = PrefixStore("tpu_dist_progress", store)
-        self._timeout = timeout
+        self._guard = CollectiveGuard(store, rank, size, timeout, self._global_ranks)
         self._seq = 0
-        self._group_name = ""
         self._group_desc = ""
         # C++ paths this class cannot override (e.g. ProcessGroup::all_gather_single) dispatch to the
         # registered backend; gloo then works on the CPU data the tpu tensor subclass hands it.
@@ -195,10 +191,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return "tpu_dist"
 
     def getGroupName(self) -> str:  # noqa: N802
-        return self._group_name
+        return self._guard.group_name
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._group_name = name
+        self._guard.group_name = name
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._group_desc
@@ -229,15 +225,16 @@ class ProcessGroupTpu(dist.ProcessGroup):
         self._seq += 1
         seq = self._seq
         start = time.perf_counter_ns()
-        self._progress.set(str(self.rank()), f"{seq}:{op}")
+        self._guard.entering(op, seq)
         try:
-            self._agree(op, seq, signature)
+            self._guard.agree(self._gloo, op, seq, signature)
             staged = _Staged()
             result = body(staged)
             staged.finish()
         except RuntimeError as error:
-            if "timed out" in str(error).lower() or "timeout" in str(error).lower():
-                raise RuntimeError(f"{self._hang_message(op, seq)} [{error}]") from None
+            explained = self._guard.explain(error, op, seq)
+            if explained is not None:
+                raise explained from None
             raise
         self._emit(op, tensors, start)
         return _DoneWork(result)
@@ -252,43 +249,6 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 duration_ns=time.perf_counter_ns() - start_ns,
                 site=events.user_call_site(),
             )
-
-    def _agree(self, op: str, seq: int, signature: int) -> None:
-        """All-gather (op, size, seq) so every rank sees a mismatch and raises the same error."""
-        if self.size() == 1:
-            return
-        mine = torch.tensor([_OP_CODE[op], signature, seq], dtype=torch.int64)
-        everyone = torch.empty(self.size() * 3, dtype=torch.int64)
-        self._gloo._allgather_base(everyone, mine).wait()
-        rows = everyone.view(self.size(), 3).tolist()
-        ranks = self._global_ranks()
-        if any(row[0] != rows[0][0] for row in rows):
-            issued = ", ".join(f"rank {ranks[i]} {_OPS[row[0]]}" for i, row in enumerate(rows))
-            raise RuntimeError(f"tpu_dist: ranks issued different collectives as collective #{seq}: {issued}; every rank must run the same collectives in the same order")
-        sizes = {row[1] for row in rows}
-        if signature != _ANY_SIZE and len(sizes) > 1:
-            numels = ", ".join(f"rank {ranks[i]}: {row[1]}" for i, row in enumerate(rows))
-            raise RuntimeError(f"{ASYMMETRIC_INPUT} ({op}, elements per rank: {numels})")
-
-    def _hang_message(self, op: str, seq: int) -> str:
-        ranks = self._global_ranks()
-        behind = []
-        for group_rank, global_rank in enumerate(ranks):
-            key = str(group_rank)
-            if group_rank == self.rank():
-                continue
-            if not self._progress.check([key]):
-                behind.append(f"rank {global_rank} (no collective yet)")
-                continue
-            their_seq, _, their_op = self._progress.get(key).decode().partition(":")
-            if int(their_seq) < seq:
-                behind.append(f"rank {global_rank} (last entered {their_op} #{their_seq})")
-        waiting = "; did not reach it: " + ", ".join(behind) if behind else ""
-        return (
-            f"tpu_dist: {op} (collective #{seq} of group {self._group_name or 'default'}, ranks {ranks}) timed out after "
-            f"{self._timeout.total_seconds():g} s on rank {ranks[self.rank()]}{waiting}. Every rank must reach the same "
-            "collectives in the same order (check rank-dependent branches and early exits)"
-        )
 
     @staticmethod
     def _reduce_op(opts: Any) -> tuple[Any, bool]:
@@ -442,7 +402,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
             self._gloo.alltoall_base(staged.cpu(output), staged.cpu(tensor), output_splits, input_splits).wait()
             return [output]
 
-        return self._run("all_to_all_single", [output, tensor], _ANY_SIZE, body)
+        return self._run("all_to_all_single", [output, tensor], ANY_SIZE, body)
 
     alltoall_base = all_to_all_single
 
@@ -456,7 +416,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 staged.cpu(t).copy_(piece.view(t.shape))
             return outputs
 
-        return self._run("all_to_all", [*outputs, *inputs], _ANY_SIZE, body)
+        return self._run("all_to_all", [*outputs, *inputs], ANY_SIZE, body)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         opts = opts or dist.GatherOptions()
@@ -544,43 +504,9 @@ def keep_dynamo_out() -> None:
         setattr(ProcessGroupTpu, name, torch.compiler.disable(getattr(ProcessGroupTpu, name)))
 
 
-def _cpu_storage(tensor: torch.Tensor) -> torch.UntypedStorage:
-    # Deferred ops may still read or write this memory (e.g. FSDP2's copy-out of the all-gather buffer it is
-    # about to free): run them before the storage changes size.
-    _flush_if_tpu([tensor])
-    return _cpu_data(tensor).untyped_storage()
-
-
-def _alloc_storage(tensor: torch.Tensor) -> None:
-    size = tensor.numel() * tensor.itemsize
-    if (storage := _cpu_storage(tensor)).size() != size:
-        storage.resize_(size)
-
-
-def _free_storage(tensor: torch.Tensor) -> None:
-    if (storage := _cpu_storage(tensor)).size() != 0:
-        storage.resize_(0)
-
-
-def _patch_fsdp_storage() -> None:
-    """FSDP2 frees and re-allocates unsharded parameters with ``untyped_storage().resize_()``.
-
-    On TorchTPU a tpu tensor has a real device storage; the emulated tensor's storage is its CPU tensor's
-    (views share it, so resizing it frees and restores every view at once, as device storage does).
-    FSDP2 imports the two helpers by name, so both modules get the storage-aware versions.
-    """
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-
-    for module in (_fsdp_param, _fsdp_param_group):
-        if hasattr(module, "alloc_storage"):
-            module.alloc_storage = _alloc_storage
-        if hasattr(module, "free_storage"):
-            module.free_storage = _free_storage
-
-
 def create_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupTpu:
     """The c10d creator function registered for ``tpu_dist`` and ``tpu``."""
-    _patch_fsdp_storage()  # here rather than at activation: single-process runs never pay the FSDP import
+    fsdp_storage.patch()  # here rather than at activation: single-process runs never pay the FSDP import
     return ProcessGroupTpu(store, rank, size, timeout)
 
 

@@ -22,6 +22,7 @@ def apply_mode(mode: EagerMode) -> None:
         deferred.flush("mode_change")
     state.eager_mode = mode
     state.debug_checks = state.debug_checks_from_env(mode)
+    tensor.set_pending_graph(deferred.touches, deferred.flush)
     tensor.set_dispatcher(deferred.record if mode is EagerMode.DEFER_AND_FUSE else tensor.strict_dispatch)
 
 

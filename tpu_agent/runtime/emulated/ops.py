@@ -8,8 +8,11 @@ behaves the same whether it runs at once or at a flush.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from tpu_agent.runtime.emulated import cpu_gaps
 
 aten = torch.ops.aten
 
@@ -66,6 +69,9 @@ def _all_overloads(*names: str) -> frozenset:
 METADATA_INPLACE_OPS = _all_overloads(
     "resize_", "resize_as_", "unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_", "set_"
 )  # fmt: skip
+
+# In-place ops that may give a tensor more memory than it had (a wrapper is then rebuilt around its new data).
+STORAGE_CHANGING_OPS = _all_overloads("resize_", "resize_as_", "set_")
 
 # Ops that return data to the host (the cause names follow events.HostSync.op).
 HOST_READ_OPS: dict[torch._ops.OpOverload, str] = {
@@ -171,3 +177,40 @@ def not_implemented_message(op_name: str) -> str:
 
 def fallback_message(op_name: str) -> str:
     return f"'{op_name}' is not implemented for TPU. Falling back to CPU"
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlan:
+    """Everything the tables above say about one op, gathered once: the dispatcher reads this per call instead of
+    probing each table (an ``OpOverload`` hashes in Python, several microseconds per lookup)."""
+
+    func: Any
+    mxu_operands: tuple[int, ...] | None
+    gap: Any  # the cpu_gaps.CpuGap that computes inputs the CPU kernel refuses, if any
+    host_read: str | None  # HostSync cause when the op returns data to the host
+    data_dependent: bool
+    storage_changing: bool
+    metadata_inplace: bool
+    mixed_device_ok: bool
+
+
+_PLANS: dict[int, OpPlan] = {}
+
+
+def plan_of(func: Any) -> OpPlan:
+    """The plan of ``func``, keyed by identity (overloads are process-lifetime singletons; the plan holds it)."""
+    plan = _PLANS.get(id(func))
+    if plan is not None and plan.func is func:
+        return plan
+    plan = OpPlan(
+        func=func,
+        mxu_operands=MXU_OPERANDS.get(func),
+        gap=cpu_gaps.BY_OP.get(func),
+        host_read=HOST_READ_OPS.get(func),
+        data_dependent=func in DATA_DEPENDENT_OPS,
+        storage_changing=func in STORAGE_CHANGING_OPS,
+        metadata_inplace=func in METADATA_INPLACE_OPS,
+        mixed_device_ok=func in MIXED_DEVICE_OK,
+    )
+    _PLANS[id(func)] = plan
+    return plan

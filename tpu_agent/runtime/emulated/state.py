@@ -44,6 +44,7 @@ EAGER_MODE_ALIASES = {
 }
 
 chip: Chip | None = None
+host_devices: int = 1  # devices of the emulated host (torch.accelerator.device_count()); this process binds one
 eager_mode: EagerMode = EagerMode.DEFER_NEVER
 precision: Precision = Precision.DEFAULT
 precision_stack: list[Precision] = []

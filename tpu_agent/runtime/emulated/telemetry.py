@@ -8,10 +8,8 @@ which then takes precedence.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import Counter
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -24,29 +22,10 @@ _lock = threading.Lock()
 _profiler_driven = False
 
 
-@lru_cache(maxsize=4096)
-def _is_library(filename: str) -> bool:
-    return events._is_library_file(filename)
-
-
-def call_site(skip: int = 2) -> events.Site | None:
-    """The first user frame on the stack (cached per file, so cheap enough to run per recorded op)."""
-    try:
-        frame = sys._getframe(skip)
-    except ValueError:
-        return None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_library(filename):
-            return events.Site(file=filename, line=frame.f_lineno, function=frame.f_code.co_name)
-        frame = frame.f_back
-    return None
-
-
 def host_sync(op: str) -> None:
     """A device-to-host read the user asked for (any eager mode)."""
     if state.log_enabled:
-        events.emit(events.HostSync, op=op, site=call_site(3))
+        events.emit(events.HostSync, op=op, site=events.user_call_site(3))
 
 
 def emit_op_batch() -> None:
@@ -61,7 +40,7 @@ def emit_op_batch() -> None:
 
 def emit_fallback(op: str) -> None:
     if state.log_enabled:
-        events.emit(events.FallbackOp, op=op, site=call_site(3))
+        events.emit(events.FallbackOp, op=op, site=events.user_call_site(3))
 
 
 def step_boundary(source: str) -> None:
@@ -83,9 +62,6 @@ def step_boundary(source: str) -> None:
 
 
 def _optimizer_post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    from tpu_agent.runtime.emulated import tensor
-
-    tensor.clear_rounding_cache()  # weights changed; release the step's rounded operands
     step_boundary("optimizer")
 
 

@@ -19,15 +19,23 @@ in-place write through the view is visible in the base.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
-import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.autograd import profiler as _profiler
 
-from tpu_agent.runtime.emulated import memory, ops, state, telemetry, unsupported
+from tpu_agent.runtime.emulated import (
+    kernels,
+    memory,
+    mxu,
+    ops,
+    state,
+    telemetry,
+    unsupported,
+)
 
 _EMPTY: dict[str, Any] = {}
 _Tensor = torch.Tensor
@@ -46,10 +54,15 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if _profiler._is_profiler_enabled:
-            with hidden_from_profiler():
-                return _dispatch(func, args, kwargs or _EMPTY)
-        return _dispatch(func, args, kwargs or _EMPTY)
+        try:
+            if _profiler._is_profiler_enabled:
+                with hidden_from_profiler():
+                    return _dispatch(func, args, kwargs or _EMPTY)
+            return _dispatch(func, args, kwargs or _EMPTY)
+        except Exception as error:
+            if _FULL_TRACEBACKS:
+                raise
+            raise as_device_error(func, error) from None
 
     # A traceable wrapper subclass, so Dynamo and AOTAutograd trace through it onto the CPU data.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
@@ -60,6 +73,15 @@ class TpuTensor(torch.Tensor):
     @staticmethod
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> torch.Tensor:
         return wrap(inner["_elem"])
+
+    # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the method
+    # runs the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
+    # internals (``torch.utils.swap_tensors``): every reference the program holds sees the new size.
+    def resize_(self, *sizes: Any, memory_format: Any = None) -> torch.Tensor:
+        return _grown(self, lambda: _Tensor.resize_(self, *sizes, memory_format=memory_format))
+
+    def resize_as_(self, other: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
+        return _grown(self, lambda: _Tensor.resize_as_(self, other, memory_format=memory_format))
 
     # Host reads: name the cause for the event log, materialise pending work, then read the CPU data.
     def item(self) -> Any:
@@ -101,6 +123,27 @@ class TpuTensor(torch.Tensor):
         # restorable with map_location="cpu" in a process without the emulation.
         cpu = _host_read(self, "save").detach().clone()
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad))
+
+
+# Errors reach the user as the device's: no CPU kernel names, no emulator frames beneath this dispatcher.
+# TPU_AGENT_EMULATOR_TRACEBACKS=1 keeps the full chain (for debugging the emulator itself).
+_FULL_TRACEBACKS = os.environ.get("TPU_AGENT_EMULATOR_TRACEBACKS") == "1"
+
+
+def as_device_error(func: Any, error: Exception) -> Exception:
+    """``error`` as raised by the device for ``func``: cleaned text, traceback and chain cut at the dispatcher."""
+    cleaned = kernels.device_error(func, error)
+    cleaned.__cause__ = None
+    cleaned.__suppress_context__ = True
+    return cleaned.with_traceback(None)
+
+
+def _grown(t: TpuTensor, resize: Callable[[], torch.Tensor]) -> torch.Tensor:
+    try:
+        return resize()
+    except WrapperTooSmall:
+        torch.utils.swap_tensors(t, wrap(unwrap(t)))
+        return t
 
 
 _enable_record_function = torch._C._autograd._enable_record_function
@@ -182,27 +225,61 @@ def _wrapper_like(like: torch.Tensor) -> TpuTensor:
     )
 
 
+def _carry_math_bits(r: torch.Tensor, like: torch.Tensor) -> None:
+    """Give the wrapper its data's conjugate and negative bits, so torch resolves them before an op reaches
+    the dispatcher (inside it the CPU kernels run with those dispatch keys off and would read raw values)."""
+    if like.is_conj():
+        torch._C._set_conj(r, True)
+    if like.is_neg():
+        torch._C._set_neg(r, True)
+
+
 def wrap(elem: torch.Tensor) -> torch.Tensor:
     """A tpu tensor over the CPU tensor ``elem`` (sharing its data; no copy)."""
-    r = _wrapper_like(elem)
+    try:
+        r = _wrapper_like(elem)
+        if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
+            r._free = _Allocation(memory.track(elem))
+    except RuntimeError:
+        unsupported.check_layout(elem)
+        raise
     r._elem = elem
-    if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
-        r._free = _Allocation(memory.track(elem))
+    if elem.is_complex() or elem.is_neg():
+        _carry_math_bits(r, elem)
     return r
 
 
 def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     """A deferred tpu tensor with ``meta``'s metadata; the executor fills ``_elem`` at the flush."""
+    if meta.layout is not torch.strided:  # refused when recorded, not at a later, unrelated flush
+        unsupported.check_layout(meta)
     r = _wrapper_like(meta)
     r._elem = None
     r._meta = meta
+    if meta.is_complex() or meta.is_neg():
+        _carry_math_bits(r, meta)
+    return r
+
+
+def wrap_pending_layout(shape: Any, stride: Any, offset: int, dtype: torch.dtype, conj: bool, neg: bool) -> TpuTensor:
+    """A deferred tpu tensor with this layout (its meta tensor is made when an uncached recording needs it)."""
+    r = _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE, requires_grad=False)
+    r._elem = None
+    if conj:
+        torch._C._set_conj(r, True)
+    if neg:
+        torch._C._set_neg(r, True)
     return r
 
 
 def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
     """Give a deferred tensor its CPU data (called by the executor)."""
+    try:
+        r._free = _Allocation(memory.track(elem))
+    except RuntimeError:
+        unsupported.check_layout(elem)
+        raise
     r._elem = elem
-    r._free = _Allocation(memory.track(elem))
 
 
 def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
@@ -215,7 +292,7 @@ def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
     the MXU rounding cache is dropped."""
     if type(t) is not TpuTensor:
         return t
-    _rounded.clear()
+    mxu.clear_cache()
     elem = t._elem
     if elem is None or _pending_touches(elem):
         flush_pending(cause)
@@ -225,52 +302,80 @@ def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
     return elem
 
 
-def _pending_touches(elem: torch.Tensor) -> bool:
-    from tpu_agent.runtime.emulated import deferred
+def _no_pending_graph(elem: torch.Tensor) -> bool:
+    return False
 
-    return deferred.touches(elem)
+
+def _nothing_to_flush(cause: str, site: Any = None) -> None:
+    return None
+
+
+# The pending DeferAndFuse graph, as this module sees it: whether it touches some CPU data, and how to run it.
+# The eager-mode switch installs the graph's functions (see modes.apply_mode), so this module never imports
+# the recorder that imports it.
+_pending_touches: Callable[[torch.Tensor], bool] = _no_pending_graph
+_flush_pending: Callable[[str, Any], None] = _nothing_to_flush
+
+
+def set_pending_graph(touches: Callable[[torch.Tensor], bool], flush: Callable[[str, Any], None]) -> None:
+    """Connect :func:`unwrap` and :func:`flush_pending` to the deferred graph (called by the mode switch)."""
+    global _pending_touches, _flush_pending
+    _pending_touches = touches
+    _flush_pending = flush
 
 
 def flush_pending(cause: str, site: Any = None) -> None:
     """Run the pending DeferAndFuse graph now (no-op when nothing is pending)."""
-    from tpu_agent.runtime.emulated import deferred
-
-    deferred.flush(cause, site)
+    _flush_pending(cause, site)
 
 
 def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
     telemetry.host_sync(cause)
-    return unwrap(t, cause)
+    try:
+        return unwrap(t, cause)
+    except Exception as error:  # a deferred op failed at this flush: report it without the executor's frames
+        if _FULL_TRACEBACKS:
+            raise
+        error.__cause__ = None
+        error.__suppress_context__ = True
+        raise error.with_traceback(None) from None
 
 
 # ----------------------------------------------------------------------------------------------- strict path
 
 
-def _unwrap_list(items: list | tuple) -> list:
-    return [(x._elem if x._elem is not None else unwrap(x)) if type(x) is TpuTensor else x for x in items]
-
-
 def _mixed_device(func: Any, t: torch.Tensor) -> None:
-    if t.dim() != 0 and func not in ops.MIXED_DEVICE_OK and t.device.type != "meta":
+    if t.dim() != 0 and not ops.plan_of(func).mixed_device_ok and t.device.type != "meta":
         raise RuntimeError(MIXED_DEVICE_MESSAGE.format(a=DEVICE, b=t.device))
 
 
+def _unwrap_leaf(func: Any, x: Any) -> Any:
+    """One argument with every tpu tensor in it (at any depth of lists and tuples) replaced by its CPU data.
+
+    ATen arguments nest: ``x[:, idx]`` reaches ``aten.index`` as ``[None, idx]``, ``torch.cat`` takes a list,
+    foreach ops take lists of lists. A tpu tensor left anywhere inside would send the CPU kernel back into
+    the emulator's dispatcher, so every leaf is visited, not just the first item."""
+    t = type(x)
+    if t is TpuTensor:
+        e = x._elem
+        return e if e is not None else unwrap(x)
+    if t is list or t is tuple:
+        return t(_unwrap_leaf(func, y) for y in x)
+    if isinstance(x, _Tensor):
+        _mixed_device(func, x)
+    return x
+
+
 def unwrap_args(func: Any, args: tuple | list) -> list:
-    """CPU arguments for ``func``: tpu tensors (and lists of them) replaced by their CPU data."""
+    """CPU arguments for ``func``: tpu tensors (anywhere in nested lists and tuples) replaced by their CPU data."""
     out = list(args)
     for i, a in enumerate(args):
         t = type(a)
         if t is TpuTensor:
             e = a._elem
             out[i] = e if e is not None else unwrap(a)
-        elif t is list or t is tuple:
-            if a and isinstance(a[0], _Tensor):
-                for x in a:
-                    if type(x) is not TpuTensor and isinstance(x, _Tensor):
-                        _mixed_device(func, x)
-                out[i] = _unwrap_list(a)
-        elif isinstance(a, _Tensor):
-            _mixed_device(func, a)
+        elif t is list or t is tuple or isinstance(a, _Tensor):
+            out[i] = _unwrap_leaf(func, a)
     return out
 
 
@@ -288,11 +393,8 @@ def unwrap_kwargs(func: Any, kwargs: dict) -> tuple[dict, bool]:
                 to_host = True
             else:
                 out[k] = _CPU
-        elif t is list or t is tuple:
-            if v and isinstance(v[0], _Tensor):
-                out[k] = _unwrap_list(v)
-        elif isinstance(v, _Tensor):
-            _mixed_device(func, v)
+        elif t is list or t is tuple or isinstance(v, _Tensor):
+            out[k] = _unwrap_leaf(func, v)
     return out, to_host
 
 
@@ -314,154 +416,52 @@ def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make
     return out
 
 
-def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
-    """An f32 tensor rounded to ``bits`` explicit significand bits (round to nearest even), still f32.
-
-    Integer arithmetic on the bit pattern; for ``bits=7`` it is bit-identical to a bf16 round trip.
-    """
-    drop = 23 - bits
-    i = t.view(torch.int32)
-    r = (i >> drop) & 1
-    r += (1 << (drop - 1)) - 1
-    r += i
-    r &= -(1 << drop)
-    return r.view(torch.float32)
-
-
-def _round_dense(t: torch.Tensor, precision: state.Precision) -> torch.Tensor:
-    if precision is state.Precision.DEFAULT:
-        return t.to(torch.bfloat16).to(torch.float32)  # vectorised conversions: the cheapest RNE on CPU
-    return round_mantissa(t, 16)
-
-
-# Rounded copies of MXU operands, per base tpu tensor and version: a weight feeds the forward and the
-# backward matmul, an activation the forward and the weight-gradient matmul, a gradient two backward matmuls
-# (once transposed), so each base is rounded once and every view of it is cut from the rounded copy. The
-# wrapper's version counter is shared by all its views, so any in-place write invalidates the entry.
-# Parameters are held strongly (they live all run; weakrefs would block ``Module.to``'s tensor swap),
-# other bases weakly, so the cache never keeps activations alive. Cleared at every optimizer step.
-_rounded: dict[tuple[int, state.Precision], tuple[Any, int, torch.Tensor, bool]] = {}
-ROUNDED_CACHE_ENTRIES = 1024
-
-
-def clear_rounding_cache() -> None:
-    _rounded.clear()
-
-
-def _evict(key: tuple[int, state.Precision]) -> Any:
-    return lambda _ref: _rounded.pop(key, None)
-
-
-def _round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) -> torch.Tensor:
-    """``elem`` (the CPU data of tpu tensor ``operand``) rounded for the MXU, reusing its base's rounding."""
-    base = operand._base if operand._base is not None else operand
-    base_elem = base._elem if type(base) is TpuTensor else None
-    if (
-        base_elem is None
-        or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
-        or type(base_elem) is not _Tensor
-        or base_elem.storage_offset() != 0
-        or not base_elem.is_contiguous()
-        or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
-    ):
-        return _round_dense(elem, precision)
-    key = (id(base), precision)
-    version = base._version
-    entry = _rounded.get(key)
-    if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
-        rounded_base = entry[2]
-    else:
-        rounded_base = _round_dense(base_elem, precision)
-        if len(_rounded) >= ROUNDED_CACHE_ENTRIES:
-            _rounded.clear()
-        strong = base.is_leaf and base.requires_grad
-        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong)
-    if elem is base_elem:
-        return rounded_base
-    return rounded_base.as_strided(elem.shape, elem.stride(), elem.storage_offset())
-
-
-def mxu_operand(t: Any, precision: state.Precision, operand: Any = None) -> Any:
-    """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH).
-    ``operand`` is the tpu tensor ``t`` came from, when known (enables the rounding cache)."""
-    if not isinstance(t, _Tensor):
-        return t
-    dtype = t.dtype
-    if dtype is torch.float32:
-        if type(operand) is TpuTensor:
-            return _round_operand(operand, t, precision)
-        return _round_dense(t, precision)
-    if dtype is torch.float16 and precision is state.Precision.DEFAULT:
-        return t.to(torch.bfloat16).to(torch.float16)
-    return t
-
-
-def check_operands(func: Any, cargs: list) -> None:
-    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode)."""
-    spec = ops.SAME_DTYPE_OPERANDS.get(func)
-    if spec is None:
-        return
-    name, i, j = spec
-    a, b = cargs[i], cargs[j]
-    if isinstance(a, _Tensor) and isinstance(b, _Tensor) and a.dtype != b.dtype:
-        raise RuntimeError(
-            f"{name}(): expected the two arguments to have the same dtype, got "
-            f"{str(a.dtype).removeprefix('torch.')} vs {str(b.dtype).removeprefix('torch.')}"
-        )
-
-
-def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None) -> Any:
-    """Execute one op on CPU data as the TPU would: MXU operand rounding, then the CPU kernel.
-    ``args`` are the op's original (tpu) arguments, parallel to ``cargs``."""
-    positions = ops.MXU_OPERANDS.get(func)
-    if positions is not None:
-        check_operands(func, cargs)
-        if precision is not state.Precision.HIGHEST:
-            cargs = list(cargs)
-            for p in positions:
-                if p < len(cargs):
-                    cargs[p] = mxu_operand(cargs[p], precision, args[p] if args is not None else None)
-    return func(*cargs, **ckwargs)
-
-
 _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
 
 def sync_metadata(t: Any, source: torch.Tensor) -> None:
     """After an in-place shape/stride change (``unsqueeze_``, ``t_``, ``resize_``...), restride the tpu
-    tensor itself to match ``source`` (its CPU or meta data)."""
+    tensor itself to match ``source`` (its CPU data).
+
+    A wrapper's own storage is a size record, not memory, and cannot grow: when the op grew the data this
+    raises :class:`WrapperTooSmall`, which :meth:`TpuTensor.resize_` turns into a rebuilt tensor."""
     if type(t) is not TpuTensor or (t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()):
         return
     try:
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
             torch.ops.aten.as_strided_.default(t, source.shape, source.stride(), source.storage_offset())
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"the emulated tpu cannot grow a tensor in place (to size {tuple(source.shape)}); "
-            "allocate a new one instead, e.g. torch.empty(new_size, device='tpu')"
-        ) from error
+        return
+    except RuntimeError:
+        pass
+    raise WrapperTooSmall(
+        f"the tpu tensor's data grew to size {tuple(source.shape)}; TpuTensor.resize_ rebuilds the tensor around it"
+    )
+
+
+class WrapperTooSmall(RuntimeError):
+    """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
 
 
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if state.log_enabled:
         telemetry.op_counts[func] += 1
-    special = _SPECIAL.get(func)
+    special = _SPECIAL.get(id(func))
     if special is not None:
         special(func, args, kwargs)
     cargs = unwrap_args(func, args)
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     else:
         ckwargs = kwargs
-    out = run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+    out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
         debug.check(func, cargs, ckwargs, out)
     result = rewrap(out, args, cargs, kwargs, ckwargs)
-    if func in ops.METADATA_INPLACE_OPS:
+    if ops.plan_of(func).metadata_inplace:
         sync_metadata(result, out)
     return result
 
@@ -486,14 +486,15 @@ def _to_copy_op(func: Any, args: tuple, kwargs: dict) -> None:
         telemetry.host_sync("cpu")
 
 
-_SPECIAL: dict[Any, Any] = {op: unsupported.check for op in unsupported.CHECKED_OPS}
-_SPECIAL.update({op: _host_read_op for op in ops.HOST_READ_OPS})
-_SPECIAL[torch.ops.aten.copy_.default] = _copy_op
-_SPECIAL[torch.ops.aten._to_copy.default] = _to_copy_op
+# Keyed by id(op): the lookup runs on every op, and an OpOverload hashes in Python (overloads live forever).
+_SPECIAL: dict[int, Any] = {id(op): unsupported.check for op in unsupported.CHECKED_OPS}
+_SPECIAL.update({id(op): _host_read_op for op in ops.HOST_READ_OPS})
+_SPECIAL[id(torch.ops.aten.copy_.default)] = _copy_op
+_SPECIAL[id(torch.ops.aten._to_copy.default)] = _to_copy_op
 
 
 def special_for(func: Any) -> Any:
-    return _SPECIAL.get(func)
+    return _SPECIAL.get(id(func))
 
 
 # The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).

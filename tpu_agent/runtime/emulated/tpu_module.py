@@ -24,7 +24,12 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from tpu_agent.runtime.emulated import memory, modes, state
-from tpu_agent.runtime.emulated.state import EagerMode, Precision, check_device_index, index_of
+from tpu_agent.runtime.emulated.state import (
+    EagerMode,
+    Precision,
+    check_device_index,
+    index_of,
+)
 from tpu_agent.runtime.emulated.streams import TpuEvent, TpuStream, synchronize_device
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -170,7 +175,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.device_count")
     def device_count() -> int:
-        return 1
+        return state.host_devices
 
     @staticmethod
     @internal("torch.accelerator.current_device_index")

@@ -64,3 +64,21 @@ def check(func: Any, args: tuple, kwargs: dict) -> None:
             raise NotImplementedError(ops.not_implemented_message(name))
         warnings.warn(ops.fallback_message(name), stacklevel=4)
         telemetry.emit_fallback(name)
+
+
+def check_layout(t: torch.Tensor) -> None:
+    """Refuse data the ``tpu`` device cannot hold: sparse layouts and quantized tensors (never kept silently)."""
+    if t.layout is not torch.strided:
+        raise RuntimeError(
+            f"sparse tensors ({t.layout}) are not supported on TPU yet; keep sparse data on the CPU, or call "
+            ".to_dense() before moving it to the tpu device"
+        )
+    if t.is_quantized:
+        raise NotImplementedError(f"TorchTPU does not yet support dtype {str(t.dtype).removeprefix('torch.')}")
+
+
+def refuse_quantized(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Boxed fallback for the quantized ``tpu`` dispatch key: every op on quantized tpu data is refused."""
+    raise NotImplementedError(
+        f"{op._schema.name}: quantized tensors are not supported on TPU; dequantize on the CPU (x.dequantize()) first"
+    )

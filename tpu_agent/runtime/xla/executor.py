@@ -13,7 +13,7 @@ After the run, results are given to the graph's deferred tensors: a view op's ou
 base's data again (the same strides and offset its metadata promised), so later in-place writes through it
 reach the base, as on the CPU executor.
 
-Every matmul in the replay goes through :func:`tensor.run_on_cpu` with the precision recorded for its node,
+Every matmul in the replay goes through :func:`kernels.run_on_cpu` with the precision recorded for its node,
 so the rounding is the eager emulation's own, traced into the program. Graphs the plan cannot express
 (views across dtypes of one storage, ops that do not trace) run on the CPU executor instead, with a
 FallbackOp record; never with a different result.
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
 from tpu_agent.runtime.xla import cache, decompositions
@@ -184,7 +184,7 @@ def _replay_function(graph: Graph, graph_plan: Plan, floats: list[float]) -> Cal
         for node in nodes:
             args = [value_of(a) for a in node.args]
             kwargs = {k: value_of(v) for k, v in node.kwargs.items()} if node.kwargs else {}
-            out = tt.run_on_cpu(node.func, args, kwargs, node.precision)
+            out = kernels.run_on_cpu(node.func, args, kwargs, node.precision)
             _bind(node.outputs, out, values)
         return [values[id(t)] for t in outputs]
 
@@ -423,9 +423,8 @@ def _with_layout(value: torch.Tensor, wrapper: Any) -> torch.Tensor:
     """``value`` with the strides and offset the deferred tensor's metadata promised (views are cut from it)."""
     if value.stride() == wrapper.stride() and value.storage_offset() == wrapper.storage_offset():
         return value
-    meta = wrapper._meta
-    size = meta.untyped_storage().nbytes() // meta.element_size() if meta.untyped_storage().nbytes() else 0
-    buffer = torch.empty(max(size, wrapper.storage_offset() + 1), dtype=value.dtype)
+    extent = wrapper.storage_offset() + sum((n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride(), strict=True)) + 1
+    buffer = torch.empty(max(extent, 1), dtype=value.dtype)
     out = buffer.as_strided(wrapper.shape, wrapper.stride(), wrapper.storage_offset())
     out.copy_(value)
     return out

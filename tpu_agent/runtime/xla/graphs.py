@@ -22,8 +22,7 @@ import torch
 from torch.fx.passes.split_module import split_module
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import state
-from tpu_agent.runtime.emulated import tensor as tt
+from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.xla import cache, lowering
 
 # Called with (runner, inputs, precision) before each XLA run of a graph: how ``tpu-agent estimate`` sees the
@@ -64,7 +63,7 @@ class EagerOps(torch.fx.Interpreter):
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if isinstance(target, torch._ops.OpOverload):
-            return tt.run_on_cpu(target, list(args), dict(kwargs), state.effective_precision())
+            return kernels.run_on_cpu(target, list(args), dict(kwargs), state.effective_precision())
         return super().call_function(target, args, kwargs)
 
 

@@ -60,7 +60,7 @@ def round_mantissa(x: jax.Array, bits: int) -> jax.Array:
 
 
 def mxu_round(x: Any, precision: state.Precision) -> Any:
-    """An MXU operand as TorchTPU sees it (see ``tensor.mxu_operand`` for the eager version)."""
+    """An MXU operand as TorchTPU sees it (see ``mxu.mxu_operand`` for the eager version)."""
     if not isinstance(x, jax.Array) or precision is state.Precision.HIGHEST:
         return x
     if x.dtype == jnp.float32:

@@ -1,0 +1,119 @@
+"""Per-step overhead of the emulated ``tpu`` device on small Hugging Face models, side by side with plain CPU.
+
+Small and medium models are dispatch-bound: their steps are hundreds of tiny ops, so the emulator's cost per op
+decides the ratio (the GPT benchmark in ``runtime_bench.py`` hides it behind large matmuls). Each model is
+built with ``transformers`` from a tiny config (hidden 64, 2 layers; nothing is downloaded) and trained for a
+few steps: forward with labels, backward, AdamW step, ``loss.item()``. Every configuration runs in a fresh
+subprocess with one intra-op thread; rounds interleave the configurations so that load from other processes
+hits all of them alike.
+
+Targets (issue 10): Strict <= 2x CPU and DeferAndFuse no slower than Strict, on the median over the models.
+
+    python benchmarks/hf_step_bench.py [--models llama,bert,gpt2,t5] [--steps 8] [--warmup 3] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = {"cpu": None, "strict": "strict", "defer-and-fuse": "defer_and_fuse"}
+MODELS = ("llama", "bert", "gpt2", "t5")
+SEQ, BATCH, VOCAB = 16, 2, 256
+TARGETS = {"strict": ("cpu", 2.0), "defer-and-fuse": ("strict", 1.0)}
+
+
+def build(name: str):  # noqa: ANN201 - transformers is imported lazily, in the child
+    import transformers as tf
+
+    small = {"vocab_size": VOCAB}
+    if name == "llama":
+        config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **small)
+        return tf.LlamaForCausalLM(config)
+    if name == "bert":
+        config = tf.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, **small)
+        return tf.BertForMaskedLM(config)
+    if name == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64, **small))
+    if name == "t5":
+        config = tf.T5Config(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, decoder_start_token_id=0, **small)
+        return tf.T5ForConditionalGeneration(config)
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def child(name: str, eager_mode: str | None, steps: int, warmup: int) -> None:
+    """Time ``steps`` training steps after ``warmup`` in this process; print one JSON line."""
+    import torch
+
+    torch.set_num_threads(1)
+    device = "cpu"
+    if eager_mode is not None:
+        from tpu_agent.runtime.emulated import activate
+
+        activate(eager_mode=eager_mode)
+        device = "tpu"
+    torch.manual_seed(0)
+    model = build(name).to(device)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    print(json.dumps({"min_s": min(times), "median_s": statistics.median(times)}))
+
+
+def run_child(name: str, config: str, steps: int, warmup: int) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    command = [sys.executable, __file__, "--child", name, config, "--steps", str(steps), "--warmup", str(warmup)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"{name}/{config} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], CONFIGS[args.child[1]], args.steps, args.warmup)
+        return
+    print(f"one intra-op thread; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up")
+    print(f"{'model':<7}" + "".join(f"{c + ' ms':>18}" for c in CONFIGS) + f"{'strict/cpu':>12}{'fused/strict':>14}{'fused/cpu':>11}")
+    ratios: dict[str, list[float]] = {"strict/cpu": [], "fused/strict": [], "fused/cpu": []}
+    for name in args.models.split(","):
+        runs = [{config: run_child(name, config, args.steps, args.warmup) for config in CONFIGS} for _ in range(args.rounds)]
+        best = {config: min(run[config]["min_s"] for run in runs) for config in CONFIGS}
+        row = {
+            "strict/cpu": best["strict"] / best["cpu"],
+            "fused/strict": best["defer-and-fuse"] / best["strict"],
+            "fused/cpu": best["defer-and-fuse"] / best["cpu"],
+        }
+        for key, value in row.items():
+            ratios[key].append(value)
+        cells = "".join(f"{best[config] * 1e3:>18.1f}" for config in CONFIGS)
+        print(f"{name:<7}{cells}{row['strict/cpu']:>11.2f}x{row['fused/strict']:>13.2f}x{row['fused/cpu']:>10.2f}x", flush=True)
+    medians = {key: statistics.median(values) for key, values in ratios.items()}
+    print(f"median over models: strict/cpu {medians['strict/cpu']:.2f}x (target <= 2.0x: {'met' if medians['strict/cpu'] <= 2.0 else 'MISSED'}), "
+          f"fused/strict {medians['fused/strict']:.2f}x (target <= 1.0x: {'met' if medians['fused/strict'] <= 1.0 else 'MISSED'}), "
+          f"fused/cpu {medians['fused/cpu']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

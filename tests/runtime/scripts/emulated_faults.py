@@ -1,0 +1,136 @@
+"""Regression checks for the emulated runtime's fault classes, in one eager mode (argv[1]); prints one JSON object.
+
+Every comparison is against plain CPU torch at precision "highest", where the emulation promises exact parity.
+"""
+
+import json
+import sys
+import traceback
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from tpu_agent.runtime.emulated import activate
+
+activate(eager_mode=sys.argv[1])
+torch.set_float32_matmul_precision("highest")
+warnings.simplefilter("ignore")
+out: dict = {}
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects type, text and frames
+        frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
+        emulator = [f for f in frames if "tpu_agent" in f]
+        return {"type": type(e).__name__, "message": str(e), "emulator_frames": len(emulator)}
+    return None
+
+
+def same(a, b):
+    return bool(torch.equal(a.detach().cpu(), b.detach()))
+
+
+def grads_match(fn, *inputs):
+    """fn on CPU inputs and on tpu copies: outputs and every input gradient bit-identical."""
+    cpu = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    tpu = [t.detach().to("tpu").requires_grad_(t.requires_grad) for t in inputs]
+    ref, got = fn(*cpu), fn(*tpu)
+    ref.sum().backward()
+    got.sum().backward()
+    ok = same(got, ref)
+    for c, t in zip(cpu, tpu):
+        if c.requires_grad:
+            ok = ok and t.grad is not None and same(t.grad, c.grad)
+    return ok
+
+
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 4, 6, 8, requires_grad=True) for _ in range(3))
+k_gqa, v_gqa = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(2))
+bool_mask = torch.rand(2, 1, 6, 6) > 0.3
+bool_mask[..., 0] = True  # no fully masked row
+float_mask = torch.randn(2, 1, 6, 6, requires_grad=True)
+out["attention"] = {
+    "plain": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v),
+    "causal": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v),
+    "bool_mask": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask),
+    "mask_requires_grad": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask),
+    "gqa": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, k_gqa, v_gqa),
+    "gqa_bool_mask": grads_match(
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True), q, k_gqa, v_gqa, bool_mask
+    ),
+}
+
+x = torch.randn(4, 5)
+idx = torch.tensor([0, 3])
+out["index_with_list"] = {
+    "device_index": same(x.to("tpu")[:, idx.to("tpu")], x[:, idx]),
+    "host_index": same(x.to("tpu")[:, idx], x[:, idx]),
+    "nested": same(torch.stack([x.to("tpu"), x.to("tpu")])[..., idx.to("tpu")], torch.stack([x, x])[..., idx]),
+}
+
+c = torch.complex(torch.randn(6), torch.randn(6))
+freqs = torch.polar(torch.ones(6), torch.arange(6.0))
+z = torch.randn(6, 2, requires_grad=True)
+
+
+def rotary(z):
+    return torch.view_as_real(torch.view_as_complex(z) * freqs.to(z.device).conj())
+
+
+out["math_bits"] = {
+    "conj_mul": same(c.to("tpu").conj() * 1, c.conj() * 1),
+    "conj_flag": c.to("tpu").conj().is_conj(),
+    "neg_view": same(torch._neg_view(x.to("tpu")) * 1, torch._neg_view(x) * 1),
+    "complex_rotary_grads": grads_match(rotary, z),
+    "zero_tensor": same(torch._efficientzerotensor(3, device="tpu"), torch.zeros(3)),
+}
+out["refused"] = {
+    "sparse": error_of(lambda: torch.randn(3, 3).to_sparse().to("tpu")),
+    "quantized": error_of(lambda: torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8).to("tpu")),
+}
+
+ints = torch.tensor([0, 1, 1, 3, 2, 3], dtype=torch.int32)
+out["cpu_gaps"] = {
+    "histc_int": same(torch.histc(ints.to("tpu"), bins=4, min=0, max=3), torch.histc(ints.double(), bins=4, min=0, max=3).int()),
+    "upsample_int": same(
+        F.interpolate(ints.view(1, 1, 2, 3).to("tpu"), scale_factor=2), F.interpolate(ints.view(1, 1, 2, 3).double(), scale_factor=2).int()
+    ),
+}
+out["cpu_kernel_error"] = error_of(lambda: torch.median(torch.tensor([True, False]).to("tpu")).item())
+
+a, b = torch.randn(4, 8), torch.randn(2, 8, 16)
+offsets = torch.tensor([2, 4], dtype=torch.int32)
+out["grouped_mm_f32"] = same(torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=offsets.to("tpu")), torch._grouped_mm(a, b, offs=offsets))
+
+generator = torch.Generator("tpu")
+generator.manual_seed(7)
+drawn = torch.randn(5, generator=generator, device="tpu")
+out["generator"] = {
+    "device": str(generator.device),
+    "matches_cpu_seed": same(drawn, torch.randn(5, generator=torch.Generator().manual_seed(7))),
+    "is_generator": isinstance(generator, torch.Generator) and isinstance(torch.default_generator, torch.Generator),
+}
+
+grown = torch.arange(3.0).to("tpu")
+alias = grown
+grown.resize_(2, 4)
+grown[1].fill_(5.0)
+out["resize_grow"] = {"shape": list(alias.shape), "kept": grown.view(-1)[:3].tolist(), "row": grown[1].tolist()}
+
+host = torch.arange(6.0)
+pinned = host.pin_memory()
+loader = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True)
+batches = [batch for (batch,) in loader]
+loader_device = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True, pin_memory_device="tpu")
+out["pinned"] = {
+    "pin_memory": [host.is_pinned(), pinned.is_pinned(), pinned[2:].is_pinned(), same(pinned, host)],
+    "loader": [b.is_pinned() for b in batches] + [next(iter(loader_device))[0].is_pinned()],
+    "non_blocking": same(pinned.to("tpu", non_blocking=True), host) and same(host.to("tpu").to("cpu", non_blocking=True), host),
+}
+out["device_count"] = torch.accelerator.device_count()
+print(json.dumps(out))

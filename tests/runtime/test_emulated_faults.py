@@ -1,0 +1,107 @@
+"""Regression tests for the emulated runtime's fault classes (issue: HF architectures and public scripts), one
+fresh process per eager mode: fused attention parity, nested argument unwrapping, conjugate/negative views,
+refused layouts, CPU kernels that refuse what the device accepts, DeferAndFuse shape-inference fallback,
+``torch.Generator("tpu")``, growing ``resize_``, pinned memory, and errors without CPU kernel names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpu_agent.runtime.emulated import cpu_gaps
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+@pytest.fixture(scope="module", params=MODES)
+def observed(request: pytest.FixtureRequest) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "emulated_faults.py"), request.param], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_fused_attention_gives_cpu_numbers_for_every_input_sdpa_accepts(observed: dict) -> None:
+    assert observed["attention"] == {
+        "plain": True,
+        "causal": True,
+        "bool_mask": True,
+        "mask_requires_grad": True,
+        "gqa": True,
+        "gqa_bool_mask": True,
+    }
+
+
+@pytest.mark.slow
+def test_every_nested_argument_is_unwrapped(observed: dict) -> None:
+    assert observed["index_with_list"] == {"device_index": True, "host_index": True, "nested": True}
+
+
+@pytest.mark.slow
+def test_conjugate_and_negative_views_and_zero_tensors_keep_their_meaning(observed: dict) -> None:
+    assert observed["math_bits"] == {
+        "conj_mul": True,
+        "conj_flag": True,
+        "neg_view": True,
+        "complex_rotary_grads": True,
+        "zero_tensor": True,
+    }
+
+
+@pytest.mark.slow
+def test_sparse_and_quantized_data_is_refused_with_a_clear_error(observed: dict) -> None:
+    sparse, quantized = observed["refused"]["sparse"], observed["refused"]["quantized"]
+    assert sparse["type"] == "RuntimeError" and "sparse tensors (torch.sparse_coo) are not supported on TPU" in sparse["message"]
+    assert quantized["type"] == "NotImplementedError" and "quantized tensors are not supported on TPU" in quantized["message"]
+
+
+@pytest.mark.slow
+def test_inputs_the_cpu_kernel_refuses_are_computed_another_way(observed: dict) -> None:
+    assert observed["cpu_gaps"] == {"histc_int": True, "upsample_int": True}
+
+
+@pytest.mark.slow
+def test_kernel_errors_name_the_op_not_the_cpu_kernel_and_hide_emulator_frames(observed: dict) -> None:
+    error = observed["cpu_kernel_error"]
+    assert "\"median\" not implemented for 'Bool'" in error["message"]
+    assert "_cpu" not in error["message"]
+    assert error["emulator_frames"] <= 2  # the entry point the program called (e.g. Tensor.item), nothing beneath
+
+
+@pytest.mark.slow
+def test_ops_whose_shapes_meta_cannot_infer_still_run(observed: dict) -> None:
+    assert observed["grouped_mm_f32"] is True  # meta refuses f32 _grouped_mm; DeferAndFuse runs it eagerly
+
+
+@pytest.mark.slow
+def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None:
+    assert observed["generator"] == {"device": "tpu:0", "matches_cpu_seed": True, "is_generator": True}
+    assert observed["resize_grow"] == {"shape": [2, 4], "kept": [0.0, 1.0, 2.0], "row": [5.0, 5.0, 5.0, 5.0]}
+    assert observed["pinned"] == {"pin_memory": [False, True, True, True], "loader": [True, True, True], "non_blocking": True}
+    assert observed["device_count"] == 1  # a single process on the default one-chip host
+
+
+def test_cpu_gap_table_records_are_complete_and_exact() -> None:
+    import torch
+
+    for gap in cpu_gaps.GAPS:
+        assert gap.ops and gap.refused_dtypes and gap.rationale and gap.cpu_error
+        for op in gap.ops:
+            assert cpu_gaps.BY_OP[op] is gap
+    histc = cpu_gaps.BY_OP[torch.ops.aten.histc.default]
+    values = torch.tensor([0, 5, 5, 9], dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="histogram_cpu"):
+        torch.histc(values, bins=3, min=0, max=9)  # the CPU kernel still refuses: the table entry is needed
+    counts = cpu_gaps.compute(histc, torch.ops.aten.histc.default, [values, 3, 0, 9], {})
+    assert counts.dtype == torch.int64 and counts.tolist() == [1, 2, 1]

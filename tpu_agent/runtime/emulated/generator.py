@@ -1,0 +1,64 @@
+"""``torch.Generator("tpu")``: random-number generators for the emulated ``tpu`` device.
+
+torch builds a device generator through the backend's C++ hooks (``getNewGenerator``), which a Python
+PrivateUse1 backend cannot provide. The emulated device draws its random numbers from CPU kernels, which take
+CPU generators; so a ``tpu`` generator is a CPU generator that reports ``device == tpu:0``. ``torch.Generator``
+becomes a subclass that builds these for the ``tpu`` device and plain generators otherwise, and every
+generator (including torch's own, built in C++) still passes ``isinstance(g, torch.Generator)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_CGenerator = torch._C.Generator
+
+
+class _GeneratorType(type(_CGenerator)):  # type: ignore[misc]  # torch's opaque-object metaclass
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _CGenerator)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _CGenerator)
+
+
+class Generator(_CGenerator, metaclass=_GeneratorType):
+    """``torch.Generator(device)`` that also accepts the emulated ``tpu`` device."""
+
+    def __new__(cls, device: Any = "cpu") -> Generator:
+        on_tpu = _is_tpu(device)
+        self = super().__new__(cls, "cpu" if on_tpu else device)
+        self._on_tpu = on_tpu
+        return self
+
+    def __init__(self, device: Any = "cpu") -> None:
+        pass  # the C type initialises in __new__
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]  # a property on the C type as well
+        return torch.device("tpu", 0) if self._on_tpu else super().device
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, ("tpu" if self._on_tpu else str(super().device), self.get_state()))
+
+
+def _rebuild(device: str, state: torch.Tensor) -> Generator:
+    generator = Generator(device)
+    generator.set_state(state)
+    return generator
+
+
+def _is_tpu(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "tpu"
+    if isinstance(device, str):
+        return torch.device(device).type == "tpu"
+    return False
+
+
+def install() -> None:
+    """Make ``torch.Generator`` the emulation-aware subclass (once, at device registration)."""
+    Generator.__doc__ = _CGenerator.__doc__
+    torch.Generator = Generator  # type: ignore[misc]  # torch.Generator is torch._C.Generator re-exported

@@ -1,0 +1,113 @@
+"""What DeferAndFuse recording knows about an op's outputs without running it, cached per op signature.
+
+Recording an op needs its outputs' shapes, strides and dtypes, and the way to get them is to run the op on
+meta tensors. Most meta kernels are Python (torch's ``_refs``/``_prims``), several times the cost of the CPU
+kernel they describe, and a training step records the same few hundred signatures every time. So the first
+recording of a signature runs the meta kernel and keeps a description of the outputs (:class:`Inferred`);
+later recordings of the same signature rebuild the outputs from it.
+
+A signature is the op and, for every argument, what the meta kernel can see: a tensor's shape, strides,
+offset, dtype and conjugate/negative bits, and the exact value of every other argument. Arguments of other
+kinds make the op uncacheable (it is inferred each time, as before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tpu_agent.runtime.emulated import tensor as tt
+
+_Tensor = torch.Tensor
+_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout})
+MAX_ENTRIES = 8192
+
+
+class _Uncacheable(Exception):
+    """An argument or output this cache cannot describe."""
+
+
+def _arg_key(x: Any) -> Any:
+    t = type(x)
+    if t is tt.TpuTensor or isinstance(x, _Tensor):
+        return (t is tt.TpuTensor, x.shape, x.stride(), x.storage_offset(), x.dtype, x.is_conj(), x.is_neg())
+    if t is list or t is tuple:
+        return (t, tuple(_arg_key(y) for y in x))
+    if t in _SCALARS:
+        return (t, x)
+    raise _Uncacheable
+
+
+def key_of(func: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The signature of this call, or ``None`` when an argument cannot be part of one."""
+    try:
+        positional = tuple(_arg_key(a) for a in args)
+        named = tuple((k, _arg_key(v)) for k, v in kwargs.items()) if kwargs else ()
+    except _Uncacheable:
+        return None
+    return (id(func), positional, named)  # overloads live forever; id avoids hashing them in Python
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """The outputs of one signature: each an input (in-place and ``out=`` ops return their argument), a new
+    tensor's layout, or a plain value; ``signature`` is the graph-hash text of the op."""
+
+    outputs: Any
+    signature: str
+
+
+def _describe(out: Any, margs: list, mkwargs: dict, args: tuple, kwargs: dict) -> Any:
+    t = type(out)
+    if t is tuple or t is list:
+        return (t, [_describe(o, margs, mkwargs, args, kwargs) for o in out])
+    if isinstance(out, _Tensor):
+        for i, m in enumerate(margs):
+            if m is out:
+                if type(args[i]) is not tt.TpuTensor:
+                    raise _Uncacheable
+                return ("arg", i)
+        for k, m in mkwargs.items():
+            if m is out:
+                if type(kwargs[k]) is not tt.TpuTensor:
+                    raise _Uncacheable
+                return ("kwarg", k)
+        return ("new", out.shape, out.stride(), out.storage_offset(), out.dtype, out.is_conj(), out.is_neg())
+    return ("value", out)
+
+
+def describe(mout: Any, margs: list, mkwargs: dict, args: tuple, kwargs: dict, signature: str) -> Inferred | None:
+    """What to keep about ``mout`` (the meta outputs for meta arguments ``margs``/``mkwargs``), or ``None``."""
+    try:
+        return Inferred(_describe(mout, margs, mkwargs, args, kwargs), signature)
+    except _Uncacheable:
+        return None
+
+
+def build(description: Any, args: tuple, kwargs: dict) -> Any:
+    """The deferred tpu outputs of a recorded call, from its signature's description."""
+    kind = description[0]
+    if kind == "new":
+        return tt.wrap_pending_layout(*description[1:])
+    if kind == "arg":
+        return args[description[1]]
+    if kind == "kwarg":
+        return kwargs[description[1]]
+    if kind == "value":
+        return description[1]
+    return kind(build(d, args, kwargs) for d in description[1])
+
+
+_cache: dict[tuple, Inferred] = {}
+
+
+def lookup(key: tuple) -> Inferred | None:
+    return _cache.get(key)
+
+
+def store(key: tuple, inferred: Inferred) -> None:
+    if len(_cache) >= MAX_ENTRIES:
+        _cache.clear()
+    _cache[key] = inferred
