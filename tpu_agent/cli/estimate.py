@@ -10,7 +10,14 @@ import typer
 from rich.table import Table
 
 from tpu_agent.cli._options import chip_option
-from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
+from tpu_agent.cli._output import (
+    FORMAT_HELP,
+    OutputFormat,
+    console,
+    console_err,
+    handles_errors,
+    print_json,
+)
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
 

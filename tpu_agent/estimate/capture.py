@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ class ObservedGraph:
 
     runner: Any  # tpu_agent.runtime.xla.graphs.GraphRunner
     precision: Any
-    inputs: list[tuple[tuple[int, ...], torch.dtype, ArgRole] | float]
+    inputs: list[tuple[tuple[int, ...], torch.dtype, int | None] | float]  # shape, dtype, storage address
     calls: int = 1
 
 
@@ -67,7 +68,6 @@ class _Watcher:
 
     steps: int
     roles: dict[int, ArgRole] = field(default_factory=dict)
-    refreshed_at: int = -1  # the step of the last refresh: at most one per step
     current: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
     steady: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
     step: int = 0
@@ -77,7 +77,6 @@ class _Watcher:
 
         Modules are found by walking the heap, not by a module hook: a global forward hook changes what
         ``torch.compile`` traces (Dynamo refuses modules it sees through a hook's closure)."""
-        self.refreshed_at = self.step
         roles: dict[int, ArgRole] = {}
 
         def put(tensor: Any, role: ArgRole) -> None:
@@ -85,7 +84,9 @@ class _Watcher:
             if key is not None:
                 roles.setdefault(key, role)
 
-        live = gc.get_objects()
+        with warnings.catch_warnings():  # isinstance on every live object trips modules' deprecated attributes
+            warnings.simplefilter("ignore")
+            live = [item for item in gc.get_objects() if isinstance(item, torch.nn.Module | torch.optim.Optimizer)]
         for optimizer in (item for item in live if isinstance(item, torch.optim.Optimizer)):
             for group in optimizer.param_groups:
                 for parameter in group["params"]:
@@ -102,13 +103,9 @@ class _Watcher:
                 put(buffer, ArgRole.OTHER)
         self.roles = roles
 
-    def role_of(self, t: torch.Tensor) -> ArgRole:
-        key = _storage_key(t)
-        if key is None:
-            return ArgRole.OTHER
-        if key not in self.roles and self.refreshed_at != self.step:
-            self.refresh_roles()
-        return self.roles.get(key, ArgRole.BATCH)
+    def role_of(self, storage: int | None) -> ArgRole:
+        """The role of an input by its storage; anything not a model's or optimizer's tensor is the batch."""
+        return ArgRole.OTHER if storage is None else self.roles.get(storage, ArgRole.BATCH)
 
     def observe(self, runner: Any, inputs: Sequence[torch.Tensor | float], precision: Any) -> None:
         specialisation = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in inputs)
@@ -117,9 +114,9 @@ class _Watcher:
         if seen is not None:
             seen.calls += 1
             return
-        described = [
-            (tuple(t.shape), t.dtype, self.role_of(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs
-        ]
+        # roles are resolved at the end: while a step is in flight, DeferAndFuse leaves tensors written in place
+        # without data, so only their storages (stable across in-place updates) are recorded here
+        described = [(tuple(t.shape), t.dtype, _storage_key(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs]
         self.current[key] = ObservedGraph(runner, precision, described)
 
     def end_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -136,7 +133,7 @@ class _Watcher:
         return list((self.steady or self.current).values())
 
 
-def step_program(graph: ObservedGraph, index: int) -> StepProgram:
+def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None], ArgRole]) -> StepProgram:
     """A captured graph as a :class:`StepProgram`: the same JAX function the XLA executor runs, traced again
     on shapes only. Python floats the graph reads (learning rate, betas) are fixed at their observed values."""
     import jax
@@ -152,7 +149,7 @@ def step_program(graph: ObservedGraph, index: int) -> StepProgram:
     positions: list[int] = []
     for position, (item, abstract) in enumerate(zip(graph.inputs, traced.abstract[1:], strict=True)):
         if isinstance(item, tuple):
-            args.append(ArgSpec(f"input{position}", tuple(abstract.shape), str(abstract.dtype), item[2]))
+            args.append(ArgSpec(f"input{position}", tuple(abstract.shape), str(abstract.dtype), role_of(item[2])))
             positions.append(position)
     floats = {position: item for position, item in enumerate(graph.inputs) if not isinstance(item, tuple)}
     count = len(graph.inputs)
@@ -184,6 +181,10 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
     from tpu_agent.fsutil import atomic_write_text
 
     undo()
+    from tpu_agent.runtime.emulated import deferred
+
+    deferred.flush("estimate")  # the last step's pending updates: every parameter and state tensor gets its data
+    watcher.refresh_roles()
     graphs = watcher.graphs()
     result: dict[str, Any]
     try:
@@ -193,7 +194,7 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
                 "the script ran no graph through the XLA compiler, so there is nothing to compile for a TPU",
                 "make sure it moves its model and data to the 'tpu' device (tpu-agent migrate does this)",
             )
-        programs = [step_program(graph, index) for index, graph in enumerate(graphs)]
+        programs = [step_program(graph, index, watcher.role_of) for index, graph in enumerate(graphs)]
         target = parse_target(str(options["target"]))
         strategy = str(options["strategy"])
         estimate = estimate_step(programs, target, strategy)

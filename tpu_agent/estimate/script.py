@@ -20,7 +20,7 @@ from typing import Any
 from tpu_agent.chips import parse_target
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.estimate.capture import ESTIMATE_DIR_ENV, HOOK_SPEC, OPTIONS_FILE, RESULT_FILE
-from tpu_agent.estimate.compiler import require_compiler
+from tpu_agent.estimate.compiler import require_compiler, supported_chip_counts
 from tpu_agent.estimate.step import STRATEGIES
 from tpu_agent.fsutil import atomic_write_text
 
@@ -46,7 +46,15 @@ class EstimateOptions:
         return "data-parallel" if parse_target(self.target).chips > 1 else "as-captured"
 
     def check(self) -> None:
-        parse_target(self.target)
+        target = parse_target(self.target)
+        counts = supported_chip_counts(target.chip.key)
+        if target.chips not in counts:
+            choices = ", ".join(f"{target.chip.key}-{count}" if count > 1 else target.chip.key for count in counts)
+            raise TpuAgentError(
+                "unsupported-target",
+                f"--chip {target.spec}: the TPU compiler has no {target.chip.key} slice of {target.chips} chips",
+                f"use one of: {choices}" if counts else "use a v5e, v6e or v5p target",
+            )
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise TpuAgentError(
                 "bad-strategy", f"--strategy {self.strategy!r} is not a strategy", f"use one of: {', '.join(STRATEGIES)}"
@@ -79,6 +87,8 @@ def estimate_script(
     from tpu_agent.runtime.xla.settings import COMPILER_ENV, XLA
 
     options.check()
+    if not target.is_module and not Path(target.target).is_file():
+        raise TpuAgentError("script-not-found", f"{target.target}: no such script", "pass the path of a Python script")
     status = require_compiler()
     strategy = options.resolved_strategy()
     with tempfile.TemporaryDirectory(prefix="tpu-agent-estimate-") as scratch:

@@ -243,7 +243,10 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
     if not graph_plan.floats:
         return baked, True
     probes = _probe_values(graph_plan.floats)
-    probed = trace(graph, graph_plan, probes)
+    try:
+        probed = trace(graph, graph_plan, probes)
+    except Exception:  # noqa: BLE001 - an op refuses a probe value (SDPA's dropout_p must be 0.0): keep floats baked
+        return baked, False
     index_of_probe = {p: i for i, p in enumerate(probes)}
     real_nodes, probe_nodes = list(baked.graph.nodes), list(probed.graph.nodes)
     if len(real_nodes) != len(probe_nodes):

@@ -25,7 +25,7 @@ from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.xla import cache, lowering
 
-# Called with (runner, inputs, precision) before each XLA run of a graph: how ``tpu-agent estimate`` sees the
+# Called with (runner, inputs, precision) after each XLA run of a graph: how ``tpu-agent estimate`` sees the
 # graphs of a step and the tensors they read. Empty unless an observer installed itself.
 graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], state.Precision], None]] = []
 
@@ -128,12 +128,13 @@ class GraphRunner:
             tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors),
             precision.name,
         )
-        for observe in graph_observers:
-            observe(self, tensors, precision)
         executable = cache.executables.get_or_compile(
             self.signature,
             specialisation,
             lambda: lowering.compile_graph(self.gm, tensors, precision),
             lambda: (self.name, _op_count(self.gm), self.site),
         )
-        return executable(list(tensors))
+        result = executable(list(tensors))
+        for observe in graph_observers:
+            observe(self, tensors, precision)
+        return result
