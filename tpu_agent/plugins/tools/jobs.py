@@ -1,7 +1,8 @@
-"""The job tools: run or profile a workspace script as a job, poll it, cancel it.
+"""The job tools: run, profile or estimate a workspace script as a job, poll it, cancel it.
 
-``tpu_run`` and ``tpu_profile`` are one implementation, :func:`_start_job`, over the same ``tpu-agent run``
-and ``tpu-agent profile`` commands a person types; they differ only in the command's own options. The
+``tpu_run``, ``tpu_profile`` and ``tpu_estimate`` are one implementation, :func:`_start_job`, over the same
+``tpu-agent run``, ``profile`` and ``estimate`` commands a person types; they differ only in the command's own
+options. The
 server's limits apply here: ranks per job (``--max-ranks``) before anything starts, concurrent jobs
 (``--max-jobs``) in the job manager, which answers ``busy`` with the running job ids.
 """
@@ -12,7 +13,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -46,13 +47,18 @@ def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
         next_action = f"Call tpu_job_status with job_id={job.id!r} and wait_s=30 until the state is final."
     elif job.kind == "profile" and job.state.value == "succeeded":
         next_action = f"Call tpu_diagnose with job_id={job.id!r}."
+    elif job.kind == "estimate" and job.exit_code in (ExitCode.OK, ExitCode.FINDINGS) and _estimate_file(job):
+        next_action = (
+            f"Read {ws.relative(_estimate_file(job))}: the verdict, HBM per chip and, when it does not fit, the "
+            "suggestions (each compiled). Apply one, then call tpu_estimate again."
+        )
     elif job.state.value == "succeeded":
         next_action = "Done. Call tpu_profile with the same entrypoint to find what limits the step time."
     else:
         next_action = "Read log_tail (or the log resource) for the cause, fix it, and start a new job."
     return models.JobResult(
         job_id=job.id,
-        kind=job.kind,  # type: ignore[arg-type]  # "run" | "profile", set by _start_job only
+        kind=job.kind,  # type: ignore[arg-type]  # "run" | "profile" | "estimate", set by _start_job only
         state=job.state.value,
         exit_code=job.exit_code,
         elapsed_s=round(job.elapsed_s, 2),
@@ -61,9 +67,21 @@ def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
         log_uri=f"{URI_SCHEME}://jobs/{job.id}/log",
         log_tail=job.log_tail(log_lines),
         log_truncated=job.log_truncated,
-        profile_dir=ws.relative(job.artefact_dir) if job.artefact_dir is not None else None,
+        profile_dir=ws.relative(job.artefact_dir) if job.artefact_dir is not None and job.kind == "profile" else None,
+        estimate_path=ws.relative(_estimate_file(job)) if _estimate_file(job) is not None else None,
         next_action=next_action,
     )
+
+
+ESTIMATE_FILE = "estimate.json"
+
+
+def _estimate_file(job: Job) -> Path | None:
+    """The estimate an estimate job wrote (``tpu-agent estimate --output`` writes it atomically at the end)."""
+    if job.kind != "estimate" or job.artefact_dir is None:
+        return None
+    path = job.artefact_dir / ESTIMATE_FILE
+    return path if path.is_file() else None
 
 
 async def _wait_for_job(ctx: Context, job: Job, wait_s: float) -> None:
@@ -107,6 +125,13 @@ def _judge_profile(job: Job) -> JobState | None:
     return JobState.SUCCEEDED if script_exit == 0 else JobState.FAILED
 
 
+def _judge_estimate(job: Job) -> JobState | None:
+    """``tpu-agent estimate`` exits 1 when the step does not fit: with the estimate written, that is an answer."""
+    if job.exit_code == ExitCode.FINDINGS and _estimate_file(job) is not None:
+        return JobState.SUCCEEDED
+    return None
+
+
 async def _start_job(
     ctx: Context,
     kind: str,
@@ -114,7 +139,7 @@ async def _start_job(
     *,
     entrypoint: str,
     args: list[str],
-    nproc: int,
+    nproc: int | None,
     chip: str,
     eager_mode: str | None,
     timeout_s: int,
@@ -123,10 +148,12 @@ async def _start_job(
 ) -> models.JobResult:
     """Start ``tpu-agent <kind> <command_options> <shared options> SCRIPT ARGS`` as a job and wait a while.
 
-    A profile job gets its own capture directory, ``.tpu-agent/profiles/<job_id>``, passed as ``--logdir``.
+    A profile job gets its own capture directory, ``.tpu-agent/profiles/<job_id>``, passed as ``--logdir``; an
+    estimate job writes ``.tpu-agent/estimates/<job_id>/estimate.json``. ``nproc`` None: the command runs one
+    rank by design (estimate).
     """
     state = server_state(ctx)
-    if nproc > state.max_ranks:
+    if nproc is not None and nproc > state.max_ranks:
         raise TpuAgentError(
             "too-many-ranks",
             f"nproc={nproc} is more ranks than this server starts for one job (at most {state.max_ranks})",
@@ -136,13 +163,18 @@ async def _start_job(
     ws = await state.workspace(ctx, workspace)
     script = _entrypoint(ws, entrypoint)
     job_id = new_job_id(kind)
-    argv = [sys.executable, "-m", "tpu_agent", kind, *command_options, "--nproc", str(nproc), "--chip", chip]
+    argv = [sys.executable, "-m", "tpu_agent", kind, *command_options, "--chip", chip]
+    if nproc is not None:
+        argv += ["--nproc", str(nproc)]
     if eager_mode:
         argv += ["--eager-mode", eager_mode]
     logdir = None
     if kind == "profile":
         logdir = ws.artefact_dir("profiles", job_id, fresh=True)
         argv += ["--logdir", ws.relative(logdir)]
+    elif kind == "estimate":
+        logdir = ws.artefact_dir("estimates", job_id, fresh=True)
+        argv += ["--format", "json", "--output", ws.relative(logdir / ESTIMATE_FILE)]
     argv += [ws.relative(script), *args]
     try:
         job = state.jobs.start(
@@ -152,7 +184,7 @@ async def _start_job(
             timeout_s=timeout_s,
             artefact_dir=logdir,
             job_id=job_id,
-            judge=_judge_profile if kind == "profile" else None,
+            judge={"profile": _judge_profile, "estimate": _judge_estimate}.get(kind),
         )
     except TpuAgentError:
         if logdir is not None:  # refused (busy): no empty capture for tpu_diagnose to pick as the newest
@@ -199,6 +231,27 @@ async def tpu_profile(
     )  # fmt: skip
 
 
+async def tpu_estimate(
+    ctx: Context,
+    entrypoint: EntrypointArg,
+    args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
+    chip: ChipArg = "v5e",
+    strategy: Annotated[
+        Literal["as-captured", "data-parallel", "fsdp"] | None,
+        Field(description="Sharding over the slice (default: data-parallel on a slice, as-captured on one chip)."),
+    ] = None,
+    steps: Annotated[int, Field(ge=2, le=100, description="Optimizer steps to run; the last full one is compiled.")] = 3,
+    timeout_s: TimeoutArg = 1800,
+    wait_s: WaitArg = 20,
+    workspace: WorkspaceArg = None,
+) -> models.JobResult:
+    options = ["--steps", str(steps)] + (["--strategy", strategy] if strategy else [])
+    return await _start_job(
+        ctx, "estimate", options, entrypoint=entrypoint, args=args, nproc=None, chip=chip,
+        eager_mode=None, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
+    )  # fmt: skip
+
+
 async def tpu_job_status(
     ctx: Context,
     job_id: JobIdArg,
@@ -237,9 +290,19 @@ TOOLS: tuple[ToolSpec, ...] = (
         tool_hints("Profile a script on TPU", read_only=False, idempotent=False),
     ),
     ToolSpec(
+        tpu_estimate,
+        "tpu_estimate",
+        "Estimate a workspace training script on a TPU slice without a TPU, as a job, via `tpu-agent estimate`: "
+        "runs a few steps on the emulated device, compiles the step with the TPU compiler (libtpu) for chip "
+        "(v5e, v5e-4, v6e-8, ...) and writes .tpu-agent/estimates/<job_id>/estimate.json: HBM per chip vs the "
+        "chip's (fits / does not fit), compiler FLOPs and step time, MFU, collectives, and when it does not fit "
+        "the compiled fixes. Exit code 1 means it does not fit. Poll with tpu_job_status.",
+        tool_hints("Estimate a script on a TPU slice", read_only=False, idempotent=False),
+    ),
+    ToolSpec(
         tpu_job_status,
         "tpu_job_status",
-        "State, exit code and last log lines of a job from tpu_run or tpu_profile. wait_s > 0 waits (with "
+        "State, exit code and last log lines of a job from tpu_run, tpu_profile or tpu_estimate. wait_s > 0 waits (with "
         "progress) up to that long for the job to finish.",
         tool_hints("Job status", read_only=True),
     ),
@@ -251,4 +314,4 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
 )
 
-__all__ = ["TOOLS", "job_result", "tpu_job_cancel", "tpu_job_status", "tpu_profile", "tpu_run"]
+__all__ = ["TOOLS", "job_result", "tpu_estimate", "tpu_job_cancel", "tpu_job_status", "tpu_profile", "tpu_run"]
