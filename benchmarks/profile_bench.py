@@ -5,7 +5,8 @@
    script says so); then ``tpu-agent run train.py`` and ``tpu-agent profile train.py`` run in
    alternation (fresh processes, same arguments), and the ratio of the median wall times is printed.
    The profiled run includes everything a user waits for: capture, XSpace, rules, reports. Printed: the
-   best (least disturbed) of the alternated runs, in wall seconds and in CPU seconds. Target: <= 1.15x.
+   best (least disturbed) of the alternated runs, in wall seconds and in CPU seconds. Target: <= 1.10x.
+   On a loaded host read the CPU-seconds line: wall time then mostly measures the other processes.
 2. Analysis: a synthetic capture of 1,000 steps (``tpu_agent.profile.synthetic``, the on-disk format of a
    real capture) is diagnosed in-process (load, 21 rules, estimate, XSpace, json/md/html reports).
    Target: < 10 s.
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OVERHEAD_TARGET = 1.15
+OVERHEAD_TARGET = 1.10
 ANALYSIS_TARGET_S = 10.0
 
 
@@ -88,7 +89,19 @@ def overhead(repeats: int, train_steps: int, profile_steps: int) -> dict[str, tu
             logdir = Path(tmp) / f"logs-{index}"
             profiled.append(
                 timed(
-                    [*CLI, "profile", "--logdir", str(logdir), "--steps", str(profile_steps), "--warmup", "2", "--format", "json", *script],
+                    [
+                        *CLI,
+                        "profile",
+                        "--logdir",
+                        str(logdir),
+                        "--steps",
+                        str(profile_steps),
+                        "--warmup",
+                        "2",
+                        "--format",
+                        "json",
+                        *script,
+                    ],
                     project,
                 )
             )
@@ -128,7 +141,10 @@ def main() -> None:
     parser.add_argument("--analysis-steps", type=int, default=1000)
     args = parser.parse_args()
 
-    print(f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} --warmup 2")
+    print(
+        f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} "
+        "--warmup 2"
+    )
     results = overhead(args.repeats, args.train_steps, args.profile_steps)
     for measure, (plain, profiled, paired) in results.items():
         ratio = profiled / plain
@@ -141,7 +157,8 @@ def main() -> None:
     write_s, analyse_s, findings = analysis(args.analysis_steps)
     verdict = "OK" if analyse_s < ANALYSIS_TARGET_S else "OVER TARGET"
     print(
-        f"analysis: synthetic capture of {args.analysis_steps} steps written in {write_s:.2f} s, diagnosed in {analyse_s:.2f} s "
+        f"analysis: synthetic capture of {args.analysis_steps} steps written in {write_s:.2f} s, diagnosed in "
+        f"{analyse_s:.2f} s "
         f"({findings} findings; target < {ANALYSIS_TARGET_S:.0f} s) {verdict}"
     )
 

@@ -1,10 +1,13 @@
 """Shared helpers for the migrate engine tests: fixture pairs and a one-call migration of a source text.
 
-Fixture files are named ``<CODE>_<name>[.<flag>...].in.<ext>``; flags select options (``tpu`` target,
-``unsafe`` fixes, ``annotate``). The expected result sits next to it: ``.out.<ext>`` when the file changes
-(no ``.out`` means it must stay byte-identical) and ``.findings.json`` with every finding's line, column,
-code and whether it is fixed. ``TPU_AGENT_REGEN_FIXTURES=1 pytest tests/migrate/test_rules.py`` rewrites the
-expected files from the current engine, for review with ``git diff``.
+Fixture inputs are named ``<CODE>_<name>.in.<ext>``. Each *variant* of an input is one set of options, named
+by flags (``tpu`` target, ``unsafe`` fixes, ``annotate``), and has its expected results next to the input:
+``<CODE>_<name>[.<flag>...].findings.json`` with every finding's line, column, code and whether it is fixed,
+and ``<CODE>_<name>[.<flag>...].out.<ext>`` when the file changes (no ``.out`` means it must stay
+byte-identical). So one input serves every variant; an input that only makes sense for one variant may
+carry that variant's flags itself (``<CODE>_<name>.tpu.in.py``). ``TPU_AGENT_REGEN_FIXTURES=1 pytest
+tests/migrate/test_rules.py`` rewrites the expected files from the current engine, for review with ``git diff``;
+a new variant of an input starts as an empty ``....findings.json`` to regenerate.
 """
 
 from __future__ import annotations
@@ -52,11 +55,18 @@ class FixtureCase:
 
 
 def fixture_cases() -> list[FixtureCase]:
+    """Every (input, variant) pair: a variant is a ``.findings.json`` whose stem is the input's stem, or the
+    input's stem plus flags."""
+    inputs = {path.name.split(".in.", 1)[0]: path for path in FIXTURES.glob("*.in.*")}
     cases = []
-    for path in sorted(FIXTURES.glob("*.in.*")):
-        stem, ext = path.name.split(".in.", 1)
+    for expected in sorted(FIXTURES.glob("*.findings.json")):
+        stem = expected.name.removesuffix(".findings.json")
         base, *flags = stem.split(".")
-        cases.append(FixtureCase(path, stem, ext, frozenset(flags)))
+        source = inputs.get(stem) or inputs.get(base)
+        assert source is not None, f"{expected.name}: no input {base}.in.<ext> or {stem}.in.<ext>"
+        cases.append(FixtureCase(source, stem, source.name.split(".in.", 1)[1], frozenset(flags)))
+    orphans = set(inputs.values()) - {case.source for case in cases}
+    assert not orphans, f"inputs without expected findings: {sorted(p.name for p in orphans)}"
     return cases
 
 

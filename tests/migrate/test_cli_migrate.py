@@ -71,6 +71,7 @@ def test_missing_path_exits_2_naming_it(tmp_path: Path) -> None:
     assert "no/such/dir" in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_path_with_json_format_prints_a_json_error(tmp_path: Path) -> None:
     result = cli("migrate", "absent.py", "--format", "json", cwd=tmp_path)
     assert result.returncode == 2
@@ -93,6 +94,7 @@ def test_check_exits_0_on_clean_code(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_check_on_the_bundled_example_finds_work(tmp_path: Path) -> None:
     example = REPO_ROOT / "examples" / "cuda_ddp"
     before = snapshot(example)
@@ -113,6 +115,7 @@ def test_diff_prints_a_patch_and_writes_nothing(tmp_path: Path) -> None:
     assert snapshot(project) == before
 
 
+@pytest.mark.slow
 def test_default_rewrites_in_place_then_check_is_clean(tmp_path: Path) -> None:
     project = make_project(tmp_path)
     result = cli("migrate", "proj", cwd=tmp_path)
@@ -124,6 +127,7 @@ def test_default_rewrites_in_place_then_check_is_clean(tmp_path: Path) -> None:
     assert json.loads(again.stdout)["applied"]["written"] == []
 
 
+@pytest.mark.slow
 def test_dirty_git_tree_is_refused_unless_allow_dirty(tmp_path: Path) -> None:
     project = make_project(tmp_path)
     git(project, "init", "-q")
@@ -150,6 +154,7 @@ def test_clean_git_tree_is_rewritten_and_git_sees_the_change(tmp_path: Path) -> 
     assert git(project, "status", "--porcelain").split() == ["M", "train.py"]
 
 
+@pytest.mark.slow
 def test_output_dir_writes_a_copy_and_refuses_one_inside_the_source(tmp_path: Path) -> None:
     project = make_project(tmp_path)
     before = snapshot(project)
@@ -192,6 +197,7 @@ def test_unknown_rule_selection_exits_2(tmp_path: Path) -> None:
     assert "XYZ9" in result.stderr
 
 
+@pytest.mark.slow
 def test_rules_lists_every_rule(tmp_path: Path) -> None:
     table = cli("rules", cwd=tmp_path)
     assert table.returncode == 0
@@ -219,6 +225,7 @@ def test_rules_unknown_code_exits_2(tmp_path: Path, code: str) -> None:
     assert code.upper() in result.stderr.upper()
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     """A large tree shows a rich bar on stderr when stderr is a terminal, and none when it is a pipe."""
     import pty
@@ -258,6 +265,7 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert piped.returncode == 0 and "250/250" not in piped.stderr and piped.stderr == ""
 
 
+@pytest.mark.slow
 def test_rule_and_fix_options_reach_the_plan(tmp_path: Path) -> None:
     make_project(tmp_path)
     narrowed = json.loads(cli("migrate", "--check", "--format", "json", "--select", "TPU1", "--ignore", "TPU103", "proj", cwd=tmp_path).stdout)

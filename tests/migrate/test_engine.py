@@ -283,6 +283,7 @@ def test_display_path_is_relative_to_cwd(tmp_path: Path, write, monkeypatch: pyt
     assert plan.files[0].path == tmp_path / "proj" / "sub" / "a.py"
 
 
+@pytest.mark.slow
 def test_pool_keeps_input_order_and_reports_progress(tmp_path: Path, write, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(engine, "POOL_MIN_BYTES", 0)  # small files, so that the test stays fast, still use the pool
     body = "import torch\n" + "".join(f"x{i} = torch.ones(1).cuda()\n" for i in range(60))

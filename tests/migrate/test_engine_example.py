@@ -98,6 +98,7 @@ def test_every_remaining_cuda_reference_is_reported(migrated: tuple[Plan, Plan])
     assert unreported == []
 
 
+@pytest.mark.slow
 def test_migrated_training_still_runs_on_cpu(migrated: tuple[Plan, Plan]) -> None:
     _, second = migrated
     train = next(f.path for f in second.files if f.path.name == "train.py")
@@ -123,6 +124,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_migrated_setup_runs_on_every_rank_of_the_tpu_runtime(migrated: tuple[Plan, Plan]) -> None:
     """TorchTPU binds one device per process: rank 1 must get through the migrated set_device (which runs
     off TPU only), and no emptied ``if`` is left behind."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 
@@ -50,6 +52,7 @@ def test_every_recorded_since_torch_is_a_version() -> None:
             torch_version(rule.since_torch)
 
 
+@pytest.mark.slow
 def test_cli_min_torch_in_json_and_bad_value(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SOURCE)
     result = cli("migrate", "train.py", "--check", "--min-torch", "2.5", "--format", "json", cwd=tmp_path)

@@ -17,7 +17,7 @@ from tpu_agent.migrate.rules import ALL_RULES, get_rule
 CASES = fixture_cases()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.source.name for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.stem}.{c.ext}" for c in CASES])
 def test_fixture(case: FixtureCase, tmp_path: Path) -> None:
     result = migrate_one(case.source, **_kwargs(case))
     assert result.skipped_reason is None
@@ -98,6 +98,7 @@ def test_cli_fixture_copy_keeps_name(tmp_path: Path) -> None:
     assert migrate_one(copy).findings
 
 
+@pytest.mark.slow
 def test_family_order_does_not_change_any_result() -> None:
     """Claims, not the order of FAMILIES, decide which family handles a call: reversed, every Python fixture
     migrates to the same text with the same findings."""
@@ -116,3 +117,14 @@ def test_family_order_does_not_change_any_result() -> None:
         backward = migrate_source(source, options, ALL_RULES, reversed_dispatch)
         assert forward.code == backward.code, case.source.name
         assert forward.findings == backward.findings, case.source.name
+
+
+def test_no_two_fixture_inputs_are_copies() -> None:
+    """A variant (other options, same input) is a set of expected files next to the one input, never a copy."""
+    from conftest import FIXTURES
+
+    seen: dict[bytes, str] = {}
+    for path in sorted(FIXTURES.glob("*.in.*")):
+        data = path.read_bytes()
+        assert data not in seen, f"{path.name} is a copy of {seen[data]}: name its expected files after that input"
+        seen[data] = path.name

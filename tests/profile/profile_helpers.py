@@ -19,7 +19,12 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subpro
     env.pop("TPU_AGENT_EVENTS_DIR", None)
     env.pop("TPU_AGENT_HOOKS", None)
     return subprocess.run(
-        [sys.executable, "-m", "tpu_agent", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env, timeout=timeout
+        [sys.executable, "-m", "tpu_agent", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=timeout,
     )
 
 
@@ -38,7 +43,9 @@ class Captures:
         self.root = root
         self.cache: dict[tuple[str, ...], tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]] = {}
 
-    def get(self, script: str, *options: str, args: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]:
+    def get(
+        self, script: str, *options: str, args: tuple[str, ...] = ()
+    ) -> tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]:
         """Profile ``script`` with CLI ``options`` (before the script) and script ``args`` (after it)."""
         key = (script, *options, "--", *args)
         if key not in self.cache:

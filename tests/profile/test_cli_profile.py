@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from profile_helpers import REPO, SCRIPTS, Captures, run_cli
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 
 def test_annotated_inference_steps(captures: Captures) -> None:

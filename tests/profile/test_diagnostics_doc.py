@@ -30,7 +30,8 @@ def render() -> str:
     out = [
         "# tpu-agent profile diagnostics",
         "",
-        "Generated from `tpu_agent.profile.rules.ALL_RULES` (do not edit by hand; see tests/profile/test_diagnostics_doc.py).",
+        "Generated from `tpu_agent.profile.rules.ALL_RULES` (do not edit by hand; see "
+        "tests/profile/test_diagnostics_doc.py).",
         "`tpu-agent profile` and `tpu-agent diagnose` run every diagnostic on every capture; one without the data it",
         "needs reports `insufficient_data` instead of a verdict. Severity is the usual one: a check raises or lowers",
         "it with what it measured. Explain one with `tpu-agent rules CODE` (e.g. `tpu-agent rules HS-1`); the",
@@ -40,12 +41,26 @@ def render() -> str:
         "|---|---|---|---|---|",
     ]
     out += [
-        f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.category} | {r.severity.value} | {', '.join(_DATA[d] for d in r.requires) or 'nothing'} |"
+        f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.category} | {r.severity.value} | "
+        f"{', '.join(_DATA[d] for d in r.requires) or 'nothing'} |"
         for r in ALL_RULES.values()
     ]
     for r in ALL_RULES.values():
         out += ["", f"## {r.id}", "", f"`{r.name}`, {r.category}, {r.severity.value}", "", r.rationale]
-        out += ["", "Before:", "", f"{_FENCE}python", r.before, _FENCE, "", "After:", "", f"{_FENCE}python", r.after, _FENCE]
+        out += [
+            "",
+            "Before:",
+            "",
+            f"{_FENCE}python",
+            r.before,
+            _FENCE,
+            "",
+            "After:",
+            "",
+            f"{_FENCE}python",
+            r.after,
+            _FENCE,
+        ]
         out += ["", f"Reference: {r.reference}"]
     return "\n".join(out) + "\n"
 
@@ -68,5 +83,9 @@ def test_reference_is_public_or_shipped(rule_id: str) -> None:
         document, _, anchor = reference.partition("#")
         path = REPO / document
         assert document.startswith("docs/") and path.is_file(), reference
-        headings = {_slug(line.lstrip("#").strip()) for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")}
+        headings = {
+            _slug(line.lstrip("#").strip())
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        }
         assert not anchor or anchor in headings, f"{reference}: no section {anchor!r} in {document}"

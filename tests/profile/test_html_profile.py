@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from profile_helpers import Captures
 
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
+
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -34,7 +36,9 @@ def test_html_report_renders_plots_and_findings(captures: Captures, tmp_path: Pa
     logdir, report, _ = captures.get("fp32_odd_dims.py")
     page = logdir / "tpu-agent" / "report.html"
     source = page.read_text(encoding="utf-8")
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", source), "the report must not load anything from the network"
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", source), (
+        "the report must not load anything from the network"
+    )
     assert "<script" not in source
 
     dom = subprocess.run(
@@ -51,12 +55,20 @@ def test_html_report_renders_plots_and_findings(captures: Captures, tmp_path: Pa
     for finding in report["findings"]:
         assert f'data-rule="{finding["rule_id"]}"' in dom
     assert (
-        "with torch.autocast(&quot;tpu&quot;, dtype=torch.bfloat16):" in dom or 'with torch.autocast("tpu", dtype=torch.bfloat16):' in dom
+        "with torch.autocast(&quot;tpu&quot;, dtype=torch.bfloat16):" in dom
+        or 'with torch.autocast("tpu", dtype=torch.bfloat16):' in dom
     )
 
     shot = tmp_path / "report.png"
     subprocess.run(
-        [browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri()],
+        [
+            browser,
+            *FLAGS,
+            f"--user-data-dir={tmp_path / 'profile-shot'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,1600",
+            page.as_uri(),
+        ],
         capture_output=True,
         timeout=120,
         check=True,

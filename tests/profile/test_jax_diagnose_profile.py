@@ -14,6 +14,9 @@ from xprof.profile_data import ProfileData
 JAX_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 @jax.jit
 def step(x):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from profile_helpers import run_cli
 
 from tpu_agent.profile.rules import ALL_RULES
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 
 def test_rules_lists_diagnostics_next_to_migration_rules() -> None:
@@ -18,7 +21,9 @@ def test_rules_lists_diagnostics_next_to_migration_rules() -> None:
     listed = json.loads(run_cli("rules", "--format", "json").stdout)
     diagnostics = [r for r in listed if r["kind"] == "diagnostic"]
     assert [r["code"] for r in diagnostics] == list(ALL_RULES)
-    assert {"code", "name", "category", "severity", "rationale", "before", "after", "reference", "requires"} <= set(diagnostics[0])
+    assert {"code", "name", "category", "severity", "rationale", "before", "after", "reference", "requires"} <= set(
+        diagnostics[0]
+    )
     assert {r["kind"] for r in listed} == {"migration", "diagnostic"}
 
 

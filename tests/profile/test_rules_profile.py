@@ -48,7 +48,16 @@ def test_rule_catalogue_is_complete_and_described() -> None:
     assert set(ALL_RULES) == EXPECTED_IDS
     for rule in ALL_RULES.values():
         assert rule.name and rule.rationale and rule.before and rule.after and rule.reference
-        assert rule.category in {"capture", "host sync", "eager-mode", "compile", "shapes", "precision", "input pipeline", "sharding"}
+        assert rule.category in {
+            "capture",
+            "host sync",
+            "eager-mode",
+            "compile",
+            "shapes",
+            "precision",
+            "input pipeline",
+            "sharding",
+        }
     assert get_rule("hs-1").id == "HS-1"
     with pytest.raises(TpuAgentError):
         get_rule("XX-9")
@@ -96,7 +105,9 @@ def test_rules_without_data_report_insufficient_data() -> None:
 
 
 def test_no_steps_is_an_error_and_gates_step_rules() -> None:
-    model = ProfileModel(config=RunConfig(chip=get_chip("v6e"), source="xspace", script="infer.py"), ranks={0: RankProfile(rank=0)})
+    model = ProfileModel(
+        config=RunConfig(chip=get_chip("v6e"), source="xspace", script="infer.py"), ranks={0: RankProfile(rank=0)}
+    )
     findings, outcomes = run_rules(model)
     assert [f.rule_id for f in findings] == ["CAP-1"] and findings[0].severity.value == "error"
     assert {o.rule_id for o in outcomes if o.status == Status.insufficient_data} >= {"CAP-2", "CAP-3", "HS-1", "IP-1"}
@@ -127,11 +138,15 @@ def test_diagnose_missing_logdir(tmp_path: Path) -> None:
 
 
 def _rank_with(events: list, steps: int = 6) -> RankProfile:
-    return RankProfile(rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(steps)], events=events)
+    return RankProfile(
+        rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(steps)], events=events
+    )
 
 
 def _model(rank: RankProfile, eager_mode: str | None) -> ProfileModel:
-    return ProfileModel(config=RunConfig(chip=get_chip("v6e"), eager_mode=eager_mode, source="tpu-agent"), ranks={0: rank})
+    return ProfileModel(
+        config=RunConfig(chip=get_chip("v6e"), eager_mode=eager_mode, source="tpu-agent"), ranks={0: rank}
+    )
 
 
 def test_fused_eager_fragmentation_and_unstable_graphs_name_their_sites() -> None:
@@ -142,9 +157,14 @@ def test_fused_eager_fragmentation_and_unstable_graphs_name_their_sites() -> Non
     records = []
     for step in range(6):
         t = step * 1_000_000
-        records += [ev.Flush(t + 10 * k, 0, step, cause="item", graph_ops=5, graph_hash="a", duration_ns=5, site=site) for k in range(7)]
+        records += [
+            ev.Flush(t + 10 * k, 0, step, cause="item", graph_ops=5, graph_hash="a", duration_ns=5, site=site)
+            for k in range(7)
+        ]
         if step == 4:
-            records.append(ev.Flush(t + 500, 0, step, cause="print", graph_ops=9, graph_hash="new", duration_ns=5, site=other))
+            records.append(
+                ev.Flush(t + 500, 0, step, cause="print", graph_ops=9, graph_hash="new", duration_ns=5, site=other)
+            )
     findings, _ = run_rules(_model(_rank_with(records), "DEFER_AND_FUSE"))
     by_id = {f.rule_id: f for f in findings}
     assert by_id["EM-2"].evidence.value == pytest.approx(43 / 6, abs=0.01)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
-from profile_helpers import SCRIPTS, Captures, seed_line
+from profile_helpers import REPO, SCRIPTS, Captures, run_cli, seed_line
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 SEEDED = [
     ("host_sync.py", "HS-1", ()),
@@ -14,11 +21,14 @@ SEEDED = [
     ("strict_eager.py", "EM-1", ()),
     ("slow_loader.py", "IP-1", ()),
     ("graph_break.py", "CO-2", ()),
+    ("recompile.py", "CO-1", ()),
 ]
 
 
 @pytest.mark.parametrize(("script", "rule_id", "options"), SEEDED, ids=[f"{s}-{r}" for s, r, _ in SEEDED])
-def test_seeded_problem_is_found_at_its_line(captures: Captures, script: str, rule_id: str, options: tuple[str, ...]) -> None:
+def test_seeded_problem_is_found_at_its_line(
+    captures: Captures, script: str, rule_id: str, options: tuple[str, ...]
+) -> None:
     _, report, result = captures.get(script, *options)
     assert report["capture"]["exit_code"] == 0, result.stderr[-2000:]
     path = str(SCRIPTS / script)
@@ -45,7 +55,10 @@ def test_host_sync_fix_is_a_diff_of_the_seeded_line(captures: Captures) -> None:
 def test_slow_loader_fix_adds_workers_to_the_dataloader_call(captures: Captures) -> None:
     _, report, _ = captures.get("slow_loader.py")
     finding = next(f for f in report["findings"] if f["rule_id"] == "IP-1")
-    assert "+loader = DataLoader(SlowDataset(), batch_size=16, num_workers=4, persistent_workers=True)" in finding["agent_change"]["diff"]
+    assert (
+        "+loader = DataLoader(SlowDataset(), batch_size=16, num_workers=4, persistent_workers=True)"
+        in finding["agent_change"]["diff"]
+    )
     assert finding["estimated_saving_pct"] >= 5
 
 
@@ -74,3 +87,36 @@ def test_well_tuned_script_has_no_warning_or_error(captures: Captures) -> None:
     assert report["summary"]["errors"] == report["summary"]["warnings"] == 0
     assert result.returncode == 0
     assert report["step_time"]["count"] == 5
+
+
+def _marked(script: Path, marker: str) -> int:
+    return next(n for n, text in enumerate(script.read_text(encoding="utf-8").splitlines(), start=1) if marker in text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "rule_id", "compiled"), [("recompile.py", "CO-1", True), ("dynamic_shapes.py", "SH-1", False)]
+)
+def test_changing_shape_is_traced_to_its_creation_and_the_padding_diff_fixes_it(
+    captures: Captures, tmp_path: Path, script: str, rule_id: str, compiled: bool
+) -> None:
+    """The finding names the line that creates the changing tensor first (then the compile site or the model
+    call); its diff pads that tensor to a bucket, and the patched script profiles without the finding."""
+    _, report, _ = captures.get(script)
+    finding = next(f for f in report["findings"] if f["rule_id"] == rule_id)
+    source = SCRIPTS / script
+    lines = [(loc["file"], loc["line"]) for loc in finding["locations"]]
+    assert lines[0] == (str(source), _marked(source, f"CREATED: {rule_id}"))
+    if compiled:
+        assert lines[1] == (str(source), _marked(source, f"COMPILED: {rule_id}"))
+    diff = finding["agent_change"]["diff"]
+    assert "torch.nn.functional.pad(" in diff and "% 128" in diff, diff
+
+    copy = tmp_path / source.relative_to(REPO)
+    copy.parent.mkdir(parents=True)
+    shutil.copy(source, copy)
+    subprocess.run(["patch", "-p1", "-d", str(tmp_path)], input=diff, text=True, check=True, capture_output=True)
+    result = run_cli("profile", "--logdir", str(tmp_path / "after"), "--steps", "5", "--format", "json", str(copy))
+    after = json.loads(result.stdout)
+    assert after["capture"]["exit_code"] == 0, result.stderr[-2000:]
+    assert not {"CO-1", "SH-1"} & {f["rule_id"] for f in after["findings"]}, [f["title"] for f in after["findings"]]

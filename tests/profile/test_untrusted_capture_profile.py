@@ -126,7 +126,7 @@ def test_a_single_xplane_file_writes_next_to_it_only(tmp_path: Path) -> None:
 
 def _mutations(text: str) -> dict[str, str]:
     """Damage a JSON file the ways disks, editors and attackers do."""
-    data = json.loads(text) if not text.lstrip().startswith("{\"kind\"") else None
+    data = json.loads(text) if not text.lstrip().startswith('{"kind"') else None
     out = {
         "truncated": text[: len(text) // 2],
         "empty": "",
@@ -174,7 +174,9 @@ def test_damaged_raw_file_names_the_file(tmp_path: Path, name: str, label: str) 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(RAW_FILES), position=st.floats(0, 1), junk=st.binary(min_size=1, max_size=16))
-def test_fuzzed_raw_bytes_never_crash(tmp_path_factory: pytest.TempPathFactory, name: str, position: float, junk: bytes) -> None:
+def test_fuzzed_raw_bytes_never_crash(
+    tmp_path_factory: pytest.TempPathFactory, name: str, position: float, junk: bytes
+) -> None:
     logdir = tmp_path_factory.mktemp("fuzz")
     raw = write_capture(logdir, steps=4)
     data = (raw / name).read_bytes()
@@ -196,17 +198,19 @@ def test_fuzzed_xplane_never_crashes(tmp_path_factory: pytest.TempPathFactory, c
     try:
         diagnose(session)
     except TpuAgentError as error:
-        assert error.code in ("damaged-capture", "no-capture") and (file.name in error.message or "no " in error.message)
+        assert error.code in ("damaged-capture", "no-capture") and (
+            file.name in error.message or "no " in error.message
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "damage"),
     [
-        (OPTIONS_FILE, "{\"steps\": "),
-        (CAPTURE_FILE.format(rank=0), "{\"window\": \"oops\"}"),
-        (TRACE_FILE.format(rank=0), "{\"traceEvents\": [{\"cat\": \"cpu_op\", \"ph\": \"X\"}]}"),
-        (EVENTS_FILE_PATTERN.format(rank=0), "{\"kind\": \"step\", \"time_ns\": \"soon\"}\n"),
+        (OPTIONS_FILE, '{"steps": '),
+        (CAPTURE_FILE.format(rank=0), '{"window": "oops"}'),
+        (TRACE_FILE.format(rank=0), '{"traceEvents": [{"cat": "cpu_op", "ph": "X"}]}'),
+        (EVENTS_FILE_PATTERN.format(rank=0), '{"kind": "step", "time_ns": "soon"}\n'),
     ],
 )
 def test_cli_on_damaged_capture_exits_2_naming_the_file(tmp_path: Path, name: str, damage: str) -> None:
@@ -225,3 +229,23 @@ def test_cli_on_truncated_xplane_exits_2(tmp_path: Path) -> None:
     result = run_cli("diagnose", str(session))
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert "Traceback" not in result.stderr and file.name in result.stderr.replace("\n", "")
+
+
+def test_profile_never_clears_a_raw_dir_that_leads_outside(tmp_path: Path) -> None:
+    """`profile` empties LOGDIR/tpu-agent/raw before a capture: never through a symlink to someone's files."""
+    from tpu_agent.profile.api import profile
+    from tpu_agent.profile.options import ProfileOptions
+    from tpu_agent.runtime.api import LaunchTarget
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data.txt").write_text("keep me\n", encoding="utf-8")
+    logdir = tmp_path / "logdir"
+    (logdir / "tpu-agent").mkdir(parents=True)
+    (logdir / "tpu-agent" / "raw").symlink_to(precious)
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n", encoding="utf-8")
+    with pytest.raises(TpuAgentError) as error:
+        profile(LaunchTarget(str(script), []), ProfileOptions(logdir=logdir))
+    assert error.value.code == "path-outside-logdir"
+    assert (precious / "data.txt").read_text(encoding="utf-8") == "keep me\n"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from profile_helpers import Captures
 from xprof.convert import raw_to_tool_data
 from xprof.profile_data import ProfileData
+
+pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 
 def _xplanes(report: dict) -> list[str]:
@@ -23,7 +26,11 @@ def _xplanes(report: dict) -> list[str]:
 def test_layout_reports_sit_next_to_plugins(captures: Captures) -> None:
     logdir, report, _ = captures.get("host_sync.py")
     session = Path(_xplanes(report)[0]).parent
-    assert sorted(p.name for p in (logdir / "tpu-agent").glob("report.*")) == ["report.html", "report.json", "report.md"]
+    assert sorted(p.name for p in (logdir / "tpu-agent").glob("report.*")) == [
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
     assert not [p for p in session.iterdir() if p.name.startswith("report")]
 
 
@@ -69,6 +76,9 @@ def test_xprof_tools_overview_op_stats_and_trace_viewer(captures: Captures) -> N
     assert finding["args"]["severity"] == "warning"
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     assert min(s["ts"] for s in steps) <= finding["ts"] <= max(s["ts"] + s["dur"] for s in steps)
+    # Op stats are interned (references to stat metadata); the viewer shows the strings, not the ids.
+    addmm = next(e for e in events if e.get("name") == "aten::addmm" and "shapes" in e.get("args", {}))
+    assert addmm["args"]["shapes"].startswith("[[") and "float" in addmm["args"]["dtypes"]
 
 
 def test_xprof_cli_reads_the_session(captures: Captures) -> None:
@@ -78,7 +88,9 @@ def test_xprof_cli_reads_the_session(captures: Captures) -> None:
     _, report, _ = captures.get("host_sync.py")
     session = Path(_xplanes(report)[0]).parent
     xprof = Path(sys.executable).with_name("xprof")
-    result = subprocess.run([str(xprof), "get_overview", str(session)], capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [str(xprof), "get_overview", str(session)], capture_output=True, text=True, timeout=120, check=True
+    )
     overview = json.loads(result.stdout)
     assert overview["capture"]["files_used"] == [Path(_xplanes(report)[0]).name.removesuffix(".xplane.pb")]
     assert float(overview["performance_summary"]["steptime_ms_average"]) > 0

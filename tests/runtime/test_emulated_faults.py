@@ -92,6 +92,14 @@ def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None
     assert observed["device_count"] == 1  # a single process on the default one-chip host
 
 
+@pytest.mark.slow
+def test_repeated_training_steps_match_cpu_exactly(observed: dict, request: pytest.FixtureRequest) -> None:
+    assert observed["repeated_steps"]["match_cpu"] is True
+    # only DeferAndFuse records ops, so only it fills the shape cache
+    mode = request.node.callspec.params["observed"]
+    assert observed["repeated_steps"]["cached_signatures"] is (mode == "defer_and_fuse")
+
+
 def test_cpu_gap_table_records_are_complete_and_exact() -> None:
     import torch
 

@@ -1,4 +1,4 @@
-"""CLI command of ``tpu_agent.migrate``: ``tpu-agent migrate`` (``tpu-agent rules`` lives in :mod:`tpu_agent.cli.rules`).
+"""CLI command of ``tpu_agent.migrate``: ``tpu-agent migrate`` (``tpu-agent rules`` is in :mod:`tpu_agent.cli.rules`).
 
 Argument parsing and rendering only: the plan, the writes and every safety check live in
 :mod:`tpu_agent.migrate.api`, the numbers and formats in :mod:`tpu_agent.migrate.report`.

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,8 +15,10 @@ from tpu_agent.cli._options import EagerModeChoice, chip_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.profile.model import Diagnosis
 from tpu_agent.profile.options import DEFAULT_LOGDIR, DEFAULT_STEPS, DEFAULT_WARMUP, MAX_STEPS, MAX_WARMUP
+
+if TYPE_CHECKING:  # the model (and the runtime's event types) load only when a profile command runs
+    from tpu_agent.profile.model import Diagnosis
 
 REPORT_FORMATS = (OutputFormat.text, OutputFormat.json, OutputFormat.markdown, OutputFormat.html)
 
@@ -73,7 +76,9 @@ def _emit(diagnosis: Diagnosis, output_format: OutputFormat, output: Path | None
 
     if output_format not in REPORT_FORMATS:
         raise TpuAgentError(
-            "bad-format", f"profile reports are text, json, markdown or html, not {output_format.value}", "use --format json"
+            "bad-format",
+            f"profile reports are text, json, markdown or html, not {output_format.value}",
+            "use --format json",
         )
     if output is not None:
         atomic_write_text(output, render(diagnosis, output_format.value))
@@ -89,9 +94,13 @@ def _emit(diagnosis: Diagnosis, output_format: OutputFormat, output: Path | None
 
 @handles_errors
 def profile(
-    command: list[str] = typer.Argument(..., metavar="SCRIPT [ARGS]...", help="Script path (or module with -m) and its arguments."),
+    command: list[str] = typer.Argument(
+        ..., metavar="SCRIPT [ARGS]...", help="Script path (or module with -m) and its arguments."
+    ),
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, max=MAX_STEPS, help="Steps to measure (after the warm-up)."),
+    steps: int = typer.Option(
+        DEFAULT_STEPS, "--steps", min=1, max=MAX_STEPS, help="Steps to measure (after the warm-up)."
+    ),
     warmup: int = typer.Option(
         DEFAULT_WARMUP, "--warmup", min=0, max=MAX_WARMUP, help="Steps to run before measuring (compiles, cache fills)."
     ),
@@ -99,7 +108,9 @@ def profile(
     chip: str = chip_option(purpose="TPU to emulate and estimate for"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks on this host."),
     eager_mode: EagerModeChoice | None = typer.Option(None, "--eager-mode", help="strict | debug | defer-and-fuse."),  # type: ignore[valid-type]
-    output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."),
+    output_format: OutputFormat = typer.Option(
+        OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
 ) -> None:
@@ -117,20 +128,29 @@ def profile(
         timeout_s=timeout,
     )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
-    with _script_output_to_stderr(output is None and output_format != OutputFormat.text), console_err.status("profiling...") as status:
+    with (
+        _script_output_to_stderr(output is None and output_format != OutputFormat.text),
+        console_err.status("profiling...") as status,
+    ):
         result = run_profile(target, options, progress=lambda message: status.update(message))
     _emit(result.report, output_format, output)
     if result.exit_code != 0:
-        console_err.print(f"[yellow]note[/]: {command[0]} exited with code {result.exit_code}; the report covers what ran.")
+        console_err.print(
+            f"[yellow]note[/]: {command[0]} exited with code {result.exit_code}; the report covers what ran."
+        )
     if result.exit_code != 0 or result.report.has_errors:
         raise typer.Exit(int(ExitCode.FINDINGS))
 
 
 @handles_errors
 def diagnose(
-    logdir: Path = typer.Argument(..., help="A tpu-agent profile logdir, an XProf logdir/session, or an .xplane.pb file."),
+    logdir: Path = typer.Argument(
+        ..., help="A tpu-agent profile logdir, an XProf logdir/session, or an .xplane.pb file."
+    ),
     chip: str | None = chip_option(None, purpose="Estimate for this TPU instead of the captured one"),
-    output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."),
+    output_format: OutputFormat = typer.Option(
+        OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
 ) -> None:
     from tpu_agent.profile.api import diagnose as run_diagnose

@@ -112,9 +112,13 @@ def _print_tables(records: list[dict[str, Any]]) -> None:
 
 def rules(
     code: str | None = typer.Argument(
-        None, help="A rule or diagnostic code to explain, e.g. TPU101 or HS-1. Omit to list them all.", show_default=False
+        None,
+        help="A rule or diagnostic code to explain, e.g. TPU101 or HS-1. Omit to list them all.",
+        show_default=False,
     ),
-    output_format: RulesFormat = typer.Option(RulesFormat.text, "--format", "-f", help="text for people, json for agents."),
+    output_format: RulesFormat = typer.Option(
+        RulesFormat.text, "--format", "-f", help="text for people, json for agents."
+    ),
 ) -> None:
     records = _records()
     if code is not None:

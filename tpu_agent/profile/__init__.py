@@ -10,6 +10,6 @@ The one name user code needs is :func:`step`, for loops without an optimizer::
 Everything else lives in :mod:`tpu_agent.profile.api`.
 """
 
-from tpu_agent.profile.capture import step
+from tpu_agent.profile.marker import step
 
 __all__ = ["step"]

@@ -21,9 +21,9 @@ from pathlib import Path
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.profile import capture, kineto, xplane
+from tpu_agent.profile import kineto, xplane
 from tpu_agent.profile.estimate import estimate
-from tpu_agent.profile.layout import OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir, report_dir
+from tpu_agent.profile.layout import HOOK_SPEC, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir, report_dir
 from tpu_agent.profile.load import load_raw
 from tpu_agent.profile.model import Diagnosis, Finding, ProfileModel, RunConfig
 from tpu_agent.profile.options import ProfileOptions
@@ -37,6 +37,7 @@ from tpu_agent.runtime.envvars import EVENTS_DIR_ENV, HOOKS_ENV
 REPORT_FORMATS = ("json", "markdown", "html")
 _EXTENSIONS = {"json": "json", "markdown": "md", "html": "html", "text": "txt"}
 ANNOTATED_SUFFIX = "_tpu-agent"
+POLL_S = 0.25  # how often the preloader looks for a finished trace: often enough to finish before the script
 
 
 @dataclass
@@ -96,12 +97,18 @@ def _diagnose_own(logdir: Path, root: Path, chip: str | None) -> Diagnosis:
         model.config.chip = get_chip(chip)
     with reading(raw, "the capture"):  # values of the right type can still contradict each other
         diagnosis = _analyse(logdir, model)
-    name = safe_name(model.config.session, raw / OPTIONS_FILE, "session") if model.config.session else xplane.session_name()
+    name = (
+        safe_name(model.config.session, raw / OPTIONS_FILE, "session")
+        if model.config.session
+        else xplane.session_name()
+    )
     session = logdir / "plugins" / "profile" / name
     confined(root, session)
     _drop_xprof_caches(session, root)
     with reading(raw, "the capture"):  # e.g. timestamps an XSpace cannot hold
-        diagnosis.xplane_paths = xplane.write_session(session, model.ranks.values(), diagnosis.findings, model.config.world_size)
+        diagnosis.xplane_paths = xplane.write_session(
+            session, model.ranks.values(), diagnosis.findings, model.config.world_size
+        )
     return diagnosis
 
 
@@ -160,7 +167,9 @@ def _log_root(logdir: Path) -> Path:
 def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosis:
     logdir = Path(logdir)
     if not logdir.exists():
-        raise TpuAgentError("no-logdir", f"{logdir} does not exist", "pass the --logdir of an earlier `tpu-agent profile` run")
+        raise TpuAgentError(
+            "no-logdir", f"{logdir} does not exist", "pass the --logdir of an earlier `tpu-agent profile` run"
+        )
     root = _log_root(logdir)
     if logdir.is_dir() and raw_dir(logdir).is_dir():
         with kineto.gc_paused():  # the op model and its XSpace: ~10^5 acyclic objects built in one go
@@ -170,7 +179,8 @@ def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosi
         if not files:
             raise TpuAgentError(
                 "no-capture",
-                f"{logdir} holds neither a tpu-agent capture ({REPORT_DIR}/raw) nor any *.xplane.pb under plugins/profile/",
+                f"{logdir} holds neither a tpu-agent capture ({REPORT_DIR}/raw) nor any *.xplane.pb under "
+                "plugins/profile/",
                 "run `tpu-agent profile SCRIPT --logdir DIR` first, or point at a TensorBoard/XProf log directory",
             )
         diagnosis = _diagnose_xspace(files, root, chip)
@@ -223,7 +233,7 @@ class _OpsPreloader:
         self.thread = threading.Thread(target=self._run, name="tpu-agent-ops-preload", daemon=True)
 
     def _run(self) -> None:
-        while not self.stopped.wait(0.05):
+        while not self.stopped.wait(POLL_S):
             for path in self.raw.glob(TRACE_FILE.format(rank="*")):
                 if path not in self.seen:
                     self.seen.add(path)
@@ -240,7 +250,9 @@ class _OpsPreloader:
         self.thread.join()
 
 
-def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None = None) -> ProfileResult:
+def profile(
+    target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None = None
+) -> ProfileResult:
     """Run ``target`` on the runtime with profiling on, then diagnose the capture.
 
     The script's own exit code is returned in the result; a capture with no data at all is an error.
@@ -248,7 +260,7 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
     options.check()
     logdir = Path(options.logdir)
     raw = _prepare_logdir(logdir, target, options)
-    hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), capture.HOOK_SPEC) if h)
+    hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
     # The capture hook reads its window from options.json in the event directory: its one source of settings.
     env = {**options.env, EVENTS_DIR_ENV: str(raw.resolve()), HOOKS_ENV: hooks}
     if progress:
@@ -256,7 +268,13 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
     with _OpsPreloader(raw):
         exit_code = launch(
             target,
-            RunOptions(nproc=options.nproc, chip=options.chip, eager_mode=options.eager_mode, env=env, timeout_s=options.timeout_s),
+            RunOptions(
+                nproc=options.nproc,
+                chip=options.chip,
+                eager_mode=options.eager_mode,
+                env=env,
+                timeout_s=options.timeout_s,
+            ),
         )
     if progress:
         progress("analysing the capture")
@@ -272,7 +290,11 @@ def profile(target: LaunchTarget, options: ProfileOptions, progress: Callable[[s
             ) from error
         raise
     return ProfileResult(
-        logdir=logdir, exit_code=exit_code, xplane_paths=diagnosis.xplane_paths, findings=diagnosis.findings, report=diagnosis
+        logdir=logdir,
+        exit_code=exit_code,
+        xplane_paths=diagnosis.xplane_paths,
+        findings=diagnosis.findings,
+        report=diagnosis,
     )
 
 

@@ -22,7 +22,8 @@ def estimate(model: ProfileModel) -> Estimate:
     bandwidth = chip.hbm_bandwidth_per_device
     assumptions = [
         f"{chip.device_name}: peak {peak / 1e12:.0f} TFLOP/s bf16 and {bandwidth / 1e9:.0f} GB/s HBM per device",
-        "FLOPs counted for matmuls and convolutions from recorded shapes (2*M*K*N); other ops counted as memory traffic only",
+        "FLOPs counted for matmuls and convolutions from recorded shapes (2*M*K*N); other ops counted as memory "
+        "traffic only",
         "every matmul assumed at bf16 peak (fp32 at XLA default precision); no MXU padding losses (see SH-2)",
         "eager: each op reads its inputs and writes its output through HBM; fused: only matmul traffic remains",
         "host dispatch, input pipeline, collectives and compilation are not included",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+HOOK_SPEC = "tpu_agent.profile.capture:install"  # what TPU_AGENT_HOOKS names in every profiled rank
 REPORT_DIR = "tpu-agent"  # next to plugins/ in the log directory: reports and raw files
 RAW_DIR = "raw"
 OPTIONS_FILE = "options.json"

@@ -18,7 +18,7 @@ from typing import Any
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
-from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir
+from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, TRACE_FILE
 from tpu_agent.profile.model import (
     DataLoaderInfo,
     DataWait,
@@ -119,10 +119,16 @@ def _load_rank(directory: Path, rank_id: int, events: list[ev.Event]) -> RankPro
     if trace_path.exists():
         with reading(trace_path, "the torch.profiler trace"):
             rank.ops = kineto.read_ops(trace_path)
-        _checked(trace_path, "the torch.profiler trace", rank.ops)
+        bad = next((op for op in rank.ops if not kineto.well_typed(op)), None)
+        if bad is not None:
+            raise damaged(
+                trace_path, f"the torch.profiler trace holds an op with a value of the wrong type: {bad!r:.200}"
+            )
         rank.has_op_trace = bool(rank.ops)
         if rank.ops and rank.window is not None:
-            in_trace = [s.index for s in rank.steps if s.start_ns <= rank.ops[-1].start_ns and s.end_ns >= rank.ops[0].start_ns]
+            in_trace = [
+                s.index for s in rank.steps if s.start_ns <= rank.ops[-1].start_ns and s.end_ns >= rank.ops[0].start_ns
+            ]
             if in_trace:
                 rank.window = (max(rank.window[0], min(in_trace)), min(rank.window[1], max(in_trace)))
     _assign_steps(rank)
@@ -141,21 +147,31 @@ def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None
         rank.forward_site = _site(record.get("forward_site"))
         rank.module_types = [str(t) for t in record.get("module_types", [])]
         rank.weights = [
-            Weight(w["module"], w["module_type"], tuple(w["shape"]), w["dtype"], _site(w.get("site"))) for w in record.get("weights", [])
+            Weight(w["module"], w["module_type"], tuple(w["shape"]), w["dtype"], _site(w.get("site")))
+            for w in record.get("weights", [])
         ]
         rank.dataloaders = [
             DataLoaderInfo(d["batch_size"], d["num_workers"], d["drop_last"], d["dataset_len"], _site(d.get("site")))
             for d in record.get("dataloaders", [])
         ]
         rank.warnings.extend(str(w) for w in record.get("warnings", []))
-        rank.data_waits = [DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"]) for w in record.get("data_waits", [])]
+        rank.data_waits = [
+            DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"])
+            for w in record.get("data_waits", [])
+        ]
         memory = record.get("memory")
         if memory is not None and not (
-            isinstance(memory, dict) and all(isinstance(memory.get(k), int) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+            isinstance(memory, dict)
+            and all(isinstance(memory.get(k), int) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
         ):
             raise ValueError("memory needs integer param_bytes, grad_bytes and optimizer_bytes")
     sites = [s for s in (rank.step_site, rank.forward_site) if s is not None]
-    for what, items in (("a weight", rank.weights), ("a DataLoader", rank.dataloaders), ("a data wait", rank.data_waits), ("a site", sites)):
+    for what, items in (
+        ("a weight", rank.weights),
+        ("a DataLoader", rank.dataloaders),
+        ("a data wait", rank.data_waits),
+        ("a site", sites),
+    ):
         _checked(path, f"{what} entry", items)
 
 
@@ -198,5 +214,4 @@ def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileMod
     return ProfileModel(config=config, ranks=ranks)
 
 
-# REPORT_DIR and raw_dir are read through this module by the MCP server; their home is profile.layout.
-__all__ = ["REPORT_DIR", "load_raw", "raw_dir", "steps_from_markers"]
+__all__ = ["load_raw", "steps_from_markers"]

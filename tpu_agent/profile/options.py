@@ -33,10 +33,14 @@ class ProfileOptions:
         """Refuse a window that measures nothing or cannot be analysed, and an unknown chip."""
         if not 1 <= self.steps <= MAX_STEPS:
             raise TpuAgentError(
-                "bad-steps", f"--steps must be between 1 and {MAX_STEPS} (got {self.steps})", f"measure {DEFAULT_STEPS} steps"
+                "bad-steps",
+                f"--steps must be between 1 and {MAX_STEPS} (got {self.steps})",
+                f"measure {DEFAULT_STEPS} steps",
             )
         if not 0 <= self.warmup <= MAX_WARMUP:
             raise TpuAgentError(
-                "bad-warmup", f"--warmup must be between 0 and {MAX_WARMUP} (got {self.warmup})", f"use --warmup {DEFAULT_WARMUP}"
+                "bad-warmup",
+                f"--warmup must be between 0 and {MAX_WARMUP} (got {self.warmup})",
+                f"use --warmup {DEFAULT_WARMUP}",
             )
         get_chip(self.chip)

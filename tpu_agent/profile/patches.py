@@ -30,7 +30,8 @@ def display_path(path: str) -> str:
 
 
 def _diff(path: str, before: list[str], after: list[str]) -> str | None:
-    """Unified diff; ``a/``/``b/`` prefixes for relative paths (``git apply``), none for absolute ones (``patch -p0``)."""
+    """Unified diff; ``a/``/``b/`` prefixes for relative paths (``git apply``), none for absolute ones
+    (``patch -p0``)."""
     if before == after:
         return None
     name = display_path(path)
@@ -117,7 +118,9 @@ def add_call_kwargs(path: str, line: int, callee: str, kwargs: dict[str, str]) -
     return None
 
 
-def _finish_call_edit(path: str, lines: list[str], first: int, row: int, col: int, kwargs: dict[str, str]) -> str | None:
+def _finish_call_edit(
+    path: str, lines: list[str], first: int, row: int, col: int, kwargs: dict[str, str]
+) -> str | None:
     new_lines = list(lines)
     pending = dict(kwargs)
     for index in range(first, row + 1):
@@ -199,3 +202,20 @@ def line_text(path: str, line: int) -> str:
     """The source text of ``line`` (empty when unreadable), for messages and pattern checks."""
     lines = _read(path)
     return lines[line - 1].strip() if lines and 1 <= line <= len(lines) else ""
+
+
+def insert_after_statement(path: str, line: int, statement: str) -> str | None:
+    """Add ``statement`` after the statement starting at ``line``, at its indentation (inside the body when
+    that statement opens a block, e.g. ``for tokens in loader:``)."""
+    lines = _read(path)
+    if lines is None or not 1 <= line <= len(lines):
+        return None
+    end = _statement_end(lines, line - 1)
+    indent = _indent(lines[line - 1])
+    if lines[end].split("#", 1)[0].rstrip().endswith(":"):
+        body = next((text for text in lines[end + 1 :] if text.strip()), "")
+        indent = _indent(body) if len(_indent(body)) > len(indent) else indent + "    "
+    new_line = f"{indent}{statement}\n"
+    if end + 1 < len(lines) and lines[end + 1].strip() == statement.strip():
+        return None
+    return _diff(path, lines, lines[: end + 1] + [new_line] + lines[end + 1 :])

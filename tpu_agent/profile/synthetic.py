@@ -41,14 +41,26 @@ def _step_ops(start: int, batch: int, hidden: int, out: int) -> list[Op]:
     return ops
 
 
-def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, batch: int = 64, hidden: int = 200, out: int = 100) -> Path:
+def write_capture(
+    logdir: Path, steps: int = 1000, script: Path | None = None, batch: int = 64, hidden: int = 200, out: int = 100
+) -> Path:
     """Write a ``steps``-step capture under ``logdir`` and return its raw directory."""
     raw = raw_dir(logdir)
     raw.mkdir(parents=True, exist_ok=True)
     script_path = str(script or logdir / "train.py")
     site = {name: ev.Site(script_path, line, "<module>") for name, line in SCRIPT_LINES.items()}
     records: list[ev.Event] = [
-        ev.RunInfo(BASE_NS, 0, 0, backend="emulated", chip="v5e", eager_mode="DEFER_NEVER", world_size=1, argv=[script_path], env={})
+        ev.RunInfo(
+            BASE_NS,
+            0,
+            0,
+            backend="emulated",
+            chip="v5e",
+            eager_mode="DEFER_NEVER",
+            world_size=1,
+            argv=[script_path],
+            env={},
+        )
     ]
     ops: list[Op] = []
     warmup = 2
@@ -61,9 +73,17 @@ def write_capture(logdir: Path, steps: int = 1000, script: Path | None = None, b
         records.append(ev.StepMarker(start + STEP_NS, 0, index, phase="end", source="optimizer"))
         if index >= warmup:
             ops.extend(_step_ops(start, batch, hidden, out))
-    (raw / ev.EVENTS_FILE_PATTERN.format(rank=0)).write_text("\n".join(ev.to_json(r) for r in records) + "\n", encoding="utf-8")
+    (raw / ev.EVENTS_FILE_PATTERN.format(rank=0)).write_text(
+        "\n".join(ev.to_json(r) for r in records) + "\n", encoding="utf-8"
+    )
     (raw / TRACE_FILE.format(rank=0)).write_text(json.dumps(trace_document(ops, BASE_NS)), encoding="utf-8")
-    weight = {"module": "fc1", "module_type": "Linear", "shape": [hidden, hidden], "dtype": "float32", "site": asdict(site["weight"])}
+    weight = {
+        "module": "fc1",
+        "module_type": "Linear",
+        "shape": [hidden, hidden],
+        "dtype": "float32",
+        "site": asdict(site["weight"]),
+    }
     record = {
         "rank": 0,
         "host": "synthetic",

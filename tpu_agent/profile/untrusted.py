@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,17 @@ from tpu_agent.errors import ExitCode, TpuAgentError
 DAMAGED_HINT = "re-run `tpu-agent profile` to capture again, or point diagnose at an undamaged log directory"
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _INT_LIMIT = 2**63  # what a protobuf int64 or a timestamp in ns can hold; larger is damage, not data
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError, RecursionError, DecodeError)
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    DecodeError,
+)
 
 
 def damaged(path: Path, what: str) -> TpuAgentError:
@@ -43,7 +54,9 @@ def reading(path: Path, what: str) -> Iterator[None]:
         raise dataclasses.replace(error, message=f"{path}: {error.message}") from None
     except _READ_ERRORS as error:
         detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        raise damaged(path, f"{what} is damaged or not what tpu-agent wrote ({type(error).__name__}: {detail})") from None
+        raise damaged(
+            path, f"{what} is damaged or not what tpu-agent wrote ({type(error).__name__}: {detail})"
+        ) from None
 
 
 def safe_name(value: object, path: Path, field: str) -> str:
@@ -72,41 +85,58 @@ def confined(root: Path, path: Path) -> Path:
     return resolved
 
 
-def conforms(value: Any, annotation: Any) -> bool:
-    """Whether a value parsed from JSON matches a dataclass field's type (``int | None``, ``dict[str, int]``...)."""
+Checker = Callable[[Any], bool]
+
+
+def _int(value: Any) -> bool:
+    return type(value) is int and -_INT_LIMIT < value < _INT_LIMIT
+
+
+def _float(value: Any) -> bool:
+    return (type(value) is float and math.isfinite(value) and abs(value) < 1e300) or _int(value)
+
+
+_SIMPLE: dict[Any, Checker] = {
+    int: _int,
+    float: _float,
+    bool: lambda value: type(value) is bool,
+    str: lambda value: type(value) is str,
+    type(None): lambda value: value is None,
+    Any: lambda value: True,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def checker(annotation: Any) -> Checker:
+    """A function telling whether a value parsed from JSON has a dataclass field's type (``int | None``,
+    ``list[list[int]]``, ``dict[str, int]``, a nested dataclass), built once per type: a capture holds
+    ~10^5 records, and walking ``typing`` objects for each would cost more than the analysis."""
+    if annotation in _SIMPLE:
+        return _SIMPLE[annotation]
     origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if annotation is type(None):
-        return value is None
+    args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        return any(conforms(value, arg) for arg in typing.get_args(annotation))
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool) and -_INT_LIMIT < value < _INT_LIMIT
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and abs(value) < 1e300
-    if annotation is str:
-        return isinstance(value, str)
+        options = tuple(checker(arg) for arg in args)
+        return lambda value: any(check(value) for check in options)
     if origin in (list, tuple):
-        args = typing.get_args(annotation)
-        item = args[0] if args else Any
-        return isinstance(value, (list, tuple)) and all(conforms(v, item) for v in value)
+        item = checker(args[0]) if args else _SIMPLE[Any]
+        return lambda value: isinstance(value, (list, tuple)) and all(item(v) for v in value)
     if origin is dict:
-        key, item = typing.get_args(annotation) or (Any, Any)
-        return isinstance(value, dict) and all(conforms(k, key) and conforms(v, item) for k, v in value.items())
-    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
-        return isinstance(value, annotation) and valid_dataclass(value)
-    return isinstance(value, annotation) if isinstance(annotation, type) else True
+        key, item = (checker(args[0]), checker(args[1])) if args else (_SIMPLE[Any], _SIMPLE[Any])
+        return lambda value: isinstance(value, dict) and all(key(k) and item(v) for k, v in value.items())
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return lambda value: isinstance(value, annotation) and valid_dataclass(value)
+    if isinstance(annotation, type):
+        return lambda value: isinstance(value, annotation)
+    return _SIMPLE[Any]
 
 
-_hints: dict[type, dict[str, Any]] = {}
+@functools.lru_cache(maxsize=None)
+def _field_checkers(cls: type) -> tuple[tuple[str, Checker], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, checker(hints[f.name])) for f in dataclasses.fields(cls) if f.name in hints)
 
 
 def valid_dataclass(obj: Any) -> bool:
     """Every field of a dataclass instance built from untrusted data has its declared type."""
-    cls = type(obj)
-    if cls not in _hints:
-        _hints[cls] = typing.get_type_hints(cls)
-    return all(conforms(getattr(obj, f.name), _hints[cls][f.name]) for f in dataclasses.fields(obj) if f.name in _hints[cls])
+    return all(check(getattr(obj, name)) for name, check in _field_checkers(type(obj)))

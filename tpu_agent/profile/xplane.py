@@ -78,7 +78,17 @@ class _PlaneBuilder:
             self.stat_ids[name] = new_id
         return self.stat_ids[name]
 
-    def add_line(self, line_id: int, name: str, events: Iterable[TimelineEvent], origin_ns: int | None = None) -> Any:
+    def add_line(
+        self,
+        line_id: int,
+        name: str,
+        events: Iterable[TimelineEvent],
+        origin_ns: int | None = None,
+        intern: bool = False,
+    ) -> Any:
+        """One XLine; ``intern`` stores string stats as references to stat metadata, as XProf's own writer does
+        for the op lines (thousands of events repeating a few op names, shapes and dtypes: a third less to
+        build and write). Lines people read through other tools (runtime, diagnostics) keep plain strings."""
         ordered = sorted(events, key=lambda e: (e.start_ns, -e.duration_ns))
         line = self.plane.lines.add(id=line_id, display_id=line_id, name=name, display_name=name)
         if not ordered:
@@ -89,7 +99,9 @@ class _PlaneBuilder:
         add_event, event_id, stat_id = line.events.add, self._event_id, self._stat_id
         for item in ordered:
             event = add_event(
-                metadata_id=event_id(item.name), offset_ps=(item.start_ns - base) * 1000, duration_ps=max(item.duration_ns, 0) * 1000
+                metadata_id=event_id(item.name),
+                offset_ps=(item.start_ns - base) * 1000,
+                duration_ps=max(item.duration_ns, 0) * 1000,
             )
             if item.start_ns + item.duration_ns > end:
                 end = item.start_ns + item.duration_ns
@@ -99,6 +111,8 @@ class _PlaneBuilder:
                     add_stat(metadata_id=stat_id(key), int64_value=int(value))
                 elif isinstance(value, float):
                     add_stat(metadata_id=stat_id(key), double_value=value)
+                elif intern:
+                    add_stat(metadata_id=stat_id(key), ref_value=stat_id(str(value)))
                 else:
                     add_stat(metadata_id=stat_id(key), str_value=str(value))
         line.duration_ps = (end - base) * 1000
@@ -124,7 +138,10 @@ def _op_events(ops: Iterable[Op]) -> dict[int, list[TimelineEvent]]:
 
 
 def _step_events(steps: Iterable[Step]) -> list[TimelineEvent]:
-    return [TimelineEvent(f"ProfilerStep#{s.index}", s.start_ns, s.duration_ns, {"step_num": s.index, "_r": 1}) for s in steps]
+    return [
+        TimelineEvent(f"ProfilerStep#{s.index}", s.start_ns, s.duration_ns, {"step_num": s.index, "_r": 1})
+        for s in steps
+    ]
 
 
 def _site_text(site: ev.Site | None) -> str:
@@ -162,12 +179,19 @@ def runtime_events(rank: RankProfile) -> list[TimelineEvent]:
             items.append(TimelineEvent("graph break", event.time_ns, 1000, {**stats, "reason": event.reason}))
         elif isinstance(event, ev.Collective):
             items.append(
-                TimelineEvent(event.op, event.time_ns - event.duration_ns, max(event.duration_ns, 1000), {**stats, "bytes": event.bytes})
+                TimelineEvent(
+                    event.op,
+                    event.time_ns - event.duration_ns,
+                    max(event.duration_ns, 1000),
+                    {**stats, "bytes": event.bytes},
+                )
             )
         elif isinstance(event, ev.FallbackOp):
             items.append(TimelineEvent(f"cpu fallback {event.op}", event.time_ns, 1000, stats))
     for wait in rank.data_waits:
-        items.append(TimelineEvent("DataLoader wait", wait.time_ns, wait.duration_ns, {"source": _site_text(wait.site)}))
+        items.append(
+            TimelineEvent("DataLoader wait", wait.time_ns, wait.duration_ns, {"source": _site_text(wait.site)})
+        )
     return items
 
 
@@ -198,14 +222,16 @@ def build_xspace(rank: RankProfile, findings: Iterable[Finding]) -> Any:
     main_thread = max(threads, key=lambda t: len(threads[t])) if threads else 1
     threads.setdefault(main_thread, []).extend(_step_events(window))
     for line_id, (thread, items) in enumerate(sorted(threads.items()), start=1):
-        builder.add_line(line_id, f"python thread {thread}", items)
+        builder.add_line(line_id, f"python thread {thread}", items, intern=True)
     origin = window[0].start_ns if window else (rank.ops[0].start_ns if rank.ops else time.time_ns())
     builder.add_line(len(threads) + 1, RUNTIME_LINE, runtime_events(rank))
     builder.add_line(len(threads) + 2, DIAGNOSTICS_LINE, finding_events(findings, origin))
     return space
 
 
-def write_session(session_dir: Path, ranks: Iterable[RankProfile], findings: list[Finding], world_size: int) -> list[Path]:
+def write_session(
+    session_dir: Path, ranks: Iterable[RankProfile], findings: list[Finding], world_size: int
+) -> list[Path]:
     """Write one ``.xplane.pb`` per rank into ``session_dir``; each rank's file carries its findings."""
     paths = []
     for rank in ranks:

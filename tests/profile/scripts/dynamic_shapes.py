@@ -9,7 +9,7 @@ optimizer = torch.optim.SGD(list(embed.parameters()) + list(head.parameters()), 
 generator = torch.Generator().manual_seed(0)
 for step in range(10):
     length = 32 + 7 * step  # a new sequence length every step
-    tokens = torch.randint(0, 1000, (8, length), generator=generator).to(device)
+    tokens = torch.randint(0, 1000, (8, length), generator=generator).to(device)  # CREATED: SH-1
     loss = head(embed(tokens)).square().mean()  # SEED: SH-1
     loss.backward()
     optimizer.step()

@@ -132,5 +132,25 @@ out["pinned"] = {
     "loader": [b.is_pinned() for b in batches] + [next(iter(loader_device))[0].is_pinned()],
     "non_blocking": same(pinned.to("tpu", non_blocking=True), host) and same(host.to("tpu").to("cpu", non_blocking=True), host),
 }
+
+
+def train_losses(device):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data, target = torch.randn(5, 6).to(device), torch.tensor([0, 2, 1, 1, 0]).to(device)
+    losses = []
+    for _ in range(4):  # the same op signatures every step: later steps are recorded from the shape cache
+        loss = F.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+from tpu_agent.runtime.emulated import shape_cache  # noqa: E402 - after activation, like user code
+
+out["repeated_steps"] = {"match_cpu": train_losses("tpu") == train_losses("cpu"), "cached_signatures": len(shape_cache._cache) > 0}
 out["device_count"] = torch.accelerator.device_count()
 print(json.dumps(out))

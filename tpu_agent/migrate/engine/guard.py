@@ -111,39 +111,40 @@ def _too_deep(tree: ast.AST, limit: int) -> ast.AST | None:
 def _assess_tokens(source: str, line: int, message: str) -> Assessment:
     """For text the stdlib parser rejects: in-process only when the tokens show shallow, short statements."""
     reason = f"code the stdlib parser rejects at line {line} ({message})"
-    try:
-        depth, depth_line, longest = _token_shape(source)
-    except (tokenize.TokenError, SyntaxError, RecursionError, MemoryError):
-        return Assessment(None, True, line, reason)
+    depth, depth_line, longest = _token_shape(source)
     if depth > SAFE_BRACKET_DEPTH:
         return Assessment(None, True, depth_line, f"brackets nested {depth} levels deep")
     return Assessment(None, longest > SAFE_LOGICAL_LINE_TOKENS, line, reason)
 
 
 def _token_shape(source: str) -> tuple[int, int, int]:
-    """(deepest bracket nesting, its line, most tokens in one logical line) from the tokenizer."""
+    """(deepest bracket nesting, its line, most tokens in one logical line) from the tokenizer.
+
+    The tokenizer is a flat loop (it cannot recurse into trouble); where it stops on an error (an unclosed
+    bracket at the end of the file), the shape of what it read so far is the answer.
+    """
     depth = deepest = deepest_line = tokens = longest = 0
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.OP and token.string in "([{":
-            depth += 1
-            if depth > deepest:
-                deepest, deepest_line = depth, token.start[0]
-        elif token.type == tokenize.OP and token.string in ")]}":
-            depth = max(0, depth - 1)
-        if token.type == tokenize.NEWLINE:
-            tokens = 0
-        else:
-            tokens += 1
-            longest = max(longest, tokens)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.OP and token.string in "([{":
+                depth += 1
+                if depth > deepest:
+                    deepest, deepest_line = depth, token.start[0]
+            elif token.type == tokenize.OP and token.string in ")]}":
+                depth = max(0, depth - 1)
+            if token.type == tokenize.NEWLINE:
+                tokens = 0
+            else:
+                tokens += 1
+                longest = max(longest, tokens)
+    except (tokenize.TokenError, SyntaxError):
+        pass
     return deepest, deepest_line, longest
 
 
 def _deepest_line(source: str) -> int:
     """The line where brackets nest deepest, else where the longest statement starts (for error messages)."""
-    try:
-        depth, line, _ = _token_shape(source)
-    except (tokenize.TokenError, SyntaxError, RecursionError, MemoryError):
-        return 1
+    depth, line, _ = _token_shape(source)
     if depth > 1:
         return line
     longest = max(enumerate(source.splitlines(), start=1), key=lambda item: len(item[1]), default=(1, ""))

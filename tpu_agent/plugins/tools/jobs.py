@@ -37,6 +37,7 @@ from tpu_agent.plugins.tools.args import (
 )
 from tpu_agent.plugins.tools.common import URI_SCHEME, ToolSpec, in_thread, server_state, tool_hints
 from tpu_agent.plugins.workspace import Workspace
+from tpu_agent.profile.options import DEFAULT_STEPS, DEFAULT_WARMUP, MAX_STEPS, MAX_WARMUP
 
 POLL_S = 0.5
 
@@ -115,7 +116,7 @@ def _judge_profile(job: Job) -> JobState | None:
     ``capture.exit_code`` (the script's own) tells them apart."""
     if job.exit_code != ExitCode.FINDINGS or job.artefact_dir is None:
         return None
-    from tpu_agent.profile.load import REPORT_DIR
+    from tpu_agent.profile.layout import REPORT_DIR
 
     report = job.artefact_dir / REPORT_DIR / "report.json"
     try:
@@ -217,8 +218,8 @@ async def tpu_profile(
     entrypoint: EntrypointArg,
     args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
     nproc: NprocArg = 1,
-    steps: Annotated[int, Field(ge=1, le=10_000, description="Steps to measure, after the warm-up.")] = 10,
-    warmup: Annotated[int, Field(ge=0, le=1_000, description="Steps run before measuring (compiles).")] = 2,
+    steps: Annotated[int, Field(ge=1, le=MAX_STEPS, description="Steps to measure, after the warm-up.")] = DEFAULT_STEPS,
+    warmup: Annotated[int, Field(ge=0, le=MAX_WARMUP, description="Steps run before measuring (compiles).")] = DEFAULT_WARMUP,
     chip: ChipArg = DEFAULT_CHIP,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     timeout_s: TimeoutArg = 1800,

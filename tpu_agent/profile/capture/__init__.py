@@ -19,11 +19,10 @@ reads it all back into the :class:`~tpu_agent.profile.model.ProfileModel`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,10 @@ from tpu_agent.profile.capture.host_syncs import HostSyncProbe
 from tpu_agent.profile.capture.modules import ModuleProbe
 from tpu_agent.profile.capture.steps import StepClock
 from tpu_agent.profile.capture.window import ProfilerWindow
-from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE
+from tpu_agent.profile.layout import CAPTURE_FILE, HOOK_SPEC, OPTIONS_FILE
+from tpu_agent.profile.marker import receive_steps
 from tpu_agent.profile.options import DEFAULT_STEPS, DEFAULT_WARMUP
 from tpu_agent.runtime import events as ev
-
-HOOK_SPEC = "tpu_agent.profile.capture:install"
 
 _active: _Recorder | None = None
 
@@ -99,24 +97,9 @@ def install() -> Callable[[], None] | None:
     steps, warmup = _window_settings(out_dir)
     recorder = _Recorder(out_dir, steps=steps, warmup=warmup)
     recorder.install()
+    receive_steps(recorder.clock)
     _active = recorder
     return recorder.finish
 
 
-@contextlib.contextmanager
-def step() -> Iterator[None]:
-    """Mark one step for scripts without an optimizer: ``with tpu_agent.profile.step(): ...``.
-
-    Outside ``tpu-agent profile`` this does nothing, so the annotation can stay in the code.
-    """
-    recorder = _active
-    if recorder is not None:
-        recorder.clock.begin("annotation")
-    try:
-        yield
-    finally:
-        if recorder is not None:
-            recorder.clock.end("annotation", ev.user_call_site(3))
-
-
-__all__ = ["HOOK_SPEC", "install", "step"]
+__all__ = ["HOOK_SPEC", "install"]

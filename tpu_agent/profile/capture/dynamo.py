@@ -9,30 +9,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from pathlib import Path
 
 from tpu_agent.profile.capture._probe import Probe
+from tpu_agent.profile.sources import function_at
 from tpu_agent.runtime import events as ev
 
 GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 RECOMPILE_LOGGER = "torch._dynamo.guards.__recompiles"
-_GRAPH_BREAK_RE = re.compile(r"Graph break.*? in user code at (?P<file>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)")
-_RECOMPILE_RE = re.compile(r"Recompiling function (?P<func>\S+) in (?P<file>.+?):(?P<line>\d+)\s+triggered by.*?- (?P<reason>[^\n]+)", re.S)
+_GRAPH_BREAK_RE = re.compile(
+    r"Graph break.*? in user code at (?P<file>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)"
+)
+_RECOMPILE_RE = re.compile(
+    r"Recompiling function (?P<func>\S+) in (?P<file>.+?):(?P<line>\d+)\s+triggered by.*?- (?P<reason>[^\n]+)",
+    re.DOTALL,
+)
 _EXPLANATION_RE = re.compile(r"Explanation: (.+)")
-_DEF_RE = re.compile(r"\s*(?:async\s+)?def\s+(\w+)")
-
-
-def function_at(filename: str, line: int) -> str:
-    """The name of the innermost ``def`` enclosing ``line`` (Dynamo's message names only file:line)."""
-    try:
-        lines = Path(filename).read_text(encoding="utf-8").splitlines()[:line]
-    except (OSError, UnicodeDecodeError):
-        return "<unknown>"
-    for text in reversed(lines):
-        match = _DEF_RE.match(text)
-        if match:
-            return match.group(1)
-    return "<module>"
 
 
 def on_dynamo_log(message: str) -> None:

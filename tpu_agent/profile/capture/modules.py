@@ -167,7 +167,9 @@ class ModuleProbe(Probe):
             for group in optimizer.param_groups:
                 params.update((id(p), p) for p in group["params"])
             for state in optimizer.state.values():
-                optimizer_tensors.update((id(v), v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+                optimizer_tensors.update(
+                    (id(v), v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+                )
         self.memory = {
             "param_bytes": _tensor_bytes(params.values()),
             "grad_bytes": _tensor_bytes(p.grad for p in params.values() if p.grad is not None),

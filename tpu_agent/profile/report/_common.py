@@ -41,7 +41,11 @@ def capture_warnings(data: dict[str, Any]) -> list[str]:
 
 def headline(data: dict[str, Any]) -> str:
     summary, capture, steps = data["summary"], data["capture"], data["step_time"]
-    step_text = f"median step {steps['median_ms']:.2f} ms over {steps['count']} steps" if steps.get("count") else "no steps measured"
+    step_text = (
+        f"median step {steps['median_ms']:.2f} ms over {steps['count']} steps"
+        if steps.get("count")
+        else "no steps measured"
+    )
     return (
         f"{capture['script'] or capture['logdir']} on {capture['chip']} ({capture['source']}, "
         f"eager mode {capture['eager_mode'] or 'unknown'}): {step_text}; {summary['errors']} error(s), "

@@ -23,7 +23,9 @@ svg text{font-size:11px;font-family:inherit}.muted{color:#666;font-size:.9em}
 _W, _H, _PAD = 900, 220, 48
 
 
-def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str], unit: str, highlight: list[bool]) -> str:
+def _bar_chart(
+    chart_id: str, title: str, values: list[float], labels: list[str], unit: str, highlight: list[bool]
+) -> str:
     """Vertical bars, one per value. The axis fits the highlighted (measured) bars; taller ones are clipped
     and drawn hatched-red, so a start-up step of seconds does not flatten the steps that matter."""
     if not values:
@@ -46,11 +48,16 @@ def _bar_chart(chart_id: str, title: str, values: list[float], labels: list[str]
         if len(labels) <= 40 or i % max(len(labels) // 20, 1) == 0
     )
     return (
-        f'<svg id="{chart_id}" role="img" aria-label="{escape(title)}" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}">'
+        f'<svg id="{chart_id}" role="img" aria-label="{escape(title)}" width="{_W}" height="{_H}" viewBox="0 0 {_W} '
+        f'{_H}">'
         f'<text x="{_PAD}" y="16" font-weight="600">{escape(title)}</text>'
         f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#888"/>'
-        f'<text x="{_PAD - 4}" y="{_PAD}" text-anchor="end">{top:.2f}</text><text x="{_PAD - 4}" y="{_H - _PAD}" text-anchor="end">0</text>'
-        f'<text x="{_PAD - 4}" y="{_PAD + 14}" text-anchor="end">{escape(unit)}</text>' + "".join(bars) + step_labels + "</svg>"
+        f'<text x="{_PAD - 4}" y="{_PAD}" text-anchor="end">{top:.2f}</text><text x="{_PAD - 4}" y="{_H - _PAD}" '
+        'text-anchor="end">0</text>'
+        f'<text x="{_PAD - 4}" y="{_PAD + 14}" text-anchor="end">{escape(unit)}</text>'
+        + "".join(bars)
+        + step_labels
+        + "</svg>"
     )
 
 
@@ -70,11 +77,13 @@ def _op_chart(ops: list[dict[str, Any]]) -> str:
         w = (_W - 360) * row["total_ms"] / top
         bars.append(
             f'<text x="250" y="{y + 13}" text-anchor="end">{escape(_short(row["name"]))}</text>'
-            f'<rect x="256" y="{y}" width="{w:.1f}" height="16" fill="#34a853"><title>{escape(row["name"])}: {row["total_ms"]:.3f} ms</title></rect>'
+            f'<rect x="256" y="{y}" width="{w:.1f}" height="16" fill="#34a853"><title>{escape(row["name"])}: '
+            f"{row['total_ms']:.3f} ms</title></rect>"
             f'<text x="{262 + w:.1f}" y="{y + 13}">{row["total_ms"]:.2f} ms ({row["share"]:.0%})</text>'
         )
     return (
-        f'<svg id="op-chart" role="img" aria-label="Host time by op" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}">'
+        f'<svg id="op-chart" role="img" aria-label="Host time by op" width="{_W}" height="{height}" viewBox="0 0 {_W} '
+        f'{height}">'
         f'<text x="8" y="14" font-weight="600">Host time by op (measured steps)</text>' + "".join(bars) + "</svg>"
     )
 
@@ -91,7 +100,8 @@ def _memory_chart(memory: dict[str, Any]) -> str:
         for p in points
     )
     return (
-        f'<svg id="memory-chart" role="img" aria-label="Memory over time" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}">'
+        f'<svg id="memory-chart" role="img" aria-label="Memory over time" width="{_W}" height="{_H}" viewBox="0 0 {_W} '
+        f'{_H}">'
         f'<text x="{_PAD}" y="16" font-weight="600">Allocated memory over time</text>'
         f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#888"/>'
         f'<text x="{_PAD - 4}" y="{_PAD}" text-anchor="end">{escape(human_bytes(top))}</text>'
@@ -110,10 +120,12 @@ def _finding_html(f: dict[str, Any]) -> str:
     )
     parts = [
         f'<div class="finding" data-rule="{escape(f["rule_id"])}">',
-        f'<h3><span class="sev-{escape(f["severity"])}">{escape(f["severity"].upper())}</span> {escape(f["rule_id"])}: {escape(f["title"])}</h3>',
+        f'<h3><span class="sev-{escape(f["severity"])}">{escape(f["severity"].upper())}</span> {escape(f["rule_id"])}: '
+        f"{escape(f['title'])}</h3>",
         f"<p><b>Where:</b> <code>{escape(location_text(f))}</code> &middot; <b>Estimated saving:</b> "
         f"{f['estimated_saving_pct']:.1f}% of step &middot; <b>Confidence:</b> {f['confidence']:.0%}</p>",
-        f"<p><b>Evidence:</b> {escape(evidence['metric'])} = {evidence['value']} (threshold {evidence['threshold']} {escape(evidence['unit'])})</p>",
+        f"<p><b>Evidence:</b> {escape(evidence['metric'])} = {evidence['value']} (threshold {evidence['threshold']} "
+        f"{escape(evidence['unit'])})</p>",
         code,
         f"<p>{escape(f['suggestion'])}</p>",
     ]
@@ -140,7 +152,8 @@ def render_html(data: dict[str, Any]) -> str:
     estimate = "".join(f"<p>{escape(line)}</p>" for line in estimate_lines(data["estimate"]))
     assumptions = "".join(f"<li>{escape(a)}</li>" for a in data["estimate"].get("assumptions", []))
     rules = "".join(
-        f"<tr><td>{escape(r['rule_id'])}</td><td>{escape(r['status'])}</td><td>{escape(r['reason'])}</td></tr>" for r in data["rules"]
+        f"<tr><td>{escape(r['rule_id'])}</td><td>{escape(r['status'])}</td><td>{escape(r['reason'])}</td></tr>"
+        for r in data["rules"]
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

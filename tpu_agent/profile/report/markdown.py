@@ -22,7 +22,8 @@ def render_markdown(data: dict[str, Any]) -> str:
             "",
             f"- where: `{location_text(f)}`"
             + (f": `{f['locations'][0]['code']}`" if f["locations"] and f["locations"][0].get("code") else ""),
-            f"- evidence: {f['evidence']['metric']} = {f['evidence']['value']} (threshold {f['evidence']['threshold']} {f['evidence']['unit']})",
+            f"- evidence: {f['evidence']['metric']} = {f['evidence']['value']} (threshold {f['evidence']['threshold']} "
+            f"{f['evidence']['unit']})",
             f"- estimated saving: {f['estimated_saving_pct']:.1f}% of step, confidence {f['confidence']:.0%}",
             "",
             f["suggestion"],
@@ -38,13 +39,15 @@ def render_markdown(data: dict[str, Any]) -> str:
         out += [
             "## Step time",
             "",
-            f"median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f} ms, max {steps['max_ms']:.3f} ms over {steps['count']} steps",
+            f"median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f} ms, max {steps['max_ms']:.3f} ms over "
+            f"{steps['count']} steps",
             "",
         ]
     if data["ops"]:
         out += ["## Top ops", "", "| op | calls | total ms | share | dtypes |", "|---|---:|---:|---:|---|"]
         out += [
-            f"| `{r['name']}` | {r['calls']} | {r['total_ms']:.3f} | {r['share']:.1%} | {_cell(','.join(r['dtypes']))} |"
+            f"| `{r['name']}` | {r['calls']} | {r['total_ms']:.3f} | {r['share']:.1%} | {_cell(','.join(r['dtypes']))} "
+            "|"
             for r in data["ops"][:15]
         ]
         out.append("")

@@ -39,22 +39,27 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
     if steps.get("count"):
         parts.append(
             Text(
-                f"Step time: median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f}, max {steps['max_ms']:.3f} ({steps['count']} steps)"
+                f"Step time: median {steps['median_ms']:.3f} ms, min {steps['min_ms']:.3f}, max {steps['max_ms']:.3f} "
+                f"({steps['count']} steps)"
             )
         )
     ops = Table(title="Top ops in the measured steps (host time)")
     for column in ("op", "calls", "total ms", "share", "dtypes"):
         ops.add_column(column)
     for row in data["ops"][:10]:
-        ops.add_row(row["name"], str(row["calls"]), f"{row['total_ms']:.3f}", f"{row['share']:.1%}", ",".join(row["dtypes"]))
+        ops.add_row(
+            row["name"], str(row["calls"]), f"{row['total_ms']:.3f}", f"{row['share']:.1%}", ",".join(row["dtypes"])
+        )
     if data["ops"]:
         parts.append(ops)
     memory = data["memory"]
     if "param_bytes" in memory:
         parts.append(
             Text(
-                f"Memory per device: params {human_bytes(memory['param_bytes'])}, grads {human_bytes(memory['grad_bytes'])}, "
-                f"optimizer {human_bytes(memory['optimizer_bytes'])}, activations {human_bytes(memory['activation_bytes'])}, "
+                f"Memory per device: params {human_bytes(memory['param_bytes'])}, grads "
+                f"{human_bytes(memory['grad_bytes'])}, "
+                f"optimizer {human_bytes(memory['optimizer_bytes'])}, activations "
+                f"{human_bytes(memory['activation_bytes'])}, "
                 f"peak {human_bytes(memory['peak_bytes'])} of {human_bytes(memory['hbm_bytes_per_device'])} HBM"
             )
         )
@@ -64,9 +69,13 @@ def renderables(data: dict[str, Any]) -> list[RenderableType]:
         parts.append(Text("Assumptions: " + "; ".join(estimate["assumptions"]), style="dim"))
     lacking = [r for r in data["rules"] if r["status"] == "insufficient_data"]
     if lacking:
-        parts.append(Text("Not enough data for: " + "; ".join(f"{r['rule_id']} ({r['reason']})" for r in lacking), style="dim"))
+        parts.append(
+            Text("Not enough data for: " + "; ".join(f"{r['rule_id']} ({r['reason']})" for r in lacking), style="dim")
+        )
     if data["capture"]["xplane_files"]:
-        parts.append(Text("XProf: tensorboard --logdir " + data["capture"]["logdir"] + "  (or: xprof --logdir ...)", style="dim"))
+        parts.append(
+            Text("XProf: tensorboard --logdir " + data["capture"]["logdir"] + "  (or: xprof --logdir ...)", style="dim")
+        )
     return parts
 
 

@@ -38,7 +38,9 @@ _MODULES = (
     "sd_data_parallel",
 )
 
-ALL_RULES: dict[str, DiagnosticRule] = {rule.id: rule for rule in (import_module(f"{__name__}.{name}").RULE for name in _MODULES)}
+ALL_RULES: dict[str, DiagnosticRule] = {
+    rule.id: rule for rule in (import_module(f"{__name__}.{name}").RULE for name in _MODULES)
+}
 
 _DATA_HINTS = {
     "steps": "no step boundaries were recorded",
@@ -54,7 +56,9 @@ def get_rule(rule_id: str) -> DiagnosticRule:
     try:
         return ALL_RULES[rule_id.upper()]
     except KeyError:
-        raise TpuAgentError("unknown-rule", f"unknown diagnostic rule {rule_id!r}", f"use one of: {', '.join(ALL_RULES)}") from None
+        raise TpuAgentError(
+            "unknown-rule", f"unknown diagnostic rule {rule_id!r}", f"use one of: {', '.join(ALL_RULES)}"
+        ) from None
 
 
 def run_rules(model: ProfileModel) -> tuple[list[Finding], list[RuleOutcome]]:
@@ -74,7 +78,9 @@ def run_rules(model: ProfileModel) -> tuple[list[Finding], list[RuleOutcome]]:
             outcomes.append(RuleOutcome(rule.id, Status.insufficient_data, str(why)))
             continue
         for finding in found:
-            finding.locations = [replace(loc, code=loc.code or line_text(loc.file, loc.line)) for loc in finding.locations]
+            finding.locations = [
+                replace(loc, code=loc.code or line_text(loc.file, loc.line)) for loc in finding.locations
+            ]
         findings.extend(found)
         outcomes.append(RuleOutcome(rule.id, Status.finding if found else Status.ok, "", len(found)))
     findings.sort(key=lambda f: (f.category != "capture", f.severity.rank, -f.estimated_saving_pct, f.rule_id))

@@ -44,7 +44,8 @@ def sync_findings(rule: DiagnosticRule, model: ProfileModel, ops: frozenset[str]
         change = accumulation_fix(site) if "item" in kinds else None
         if change is None:
             change = AgentChange(
-                f"Move the `{'/'.join(kinds)}` call at {patches.display_path(site.file)}:{site.line} out of the step, or "
+                f"Move the `{'/'.join(kinds)}` call at {patches.display_path(site.file)}:{site.line} out of the step, "
+                "or "
                 "run it every N steps (`if step % 100 == 0:`); keep the value as a tensor until then."
             )
         code = patches.line_text(site.file, site.line)

@@ -30,7 +30,8 @@ RULE = DiagnosticRule(
     severity=Severity.error,
     rationale="Every per-step statistic (step time, syncs per step, shapes per step) needs step boundaries.",
     before="for batch in loader:\n    out = model(batch)",
-    after="import tpu_agent.profile\nfor batch in loader:\n    with tpu_agent.profile.step():\n        out = model(batch)",
+    after="import tpu_agent.profile\nfor batch in loader:\n    with tpu_agent.profile.step():\n        out = "
+    "model(batch)",
     reference="docs/tpu-performance.md#capture-validity",
     requires=(),
     check=_check,

@@ -22,7 +22,9 @@ def _check(model: ProfileModel) -> list[Finding]:
     ratio = window[0].duration_ns / rest if rest else 0.0
     first_compiles = [e for e in in_window(rank, rank.events) if isinstance(e, ev.Compile) and not e.is_recompile]
     later_max = max(s.duration_ns for s in window[1:])
-    slow_first = ratio > RATIO and window[0].duration_ns - rest > MIN_EXCESS_NS and window[0].duration_ns > 2 * later_max
+    slow_first = (
+        ratio > RATIO and window[0].duration_ns - rest > MIN_EXCESS_NS and window[0].duration_ns > 2 * later_max
+    )
     if not slow_first and not first_compiles:
         return []
     extra = (model.config.requested_warmup or 0) + 1

@@ -42,7 +42,8 @@ def _check(model: ProfileModel) -> list[Finding]:
                 f"Graph break at {patches.display_path(site.file)}:{site.line} ({code or site.function}): {reason}",
                 Evidence("graph breaks", sum(1 for e in events if e.reason == reason), 0, "breaks"),
                 [Location.from_site(site)],
-                "The compiled function is split into several XLA programs with host round trips between them. Dynamo's reason: " + reason,
+                "The compiled function is split into several XLA programs with host round trips between them. Dynamo's "
+                "reason: " + reason,
                 agent_change=_fix(site, reason),
                 saving_pct=10.0,
                 confidence=0.8,
@@ -61,7 +62,8 @@ RULE = DiagnosticRule(
     rationale="Each break ends one XLA graph and starts another, with a host round trip and no fusion across it.",
     before='@torch.compile(backend="tpu")\ndef step(x):\n    print("loss", loss)',
     after='@torch.compile(backend="tpu")\ndef step(x):\n    ...  # log outside, every N steps',
-    reference="docs/tpu-performance.md#compilation; https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    reference="docs/tpu-performance.md#compilation; "
+    "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
     requires=(HOOKS,),
     check=_check,
 )

@@ -37,9 +37,13 @@ def _check(model: ProfileModel) -> list[Finding]:
         region = f"the step function `{site.function}`"
     else:
         model_class = rank.module_types[0] if rank.module_types else "the model"
-        region = f"the {model_class} model (called at {patches.display_path(site.file)}:{(rank.forward_site or site).line})"
+        region = (
+            f"the {model_class} model (called at {patches.display_path(site.file)}:{(rank.forward_site or site).line})"
+        )
         if rank.module_types:
-            diff = patches.wrap_model_after_construction(site.file, model_class, site.line, 'torch.compile({var}, backend="tpu")')
+            diff = patches.wrap_model_after_construction(
+                site.file, model_class, site.line, 'torch.compile({var}, backend="tpu")'
+            )
     return [
         RULE.finding(
             f"Nothing is compiled: {count:.0f} ops per step run eagerly",

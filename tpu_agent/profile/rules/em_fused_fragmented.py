@@ -28,7 +28,9 @@ def _check(model: ProfileModel) -> list[Finding]:
         return []
     median = step_ns(rank)
     sites = by_site(flushes)
-    locations = [Location.from_site(site, round(len(items) / len(flushes), 4)) for site, items in list(sites.items())[:5]]
+    locations = [
+        Location.from_site(site, round(len(items) / len(flushes), 4)) for site, items in list(sites.items())[:5]
+    ]
     causes = Counter(e.cause for e in flushes)
     top_site = next(iter(sites), None)
     change = accumulation_fix(top_site) if top_site else None
@@ -55,7 +57,8 @@ RULE = DiagnosticRule(
     name="fused-eager fragmentation",
     category="eager-mode",
     severity=Severity.warning,
-    rationale="Every materialisation is a graph break in Fused eager: many flushes mean many small graphs and launches.",
+    rationale="Every materialisation is a graph break in Fused eager: many flushes mean many small graphs and "
+    "launches.",
     before="for x, y in loader:\n    ...\n    total += loss.item()",
     after="for x, y in loader:\n    ...\n    total += loss.detach()",
     reference="docs/tpu-performance.md#eager-modes",

@@ -36,7 +36,9 @@ def _check(model: ProfileModel) -> list[Finding]:
             [Location.from_site(site) for site in list(sites)[:3]],
             "The same step code should produce the same graphs every step. Look for shapes that change (see SH-1), "
             "Python branches on values, or a different number of ops per step.",
-            agent_change=AgentChange("Make the step's code path and tensor shapes identical every step (pad or bucket shapes)."),
+            agent_change=AgentChange(
+                "Make the step's code path and tensor shapes identical every step (pad or bucket shapes)."
+            ),
             saving_pct=min(share * 50, 50.0),
             confidence=0.6,
             time_ns=new_flushes[0].time_ns if new_flushes else None,

@@ -35,7 +35,8 @@ def _check(model: ProfileModel) -> list[Finding]:
             "Switch to Fused eager (DeferAndFuse) so XLA fuses the step's ops into a few executions; then wrap the "
             'training step in torch.compile(backend="tpu") for one graph per step.',
             agent_change=AgentChange(
-                f"Set `{SET_FUSED}` right after `import torch` (or export TORCH_TPU_DEFER_AND_FUSE=1); next, compile the step.",
+                f"Set `{SET_FUSED}` right after `import torch` (or export TORCH_TPU_DEFER_AND_FUSE=1); next, compile "
+                "the step.",
                 diff,
             ),
             saving_pct=saving,

@@ -38,9 +38,12 @@ def _check(model: ProfileModel) -> list[Finding]:
     return [
         RULE.finding(
             f"The step waits for data {wait_share:.0%} of the time",
-            Evidence("DataLoader wait share of step", round(wait_share, 3), WARNING_SHARE, "fraction", tuple(sorted(steps))),
+            Evidence(
+                "DataLoader wait share of step", round(wait_share, 3), WARNING_SHARE, "fraction", tuple(sorted(steps))
+            ),
             locations,
-            "The TPU idles while the host loads the next batch. Use DataLoader worker processes (num_workers), keep them "
+            "The TPU idles while the host loads the next batch. Use DataLoader worker processes (num_workers), keep "
+            "them "
             "alive (persistent_workers), prefetch, and move heavy preprocessing offline.",
             severity=Severity.error if wait_share >= ERROR_SHARE else Severity.warning,
             agent_change=change,

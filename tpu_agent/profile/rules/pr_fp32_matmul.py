@@ -6,7 +6,15 @@ import math
 
 from tpu_agent.profile import patches
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
-from tpu_agent.profile.rules._base import HOOKS, MATMUL_OPS, OP_TRACE, STEPS, DiagnosticRule, matmul_time_share, window_steps
+from tpu_agent.profile.rules._base import (
+    HOOKS,
+    MATMUL_OPS,
+    OP_TRACE,
+    STEPS,
+    DiagnosticRule,
+    matmul_time_share,
+    window_steps,
+)
 
 FP32_SHARE_THRESHOLD = 0.5
 # An fp32 matmul at full precision takes several bf16 MXU passes and twice the HBM traffic; 3x is the assumption.
@@ -31,7 +39,9 @@ def _check(model: ProfileModel) -> list[Finding]:
     if rank.forward_site:
         locations.append(Location.from_site(rank.forward_site, round(saving / 100, 4)))
         diff = patches.wrap_line_in_with(rank.forward_site.file, rank.forward_site.line, AUTOCAST)
-    fp32_weights = sorted((w for w in rank.weights if w.dtype == "float32" and w.site), key=lambda w: -math.prod(w.shape))
+    fp32_weights = sorted(
+        (w for w in rank.weights if w.dtype == "float32" and w.site), key=lambda w: -math.prod(w.shape)
+    )
     locations.extend(Location.from_site(w.site) for w in fp32_weights[:3] if w.site)
     return [
         RULE.finding(

@@ -32,7 +32,9 @@ def _check(model: ProfileModel) -> list[Finding]:
     return [
         RULE.finding(
             f"{len(upcasts)} bf16/fp16 -> fp32 up-casts move {bytes_share:.0%} of the step's bytes",
-            Evidence("up-cast share of bytes", round(bytes_share, 3), BYTES_SHARE_THRESHOLD, "fraction", tuple(sorted(steps))),
+            Evidence(
+                "up-cast share of bytes", round(bytes_share, 3), BYTES_SHARE_THRESHOLD, "fraction", tuple(sorted(steps))
+            ),
             [Location.from_site(rank.forward_site)] if rank.forward_site else [],
             "Reduce in the native dtype where accuracy allows (e.g. `x.sum(dtype=x.dtype)`, softmax under autocast) "
             "instead of `.float()` on large activations.",

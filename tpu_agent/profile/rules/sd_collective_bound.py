@@ -28,12 +28,16 @@ def _check(model: ProfileModel) -> list[Finding]:
     ops = Counter(e.op for e in collectives)
     return [
         RULE.finding(
-            f"Rank {rank_id} spends {collective_share:.0%} of each step in collectives ({', '.join(f'{o} x{c}' for o, c in ops.most_common(3))})",
+            f"Rank {rank_id} spends {collective_share:.0%} of each step in collectives "
+            f"({', '.join(f'{o} x{c}' for o, c in ops.most_common(3))})",
             Evidence("collective share of step", round(collective_share, 3), SHARE_THRESHOLD, "fraction"),
             [Location.from_site(site) for site in list(by_site(collectives))[:3]],
-            "Overlap communication with compute (bucketed/async all-reduce, FSDP prefetch), raise the per-device batch, "
+            "Overlap communication with compute (bucketed/async all-reduce, FSDP prefetch), raise the per-device "
+            "batch, "
             "or rebalance the mesh so less data crosses devices each step.",
-            agent_change=AgentChange("Increase the per-device batch or enable FSDP prefetch so collectives overlap compute."),
+            agent_change=AgentChange(
+                "Increase the per-device batch or enable FSDP prefetch so collectives overlap compute."
+            ),
             saving_pct=collective_share * 50,
             confidence=0.6,
             time_ns=collectives[0].time_ns,

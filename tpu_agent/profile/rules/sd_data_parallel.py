@@ -18,7 +18,8 @@ def _check(model: ProfileModel) -> list[Finding]:
             Evidence("DataParallel wrappers", rank.module_types.count(WRAPPER), 0, "modules"),
             [Location.from_site(rank.forward_site)] if rank.forward_site else [],
             "DataParallel drives all devices from one Python thread and copies the model every step. Use one process "
-            "per device (`tpu-agent run --nproc N`) with DistributedDataParallel, or FSDP2 fully_shard for large models.",
+            "per device (`tpu-agent run --nproc N`) with DistributedDataParallel, or FSDP2 fully_shard for large "
+            "models.",
             agent_change=AgentChange(
                 "Replace `nn.DataParallel(model)` with `DistributedDataParallel(model)` after "
                 '`dist.init_process_group("tpu_dist")`, and launch with `tpu-agent run --nproc N`.'

@@ -57,7 +57,8 @@ def _check(model: ProfileModel) -> list[Finding]:
     if checkpoint:
         plan += "# and wrap each block's forward in torch.utils.checkpoint.checkpoint(...)\n"
     breakdown = (
-        f"params {_gib(memory.param_bytes)}, grads {_gib(memory.grad_bytes)}, optimizer {_gib(memory.optimizer_bytes)}, "
+        f"params {_gib(memory.param_bytes)}, grads {_gib(memory.grad_bytes)}, optimizer "
+        f"{_gib(memory.optimizer_bytes)}, "
         f"activations {_gib(memory.activation_bytes)}"
     )
     return [
@@ -65,7 +66,8 @@ def _check(model: ProfileModel) -> list[Finding]:
             f"Replicated model state needs {_gib(total)} per device; {chip.device_name} has {_gib(hbm)} HBM",
             Evidence("state + activations / HBM per device", round(total / hbm, 3), ERROR_SHARE, "fraction"),
             [Location.from_site(rank.forward_site)] if rank.forward_site else [],
-            f"{breakdown}. Shard parameters, gradients and optimizer state with FSDP2 fully_shard over {degree} devices "
+            f"{breakdown}. Shard parameters, gradients and optimizer state with FSDP2 fully_shard over {degree} "
+            "devices "
             f"(`tpu-agent run --nproc {degree}` on one host, more hosts beyond a slice)"
             + (", and checkpoint activations" if checkpoint else "")
             + ". Replicated data parallel (DDP) cannot fit this model.",
@@ -86,7 +88,8 @@ RULE = DiagnosticRule(
     rationale="Each replica holds all parameters, gradients and optimizer state; beyond HBM the job cannot run.",
     before="model = DDP(model)",
     after='mesh = init_device_mesh("tpu", (8,))\nfully_shard(model, mesh=mesh)',
-    reference="docs/tpu-performance.md#sharding-and-memory; https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html",
+    reference="docs/tpu-performance.md#sharding-and-memory; "
+    "https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html",
     requires=(MEMORY,),
     check=_check,
 )

@@ -20,7 +20,8 @@ def _check(model: ProfileModel) -> list[Finding]:
                 f"Batch size {batch} is not a multiple of {MULTIPLE}",
                 Evidence("batch size", batch, MULTIPLE, "samples"),
                 [Location.from_site(loader.site)] if loader.site else [],
-                f"Use a per-device batch that is a multiple of {MULTIPLE} (e.g. {better}; 128 or more keeps the MXU busy) "
+                f"Use a per-device batch that is a multiple of {MULTIPLE} (e.g. {better}; 128 or more keeps the MXU "
+                "busy) "
                 "and scale the learning rate with it.",
                 severity=Severity.info,
                 agent_change=AgentChange(f"Set batch_size={better} (or another multiple of {MULTIPLE})."),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tpu_agent.profile import patches
-from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Op, ProfileModel, Severity
+from tpu_agent.profile import patches, sources
+from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Op, ProfileModel, RankProfile, Severity
 from tpu_agent.profile.rules._base import HOOKS, MATMUL_OPS, OP_TRACE, STEPS, DiagnosticRule, window_steps
 
 Signature = tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
@@ -30,6 +30,55 @@ def _varying_dims(first_ops: dict[int, Op]) -> list[str]:
     return described
 
 
+def _first_varying_input(per_step: dict[int, list[Op]]) -> tuple[int, int, list[int]] | None:
+    """The first op of the step (in time order) whose input shape varies across steps: the tensor the step
+    received is usually its first input. Returns (rank, dim, sizes) of that input."""
+    firsts: dict[str, dict[int, Op]] = {}
+    order: list[str] = []
+    for index, ops in per_step.items():
+        for op in ops:
+            if op.name not in firsts:
+                firsts[op.name] = {}
+                order.append(op.name)
+            firsts[op.name].setdefault(index, op)
+    for name in order:
+        ops = list(firsts[name].values())
+        for i, shape in enumerate(ops[0].input_shapes):
+            same_rank = [
+                op.input_shapes[i] for op in ops if i < len(op.input_shapes) and len(op.input_shapes[i]) == len(shape)
+            ]
+            for d in range(len(shape)):
+                sizes = sorted({s[d] for s in same_rank})
+                if len(sizes) > 1:
+                    return len(shape), d, sizes
+    return None
+
+
+def _padding_change(
+    rank_profile: RankProfile, per_step: dict[int, list[Op]]
+) -> tuple[list[Location], AgentChange | None]:
+    """The line creating the model's changing input (before the forward call) and the edit padding it."""
+    site = rank_profile.forward_site
+    varying = _first_varying_input(per_step)
+    if site is None or varying is None:
+        return [], None
+    origin = sources.origin_of_call_inputs(site.file, site.line)
+    if origin is None or origin.line == site.line:
+        return [], None
+    rank, dim, sizes = varying
+    created = Location(site.file, origin.line, sources.function_at(site.file, origin.line))
+    diff = sources.padding_diff(site.file, origin, dim, sizes, rank)
+    change = AgentChange(
+        f"`{origin.variable}` (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim "
+        f"{dim}: pad that "
+        f"dim to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the "
+        "loss), or "
+        "bucket the data to a few fixed lengths.",
+        diff,
+    )
+    return [created], change
+
+
 def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     steps = window_steps(rank)
@@ -51,8 +100,9 @@ def _check(model: ProfileModel) -> list[Finding]:
         return []
     first_ops = {i: ops[0] for i, ops in per_step.items() if ops}
     what = _varying_dims(first_ops)
-    locations: list[Location] = []
-    change = AgentChange(
+    step_ops = {i: [op for op in rank.ops if op.top_level and op.step == i] for i in steps}
+    locations, padding = _padding_change(rank, step_ops)
+    change = padding or AgentChange(
         "Pad the varying dimension to a few fixed buckets (e.g. multiples of 128 up to the maximum) before the model, "
         "or fix the sequence length in the data pipeline."
     )
@@ -67,7 +117,8 @@ def _check(model: ProfileModel) -> list[Finding]:
             diff = patches.add_call_kwargs(loader.site.file, loader.site.line, "DataLoader", {"drop_last": "True"})
             if diff:
                 change = AgentChange(
-                    f"The last batch has {remainder} samples instead of {loader.batch_size}: drop it with drop_last=True"
+                    f"The last batch has {remainder} samples instead of {loader.batch_size}: drop it with "
+                    "drop_last=True"
                     + ("; also pad the varying dimension to fixed buckets." if len(changed) > 1 else "."),
                     diff,
                 )

@@ -67,13 +67,14 @@ def _check(model: ProfileModel) -> list[Finding]:
         code = patches.line_text(first.site.file, first.site.line) if first.site else ""
         findings.append(
             RULE.finding(
-                f"{names}: {first.module_type} {in_dim}->{out_dim}: {percent_text(wasted)} of its MXU work on {chip.key} "
+                f"{names}: {first.module_type} {in_dim}->{out_dim}: {percent_text(wasted)} of its MXU work on "
+                f"{chip.key} "
                 f"is padding (tile {tile})",
                 Evidence("share of MXU work that is padding", round(wasted, 4), WASTE_THRESHOLD, "fraction"),
                 [Location.from_site(first.site, round(saving / 100, 4))] if first.site else [],
                 f"Pad the dims to multiples of {tile}: in {in_dim}->{_padded(in_dim, tile)}, out "
-                f"{out_dim}->{_padded(out_dim, tile)} (and the layers it feeds), or pick sizes that are multiples of {tile}."
-                + (f" Defined at: {code}" if code else ""),
+                f"{out_dim}->{_padded(out_dim, tile)} (and the layers it feeds), or pick sizes that are multiples of "
+                f"{tile}." + (f" Defined at: {code}" if code else ""),
                 severity=Severity.warning if saving >= WARN_SAVING else Severity.info,
                 agent_change=AgentChange(
                     f"Change the layer sizes of {first.module} to multiples of {tile} and adjust its neighbours; "
@@ -92,7 +93,8 @@ RULE = DiagnosticRule(
     name="MXU-misaligned matmul dims",
     category="shapes",
     severity=Severity.warning,
-    rationale="The MXU is a tile x tile systolic array; dims are padded up to the tile, and the padding is wasted work.",
+    rationale="The MXU is a tile x tile systolic array; dims are padded up to the tile, and the padding is wasted "
+    "work.",
     before="self.fc1 = nn.Linear(100, 300)",
     after="self.fc1 = nn.Linear(128, 384)  # v5e tile 128; use 256 multiples on v6e/v7",
     reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",

@@ -129,7 +129,7 @@ def _select_executor() -> Executor:
     global executor
     from tpu_agent.runtime.xla import settings
 
-    if settings.uses_xla():
+    if settings.deferred_uses_xla():
         from tpu_agent.runtime.xla.executor import XlaExecutor
 
         executor = XlaExecutor()

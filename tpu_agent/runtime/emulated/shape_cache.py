@@ -45,9 +45,11 @@ def key_of(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     try:
         positional = tuple(_arg_key(a) for a in args)
         named = tuple((k, _arg_key(v)) for k, v in kwargs.items()) if kwargs else ()
-    except _Uncacheable:
+        key = (id(func), positional, named)  # overloads live forever; id avoids hashing them in Python
+        hash(key)  # symbolic sizes (while Dynamo traces) are unhashable: such calls are inferred each time
+    except (_Uncacheable, TypeError):
         return None
-    return (id(func), positional, named)  # overloads live forever; id avoids hashing them in Python
+    return key
 
 
 @dataclass(frozen=True)

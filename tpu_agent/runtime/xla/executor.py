@@ -104,7 +104,8 @@ class _Planner:
             return "[" + ",".join([self.read(v) for v in value]) + "]"
         if kind is float:
             self.floats.append(value)
-            return "f"
+            # zero and non-finite floats are often structural (dropout_p=0.0): never lifted, so keyed by value
+            return "f" if value and math.isfinite(value) else f"f={value!r}"
         if kind is torch.device:
             return "dev"
         return repr(value)
@@ -225,7 +226,7 @@ def _top_level_exclusions() -> torch._C.DispatchKeySet:
 def _probe_values(floats: list[float]) -> list[float]:
     """Distinct stand-ins for the graph's floats, each unlike any constant a trace could contain by itself."""
     return [
-        (v if math.isfinite(v) else 0.0) * 1.000244140625 + 7.62939453125e-06 * (i + 1) + 0.00048828125
+        v * 1.000244140625 + 7.62939453125e-06 * (i + 1) + 0.00048828125 if v and math.isfinite(v) else v
         for i, v in enumerate(floats)
     ]
 
@@ -245,9 +246,9 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
     probes = _probe_values(graph_plan.floats)
     try:
         probed = trace(graph, graph_plan, probes)
-    except Exception:  # noqa: BLE001 - an op refuses a probe value (SDPA's dropout_p must be 0.0): keep floats baked
+    except Exception:  # noqa: BLE001 - an op refused a probe value (it checks the float): keep the floats baked
         return baked, False
-    index_of_probe = {p: i for i, p in enumerate(probes)}
+    index_of_probe = {p: i for i, p in enumerate(probes) if p != graph_plan.floats[i]}
     real_nodes, probe_nodes = list(baked.graph.nodes), list(probed.graph.nodes)
     if len(real_nodes) != len(probe_nodes):
         return baked, False
