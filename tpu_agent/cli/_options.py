@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 import typer
 
@@ -24,6 +25,6 @@ def _validate_chip(value: str | None) -> str | None:
         raise typer.BadParameter(f"{error.message}; {error.hint}") from None
 
 
-def chip_option(default: str | None = DEFAULT_CHIP, purpose: str = "TPU the emulation presents") -> str | None:
+def chip_option(default: str | None = DEFAULT_CHIP, purpose: str = "TPU the emulation presents") -> Any:
     """A ``--chip`` option: a generation or a slice, validated by :func:`tpu_agent.chips.parse_target`."""
     return typer.Option(default, "--chip", callback=_validate_chip, help=f"{purpose}: {TARGET_EXAMPLES}.")

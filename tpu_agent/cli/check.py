@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import typer
@@ -139,8 +140,9 @@ def check(
         timeout_s=timeout,
         max_parameters=max_params,
         localise=localise,
-        **({"modes": tuple(dict.fromkeys(mode))} if mode else {}),
     )
+    if mode:
+        options = dataclasses.replace(options, modes=tuple(dict.fromkeys(mode)))
     spec = parse_model_spec(model, task)
     with console_err.status(f"checking {model}...") as status:
         report = check_model(spec, options, progress=lambda message: status.update(message))

@@ -145,7 +145,7 @@ def install_command(
     """
     from tpu_agent.plugins.install import install
 
-    result = install(harness.value, scope.value, project=project, dry_run=dry_run)  # type: ignore[arg-type]
+    result = install(harness.value, scope.value, project=project, dry_run=dry_run)
     if output_format == OutputFormat.json:
         print_json({"dry_run": dry_run, **result.to_dict()})
         return
@@ -177,7 +177,7 @@ def print_config_command(
     """
     from tpu_agent.plugins.install import print_config
 
-    path, content = print_config(harness.value, scope.value, project=project)  # type: ignore[arg-type]
+    path, content = print_config(harness.value, scope.value, project=project)
     if output_format == OutputFormat.json:
         print_json({"harness": harness.value, "scope": scope.value, "path": str(path), "content": content})
     else:

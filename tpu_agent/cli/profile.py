@@ -107,7 +107,7 @@ def profile(
     logdir: Path = typer.Option(DEFAULT_LOGDIR, "--logdir", help="Where the XProf session and reports go."),
     chip: str = chip_option(purpose="TPU to emulate and estimate for"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks on this host."),
-    eager_mode: EagerModeChoice | None = typer.Option(None, "--eager-mode", help="strict | debug | defer-and-fuse."),  # type: ignore[valid-type]
+    eager_mode: EagerModeChoice | None = typer.Option(None, "--eager-mode", help="strict | debug | defer-and-fuse."),
     output_format: OutputFormat = typer.Option(
         OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."
     ),

@@ -12,7 +12,7 @@ from typing import Any
 from tpu_agent.estimate.hlo import HloSummary
 
 
-class ArgRole(enum.StrEnum):
+class ArgRole(str, enum.Enum):
     """What an input of a step program holds: it decides how it is sharded and where its HBM is counted."""
 
     PARAMETER = "parameter"

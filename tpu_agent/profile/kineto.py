@@ -195,7 +195,7 @@ def gc_paused() -> Iterator[None]:
 
 def _build_ops(trace: dict[str, Any]) -> list[Op]:
     base = int(trace.get("baseTimeNanoseconds", 0))
-    ops = []
+    ops: list[Op] = []
     append = ops.append
     for event in trace["traceEvents"]:
         if event.get("cat") != "cpu_op" or event.get("ph") != "X" or event["name"] == PYTHON_DISPATCH_RECORD:

@@ -65,9 +65,9 @@ def _scope_of(tree: ast.Module, line: int) -> ast.AST:
     """The innermost function containing ``line`` (the module when none)."""
     scope: ast.AST = tree
     for node in ast.walk(tree):
-        inside = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (
-            node.end_lineno or 0
-        )
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        inside = node.lineno <= line <= (node.end_lineno or 0)
         if inside and (isinstance(scope, ast.Module) or node.lineno >= getattr(scope, "lineno", 0)):
             scope = node
     return scope

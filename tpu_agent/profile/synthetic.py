@@ -25,7 +25,7 @@ SCRIPT_LINES = {"forward": 12, "item": 16, "optimizer": 14, "weight": 5}
 def _step_ops(start: int, batch: int, hidden: int, out: int) -> list[Op]:
     t = start + 100_000
     ops = []
-    plan = [
+    plan: list[tuple[str, list[list[int]], int]] = [
         ("aten::addmm", [[hidden], [batch, hidden], [hidden, hidden]], 600_000),
         ("aten::relu", [[batch, hidden]], 50_000),
         ("aten::addmm", [[out], [batch, hidden], [hidden, out]], 400_000),

@@ -139,4 +139,5 @@ def _field_checkers(cls: type) -> tuple[tuple[str, Checker], ...]:
 
 def valid_dataclass(obj: Any) -> bool:
     """Every field of a dataclass instance built from untrusted data has its declared type."""
-    return all(check(getattr(obj, name)) for name, check in _field_checkers(type(obj)))
+    cls: type = type(obj)
+    return all(check(getattr(obj, name)) for name, check in _field_checkers(cls))

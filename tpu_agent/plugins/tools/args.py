@@ -78,7 +78,7 @@ EstimateChipArg = Annotated[
     Field(description=f"Estimate for this TPU instead of the one the capture was made for: {TARGET_EXAMPLES}."),
 ]
 EagerModeArg = Annotated[  # type: ignore[valid-type]  # a Literal built from the runtime's one table of modes
-    Literal[tuple(EAGER_MODES)] | None,  # type: ignore[valid-type]
+    Literal[tuple(EAGER_MODES)] | None,
     Field(description="TorchTPU eager mode (default: the environment's, else strict)."),
 ]
 TimeoutArg = Annotated[int, Field(ge=1, le=86_400, description="The job is killed after this many seconds.")]

@@ -7,6 +7,7 @@ import inspect
 import linecache
 import re
 import sys
+import types
 import weakref
 from dataclasses import asdict
 from typing import Any
@@ -55,7 +56,7 @@ def _statement_site() -> ev.Site | None:
     A compiled function's frame reports its decorator or ``def`` line while Dynamo runs it; the useful line
     is then its caller's.
     """
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not ev._is_library_file(filename):

@@ -6,6 +6,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tpu_agent.profile.model import (
     AgentChange,
@@ -18,6 +19,8 @@ from tpu_agent.profile.model import (
     Severity,
 )
 from tpu_agent.runtime import events as ev
+
+EventT = TypeVar("EventT", bound=ev.Event)
 
 # Data a rule may need; the engine reports INSUFFICIENT_DATA when any is missing.
 STEPS = "steps"  # at least one complete step
@@ -128,9 +131,9 @@ def in_window(rank: RankProfile, events: Iterable[ev.Event]) -> list[ev.Event]:
     return [e for e in events if e.step in steps]
 
 
-def by_site(events: Iterable[ev.Event]) -> dict[ev.Site, list[ev.Event]]:
-    """Events grouped by user call site, busiest site first."""
-    groups: dict[ev.Site, list[ev.Event]] = defaultdict(list)
+def by_site(events: Iterable[EventT]) -> dict[ev.Site, list[EventT]]:
+    """Events grouped by user call site, busiest site first (each group keeps the events' own type)."""
+    groups: dict[ev.Site, list[EventT]] = defaultdict(list)
     for event in events:
         site = getattr(event, "site", None)
         if site is not None:

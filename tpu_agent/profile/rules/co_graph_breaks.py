@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tpu_agent.profile import patches
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
 from tpu_agent.profile.rules._base import HOOKS, DiagnosticRule, by_site
@@ -23,9 +25,9 @@ def _fix(site: ev.Site, reason: str) -> AgentChange:
     return AgentChange(f"Rewrite `{code}` so Dynamo can trace it, or move it out of the compiled function.")
 
 
-def _best_reason(events: list[ev.Event]) -> str:
+def _best_reason(events: Sequence[ev.GraphBreak]) -> str:
     """Dynamo's explanation when some record has it, rather than the generic "Encountered graph break" line."""
-    reasons = [e.reason for e in events if isinstance(e, ev.GraphBreak)]
+    reasons = [e.reason for e in events]
     specific = [r for r in reasons if not r.startswith(GENERIC_REASON)]
     return (specific or reasons)[0]
 

@@ -19,7 +19,8 @@ def _check(model: ProfileModel) -> list[Finding]:
     flushes = [e for e in in_window(rank, rank.events) if isinstance(e, ev.Flush)]
     graphs: dict[int, frozenset[str]] = {i: frozenset() for i in steps}
     for flush in flushes:
-        graphs[flush.step] = graphs[flush.step] | {flush.graph_hash}
+        if flush.step is not None:
+            graphs[flush.step] = graphs[flush.step] | {flush.graph_hash}
     if len(steps) < 2 or not flushes:
         return []
     common, _ = Counter(graphs.values()).most_common(1)[0]

@@ -7,8 +7,10 @@ recording of a signature runs the meta kernel and keeps a description of the out
 later recordings of the same signature rebuild the outputs from it.
 
 A signature is the op and, for every argument, what the meta kernel can see: a tensor's shape, strides,
-offset, dtype and conjugate/negative bits, and the exact value of every other argument. Arguments of other
-kinds make the op uncacheable (it is inferred each time, as before).
+offset, dtype and conjugate/negative bits, and the value of every other argument. Float values are left out
+(only their type counts) except for ops that size their output from floats (resampling and pooling), so an
+optimizer whose step size changes every step still records from the cache. Arguments of other kinds make the
+op uncacheable (it is inferred each time, as before).
 """
 
 from __future__ import annotations
@@ -29,22 +31,38 @@ class _Uncacheable(Exception):
     """An argument or output this cache cannot describe."""
 
 
-def _arg_key(x: Any) -> Any:
+def _arg_key(x: Any, exact_floats: bool) -> Any:
     t = type(x)
     if t is tt.TpuTensor or isinstance(x, _Tensor):
         return (t is tt.TpuTensor, x.shape, x.stride(), x.storage_offset(), x.dtype, x.is_conj(), x.is_neg())
     if t is list or t is tuple:
-        return (t, tuple(_arg_key(y) for y in x))
+        return (t, tuple(_arg_key(y, exact_floats) for y in x))
+    if t is float and not exact_floats:
+        return (t,)  # an optimizer's step size changes every step; only its type can change an output's layout
     if t in _SCALARS:
         return (t, x)
     raise _Uncacheable
 
 
+# Ops whose output shape can depend on a float's value (scale factors, output ratios): keyed on exact floats.
+_SHAPE_FROM_FLOATS = ("upsample", "interpolate", "pool", "grid_sampler", "affine_grid")
+_exact_floats: dict[int, bool] = {}
+
+
+def _needs_exact_floats(func: Any) -> bool:
+    exact = _exact_floats.get(id(func))
+    if exact is None:
+        name = func._schema.name
+        exact = _exact_floats[id(func)] = any(part in name for part in _SHAPE_FROM_FLOATS)
+    return exact
+
+
 def key_of(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     """The signature of this call, or ``None`` when an argument cannot be part of one."""
+    exact = _needs_exact_floats(func)
     try:
-        positional = tuple(_arg_key(a) for a in args)
-        named = tuple((k, _arg_key(v)) for k, v in kwargs.items()) if kwargs else ()
+        positional = tuple(_arg_key(a, exact) for a in args)
+        named = tuple((k, _arg_key(v, exact)) for k, v in kwargs.items()) if kwargs else ()
         key = (id(func), positional, named)  # overloads live forever; id avoids hashing them in Python
         hash(key)  # symbolic sizes (while Dynamo traces) are unhashable: such calls are inferred each time
     except (_Uncacheable, TypeError):
