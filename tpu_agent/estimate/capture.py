@@ -9,7 +9,8 @@ between the last two step ends are the steady step (with DeferAndFuse the optimi
 next step, so a whole interval between step ends holds one of each graph). After ``steps`` optimizer steps the
 script is stopped (exit code 0) and the hook's finalizer compiles and writes ``estimate.json`` atomically.
 
-Settings come from ``options.json`` in :data:`ESTIMATE_DIR_ENV`, written by :mod:`tpu_agent.estimate.script`.
+The script's values are not the point here: lowerings known to compute wrong values with the right shapes
+(see ``lowering.shapes_only``) are used so that each graph is compiled whole. Settings come from ``options.json`` in :data:`ESTIMATE_DIR_ENV`, written by :mod:`tpu_agent.estimate.script`.
 """
 
 from __future__ import annotations
@@ -222,8 +223,9 @@ def install() -> Callable[[], None] | None:
     options = _read_options(directory)
     from torch.optim import optimizer as optimizer_module
 
-    from tpu_agent.runtime.xla import graphs
+    from tpu_agent.runtime.xla import graphs, lowering
 
+    lowering.shapes_only.shapes_only = True  # whole graphs, attention included: values are never read back
     watcher = _Watcher(steps=max(2, int(options.get("steps", 3))))
     graphs.graph_observers.append(watcher.observe)
     step_hook = optimizer_module.register_optimizer_step_post_hook(watcher.end_step)

@@ -84,7 +84,7 @@ def estimate_script(
     ``options.target``. Raises :class:`TpuAgentError` when nothing could be estimated, with what to do."""
     from tpu_agent.runtime.api import RunOptions, launch
     from tpu_agent.runtime.envvars import HOOKS_ENV
-    from tpu_agent.runtime.xla.settings import COMPILER_ENV, XLA
+    from tpu_agent.runtime.xla.settings import COMPILER_ENV, XLA, XLA_DEFERRED_ENV
 
     options.check()
     if not target.is_module and not Path(target.target).is_file():
@@ -98,6 +98,7 @@ def estimate_script(
         hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
         env = {
             COMPILER_ENV: XLA,
+            XLA_DEFERRED_ENV: "1",  # DeferAndFuse graphs through XLA: the graphs the estimate compiles
             "JAX_PLATFORMS": "cpu",  # libtpu compiles for the target; nothing initialises it for execution
             "TPU_SKIP_MDS_QUERY": "1",
             ESTIMATE_DIR_ENV: str(directory),
