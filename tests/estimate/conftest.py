@@ -5,12 +5,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tpu_agent.estimate.compiler import compiler_status  # noqa: E402
-
-needs_tpu_compiler = pytest.mark.skipif(
-    not compiler_status().available, reason=f"TPU compiler unavailable: {compiler_status().reason}"
-)
-
 
 @pytest.fixture(autouse=True)
 def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:

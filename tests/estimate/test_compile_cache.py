@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import needs_tpu_compiler
+from estimate_helpers import needs_tpu_compiler
 
 from tpu_agent.chips import parse_target
 from tpu_agent.estimate import compiler
@@ -25,7 +25,9 @@ def _program() -> tuple[object, list[object]]:
     return (lambda a, b: jnp.tanh(a @ b.T)), [spec, spec]
 
 
-def test_second_compile_is_read_from_the_cache_and_bad_entries_are_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_compile_is_read_from_the_cache_and_bad_entries_are_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(compiler.CACHE_DIR_ENV, str(tmp_path))
     fn, args = _program()
     first = compiler.compile_for_target(fn, args, parse_target("v5e"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import needs_tpu_compiler
+from estimate_helpers import needs_tpu_compiler
 from jax_gpt import GptShape, train_step_program, wide_mlp_step_program
 
 from tpu_agent.chips import parse_target

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_tpu_compiler
+from estimate_helpers import needs_tpu_compiler
 
 from tpu_agent.estimate.compiler import compiler_status
 
@@ -69,7 +69,9 @@ def test_script_step_is_captured_with_roles_and_compiled_for_a_slice(tmp_path: P
     assert peak["memory"]["optimizer_state"] == 2 * parameters
     assert estimate["flops_per_chip_per_step"] > 6 * batch * (parameters / 4) * 0.9 / 4
     assert estimate["step_seconds"] > 0 and peak["hlo"]["fusions"] > 0
-    markdown = run_cli("estimate", "--chip", "v5e", "--format", "markdown", "--output", str(tmp_path / "e.md"), str(MLP))
+    markdown = run_cli(
+        "estimate", "--chip", "v5e", "--format", "markdown", "--output", str(tmp_path / "e.md"), str(MLP)
+    )
     assert markdown.returncode == 0, markdown.stderr[-2000:]
     text = (tmp_path / "e.md").read_text()
     assert "# TPU estimate: v5e" in text and "| parameters |" in text and "## Assumptions" in text

@@ -3,6 +3,7 @@ rendering only; :func:`tpu_agent.estimate.script.estimate_script` does the work)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ Examples:
 ESTIMATE_FORMATS = (OutputFormat.text, OutputFormat.json, OutputFormat.markdown)
 
 
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+def _table(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> Table:
     table = Table(title=title, title_justify="left", show_header=bool(columns[0]))
     for column in columns:
         table.add_column(column)
@@ -79,13 +80,19 @@ def render(document: dict[str, Any], output_format: OutputFormat) -> str:
 
 @handles_errors
 def estimate(
-    command: list[str] = typer.Argument(..., metavar="SCRIPT [ARGS]...", help="Script path (or module with -m) and its arguments."),
+    command: list[str] = typer.Argument(
+        ..., metavar="SCRIPT [ARGS]...", help="Script path (or module with -m) and its arguments."
+    ),
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
     chip: str = chip_option("v5e", purpose="TPU target to compile for"),
     strategy: str | None = typer.Option(
-        None, "--strategy", help="as-captured | data-parallel | fsdp (default: data-parallel on a slice, else as-captured)."
+        None,
+        "--strategy",
+        help="as-captured | data-parallel | fsdp (default: data-parallel on a slice, else as-captured).",
     ),
-    steps: int = typer.Option(3, "--steps", help="Optimizer steps to run before capturing (2 to 100); the last is compiled."),
+    steps: int = typer.Option(
+        3, "--steps", help="Optimizer steps to run before capturing (2 to 100); the last is compiled."
+    ),
     suggest: bool = typer.Option(True, "--suggest/--no-suggest", help="When it does not fit, compile the fixes."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
@@ -95,12 +102,17 @@ def estimate(
     from tpu_agent.runtime.api import LaunchTarget
 
     if output_format not in ESTIMATE_FORMATS:
-        raise TpuAgentError("bad-format", f"estimates are text, json or markdown, not {output_format.value}", "use --format json")
+        raise TpuAgentError(
+            "bad-format", f"estimates are text, json or markdown, not {output_format.value}", "use --format json"
+        )
     options = EstimateOptions(target=chip, strategy=strategy, steps=steps, suggest=suggest, timeout_s=timeout)
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     from tpu_agent.cli.profile import _script_output_to_stderr
 
-    with _script_output_to_stderr(output is None and output_format != OutputFormat.text), console_err.status("estimating...") as status:
+    with (
+        _script_output_to_stderr(output is None and output_format != OutputFormat.text),
+        console_err.status("estimating...") as status,
+    ):
         result = estimate_script(target, options, progress=lambda message: status.update(message))
     if output is not None:
         text_format = OutputFormat.markdown if output_format == OutputFormat.text else output_format

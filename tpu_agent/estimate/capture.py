@@ -117,7 +117,9 @@ class _Watcher:
             return
         # roles are resolved at the end: while a step is in flight, DeferAndFuse leaves tensors written in place
         # without data, so only their storages (stable across in-place updates) are recorded here
-        described = [(tuple(t.shape), t.dtype, _storage_key(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs]
+        described = [
+            (tuple(t.shape), t.dtype, _storage_key(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs
+        ]
         self.current[key] = ObservedGraph(runner, precision, described)
 
     def end_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

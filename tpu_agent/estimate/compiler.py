@@ -264,7 +264,11 @@ def _store(key: str, result: CompiledArtifacts | HbmExhausted) -> None:
     directory = cache_dir()
     if isinstance(result, HbmExhausted):
         entry: dict[str, Any] = {
-            "refused": {"message": result.message, "required": result.required_bytes, "available": result.available_bytes}
+            "refused": {
+                "message": result.message,
+                "required": result.required_bytes,
+                "available": result.available_bytes,
+            }
         }
     else:
         entry = {"cost": result.cost, "memory": result.memory, "hlo_text": result.hlo_text}

@@ -7,6 +7,7 @@ row builder serves every renderer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tpu_agent.estimate.model import Estimate
@@ -46,7 +47,10 @@ def summary_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("target", f"{data['target']} ({data['chips']} x {data['chip']}, {data['strategy']} sharding)"),
         ("verdict", data["verdict"]),
-        ("peak HBM per chip", f"{human_bytes(data['peak_hbm_bytes_per_chip'])} of {human_bytes(data['hbm_bytes_per_chip'])}"),
+        (
+            "peak HBM per chip",
+            f"{human_bytes(data['peak_hbm_bytes_per_chip'])} of {human_bytes(data['hbm_bytes_per_chip'])}",
+        ),
         ("FLOPs per chip per step", f"{data['flops_per_chip_per_step']:.3e}"),
         ("step time (compiler's optimal)", f"{data['step_seconds'] * 1e3:.3f} ms"),
         ("MFU at that time", mfu),
@@ -92,8 +96,10 @@ def suggestion_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]
     ]
 
 
-def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(row) + " |" for row in rows]
+def _table(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
 
 
 def to_markdown(estimate: Estimate | dict[str, Any]) -> str:

@@ -57,11 +57,15 @@ class EstimateOptions:
             )
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise TpuAgentError(
-                "bad-strategy", f"--strategy {self.strategy!r} is not a strategy", f"use one of: {', '.join(STRATEGIES)}"
+                "bad-strategy",
+                f"--strategy {self.strategy!r} is not a strategy",
+                f"use one of: {', '.join(STRATEGIES)}",
             )
         if not 2 <= self.steps <= MAX_STEPS:
             raise TpuAgentError(
-                "bad-steps", f"--steps {self.steps}: the capture needs 2 to {MAX_STEPS} optimizer steps", "use --steps 3"
+                "bad-steps",
+                f"--steps {self.steps}: the capture needs 2 to {MAX_STEPS} optimizer steps",
+                "use --steps 3",
             )
 
 
@@ -122,7 +126,9 @@ def estimate_script(
     if not result.get("ok"):
         error = result.get("error", {})
         raise TpuAgentError(
-            str(error.get("code", "estimate-failed")), str(error.get("message", "no estimate")), str(error.get("hint", ""))
+            str(error.get("code", "estimate-failed")),
+            str(error.get("message", "no estimate")),
+            str(error.get("hint", "")),
         )
     document = {
         "schema_version": SCHEMA_VERSION,

@@ -14,9 +14,23 @@ from collections.abc import Sequence
 
 from tpu_agent.chips import TpuTarget
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.estimate.compiler import HbmExhausted, compile_for_target, compiler_status, supported_chip_counts, tpu_devices
+from tpu_agent.estimate.compiler import (
+    HbmExhausted,
+    compile_for_target,
+    compiler_status,
+    supported_chip_counts,
+    tpu_devices,
+)
 from tpu_agent.estimate.hlo import DTYPE_BYTES, summarize
-from tpu_agent.estimate.model import ArgRole, ArgSpec, Estimate, MemoryBreakdown, ProgramEstimate, StepProgram, Suggestion
+from tpu_agent.estimate.model import (
+    ArgRole,
+    ArgSpec,
+    Estimate,
+    MemoryBreakdown,
+    ProgramEstimate,
+    StepProgram,
+    Suggestion,
+)
 
 STRATEGIES = ("as-captured", "data-parallel", "fsdp")
 MESH_AXIS = "chips"
@@ -84,7 +98,9 @@ def compile_program(program: StepProgram, target: TpuTarget, strategy: str = "as
 
 def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> ProgramEstimate:
     if strategy not in STRATEGIES:
-        raise TpuAgentError("bad-strategy", f"unknown sharding strategy {strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
+        raise TpuAgentError(
+            "bad-strategy", f"unknown sharding strategy {strategy!r}", f"use one of: {', '.join(STRATEGIES)}"
+        )
     abstract, dims = _abstract_args(program, target, strategy)
     by_role = {role: 0 for role in ArgRole}
     for arg, dim in zip(program.args, dims, strict=True):
@@ -103,7 +119,9 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
             temporaries=max(0, refusal.required_bytes - inputs),
             code=0,
         )
-        return ProgramEstimate(program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message, program.calls)
+        return ProgramEstimate(
+            program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message, program.calls
+        )
     memory = MemoryBreakdown(
         parameters=by_role[ArgRole.PARAMETER],
         optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
@@ -163,7 +181,10 @@ def estimate_step(
 
 def _bf16_state(program: StepProgram) -> StepProgram:
     return program.with_args(
-        [arg.with_dtype("bfloat16") if arg.role in _STATE_ROLES and arg.dtype == "float32" else arg for arg in program.args]
+        [
+            arg.with_dtype("bfloat16") if arg.role in _STATE_ROLES and arg.dtype == "float32" else arg
+            for arg in program.args
+        ]
     )
 
 
@@ -176,9 +197,18 @@ def suggest_fixes(
     the script's smaller batch, not here.)"""
     candidates: list[tuple[str, TpuTarget, str, list[StepProgram]]] = []
     if target.chips > 1 and strategy != "fsdp":
-        candidates.append((f"shard parameters and optimizer state over the {target.chips} chips (FSDP2 fully_shard)", target, "fsdp", list(programs)))
+        candidates.append(
+            (
+                f"shard parameters and optimizer state over the {target.chips} chips (FSDP2 fully_shard)",
+                target,
+                "fsdp",
+                list(programs),
+            )
+        )
     if any(arg.role in _STATE_ROLES and arg.dtype == "float32" for program in programs for arg in program.args):
-        candidates.append(("keep parameters and optimizer state in bf16", target, strategy, [_bf16_state(p) for p in programs]))
+        candidates.append(
+            ("keep parameters and optimizer state in bf16", target, strategy, [_bf16_state(p) for p in programs])
+        )
     for count in supported_chip_counts(target.chip.key):
         if count > target.chips:
             bigger = TpuTarget(target.chip, count)
@@ -186,7 +216,9 @@ def suggest_fixes(
     suggestions: list[Suggestion] = []
     for change, candidate_target, candidate_strategy, candidate_programs in candidates[:max_compiles]:
         estimate = estimate_step(candidate_programs, candidate_target, candidate_strategy)
-        suggestions.append(Suggestion(change, candidate_target.spec, estimate.fits, estimate.peak_hbm_bytes, estimate.step_seconds))
+        suggestions.append(
+            Suggestion(change, candidate_target.spec, estimate.fits, estimate.peak_hbm_bytes, estimate.step_seconds)
+        )
         if estimate.fits and candidate_target is not target:
             break  # the smallest larger slice that fits was found; larger ones would fit too
     return suggestions

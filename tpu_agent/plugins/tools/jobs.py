@@ -44,13 +44,14 @@ POLL_S = 0.5
 
 def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
     ws = job.workspace
+    estimate = _estimate_file(job)
     if job.state.value == "running":
         next_action = f"Call tpu_job_status with job_id={job.id!r} and wait_s=30 until the state is final."
     elif job.kind == "profile" and job.state.value == "succeeded":
         next_action = f"Call tpu_diagnose with job_id={job.id!r}."
-    elif job.kind == "estimate" and job.exit_code in (ExitCode.OK, ExitCode.FINDINGS) and _estimate_file(job):
+    elif estimate is not None and job.exit_code in (ExitCode.OK, ExitCode.FINDINGS):
         next_action = (
-            f"Read {ws.relative(_estimate_file(job))}: the verdict, HBM per chip and, when it does not fit, the "
+            f"Read {ws.relative(estimate)}: the verdict, HBM per chip and, when it does not fit, the "
             "suggestions (each compiled). Apply one, then call tpu_estimate again."
         )
     elif job.state.value == "succeeded":
@@ -69,7 +70,7 @@ def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
         log_tail=job.log_tail(log_lines),
         log_truncated=job.log_truncated,
         profile_dir=ws.relative(job.artefact_dir) if job.artefact_dir is not None and job.kind == "profile" else None,
-        estimate_path=ws.relative(_estimate_file(job)) if _estimate_file(job) is not None else None,
+        estimate_path=ws.relative(estimate) if estimate is not None else None,
         next_action=next_action,
     )
 
@@ -218,8 +219,12 @@ async def tpu_profile(
     entrypoint: EntrypointArg,
     args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
     nproc: NprocArg = 1,
-    steps: Annotated[int, Field(ge=1, le=MAX_STEPS, description="Steps to measure, after the warm-up.")] = DEFAULT_STEPS,
-    warmup: Annotated[int, Field(ge=0, le=MAX_WARMUP, description="Steps run before measuring (compiles).")] = DEFAULT_WARMUP,
+    steps: Annotated[
+        int, Field(ge=1, le=MAX_STEPS, description="Steps to measure, after the warm-up.")
+    ] = DEFAULT_STEPS,
+    warmup: Annotated[
+        int, Field(ge=0, le=MAX_WARMUP, description="Steps run before measuring (compiles).")
+    ] = DEFAULT_WARMUP,
     chip: ChipArg = DEFAULT_CHIP,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     timeout_s: TimeoutArg = 1800,
@@ -241,7 +246,9 @@ async def tpu_estimate(
         Literal["as-captured", "data-parallel", "fsdp"] | None,
         Field(description="Sharding over the slice (default: data-parallel on a slice, as-captured on one chip)."),
     ] = None,
-    steps: Annotated[int, Field(ge=2, le=100, description="Optimizer steps to run; the last full one is compiled.")] = 3,
+    steps: Annotated[
+        int, Field(ge=2, le=100, description="Optimizer steps to run; the last full one is compiled.")
+    ] = 3,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,

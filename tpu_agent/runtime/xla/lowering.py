@@ -30,14 +30,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import torch
-
-# Executables run on XLA:CPU. Naming the platform keeps an installed libtpu (the estimate extra) from being
-# initialised for execution, which would print its "no TPU here" errors into every run.
-jax.config.update("jax_platforms", "cpu")
 import torch.utils._pytree as pytree
 
 from tpu_agent.runtime.emulated import ops, state
 from tpu_agent.runtime.xla import extra_ops, torchax_compat
+
+# Executables run on XLA:CPU. Naming the platform keeps an installed libtpu (the estimate extra) from being
+# initialised for execution, which would print its "no TPU here" errors into every run.
+jax.config.update("jax_platforms", "cpu")
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
