@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from estimate_helpers import needs_tpu_compiler
+from tpu_compiler import needs_tpu_compiler
 
 from tpu_agent.chips import parse_target
 from tpu_agent.estimate import compiler

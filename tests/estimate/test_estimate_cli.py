@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from estimate_helpers import needs_tpu_compiler
+from tpu_compiler import needs_tpu_compiler
 
 from tpu_agent.estimate.compiler import compiler_status
 

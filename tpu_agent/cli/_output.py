@@ -53,7 +53,9 @@ def fail(error: TpuAgentError, output_format: OutputFormat = OutputFormat.text) 
         # columns when stderr is a pipe, which is how agents and scripts read it); a terminal wraps visually.
         # escaped: messages and hints quote paths and commands (`pip install "tpu-agent[estimate]"`) that rich
         # would otherwise read as markup and drop
-        console_err.print(f"[bold red]error[/] [dim]({error.code})[/]: {escape(error.message)}", highlight=False, soft_wrap=True)
+        console_err.print(
+            f"[bold red]error[/] [dim]({error.code})[/]: {escape(error.message)}", highlight=False, soft_wrap=True
+        )
         if error.hint:
             console_err.print(f"  [bold]hint[/]: {escape(error.hint)}", highlight=False, soft_wrap=True)
     raise typer.Exit(int(error.exit_code))

@@ -1,4 +1,4 @@
-"""Shared by the estimate tests (a module of its own: ``conftest`` is a name every test directory uses)."""
+"""The skip mark for tests that need libtpu: it comes with the ``[estimate]`` extra (Linux x86_64 only)."""
 
 import pytest
 
