@@ -89,7 +89,11 @@ def train_step_program(shape: GptShape, dtype: str = "float32", parameter_shard_
 
     shapes = shape.parameter_shapes()
     params = [ArgSpec(name, shapes[name], dtype, ArgRole.PARAMETER, parameter_shard_dim) for name in names]
-    state = [ArgSpec(f"{kind}.{name}", shapes[name], dtype, ArgRole.OPTIMIZER_STATE, parameter_shard_dim) for kind in ("m", "v") for name in names]
+    state = [
+        ArgSpec(f"{kind}.{name}", shapes[name], dtype, ArgRole.OPTIMIZER_STATE, parameter_shard_dim)
+        for kind in ("m", "v")
+        for name in names
+    ]
     tokens = ArgSpec("tokens", (shape.batch, shape.seq), "int32", ArgRole.BATCH, 0)
     return StepProgram("train_step", step, (*params, *state, tokens), donated=tuple(range(3 * count)))
 
@@ -103,7 +107,9 @@ def wide_mlp_step_program(d_model: int, hidden: int, batch: int, dtype: str = "f
     def loss_fn(w_in: jax.Array, w_out: jax.Array, x: jax.Array) -> jax.Array:
         return jnp.mean((jax.nn.relu(x @ w_in) @ w_out - x) ** 2)
 
-    def step(w_in: jax.Array, w_out: jax.Array, m_in: jax.Array, m_out: jax.Array, x: jax.Array) -> tuple[jax.Array, ...]:
+    def step(
+        w_in: jax.Array, w_out: jax.Array, m_in: jax.Array, m_out: jax.Array, x: jax.Array
+    ) -> tuple[jax.Array, ...]:
         loss, (g_in, g_out) = jax.value_and_grad(loss_fn, argnums=(0, 1))(w_in, w_out, x)
         m_in, m_out = 0.9 * m_in + g_in, 0.9 * m_out + g_out
         return loss, w_in - 1e-3 * m_in, w_out - 1e-3 * m_out, m_in, m_out

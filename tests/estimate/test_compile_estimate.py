@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import needs_tpu_compiler
 from jax_gpt import GptShape, train_step_program, wide_mlp_step_program
+from tpu_compiler import needs_tpu_compiler
 
 from tpu_agent.chips import parse_target
 from tpu_agent.errors import TpuAgentError

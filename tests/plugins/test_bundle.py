@@ -8,12 +8,18 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from tpu_agent.plugins.build import AGENT_PLUGINS_MCP_SCHEMA, AGENT_PLUGINS_SCHEMA, check_bundle, render_bundle, write_bundle
+from tpu_agent.plugins.build import (
+    AGENT_PLUGINS_MCP_SCHEMA,
+    AGENT_PLUGINS_SCHEMA,
+    check_bundle,
+    render_bundle,
+    write_bundle,
+)
 from tpu_agent.plugins.bundles import parse_markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +57,12 @@ def test_build_writes_fixes_and_prunes(tmp_path: Path) -> None:
     stale = _cli("build", "--check", "--out", str(out), "--format", "json")
     assert stale.returncode == 1
     assert json.loads(stale.stdout) == {
-        "out": str(out), "check": True, "clean": False, "missing": [], "changed": ["plugin.json"], "extra": ["stale.txt"]
+        "out": str(out),
+        "check": True,
+        "clean": False,
+        "missing": [],
+        "changed": ["plugin.json"],
+        "extra": ["stale.txt"],
     }
     assert (out / "stale.txt").exists()  # --check writes nothing
     assert _cli("build", "--out", str(out)).returncode == 0
@@ -60,7 +71,18 @@ def test_build_writes_fixes_and_prunes(tmp_path: Path) -> None:
 
 def test_agent_plugins_1_0_rules() -> None:
     manifest = json.loads((PLUGIN / "plugin.json").read_text())
-    allowed = {"$schema", "name", "version", "description", "author", "homepage", "repository", "license", "keywords", "extensions"}
+    allowed = {
+        "$schema",
+        "name",
+        "version",
+        "description",
+        "author",
+        "homepage",
+        "repository",
+        "license",
+        "keywords",
+        "extensions",
+    }
     assert set(manifest) <= allowed
     assert manifest["$schema"] == AGENT_PLUGINS_SCHEMA
     assert NAME_RE.match(manifest["name"]) and "--" not in manifest["name"] and len(manifest["name"]) <= 64
@@ -81,7 +103,10 @@ def test_every_manifest_registers_the_same_server() -> None:
     assert set(claude) == set(portable) == set(gemini["mcpServers"]) == {"tpu-agent"}
     assert claude["tpu-agent"]["args"][0] == portable["tpu-agent"]["args"][0] == "mcp"
     assert gemini["mcpServers"]["tpu-agent"]["args"] == ["mcp", "--workspace", "${workspacePath}"]
-    versions = {json.loads((PLUGIN / f).read_text())["version"] for f in (".claude-plugin/plugin.json", "plugin.json", "gemini-extension.json")}
+    versions = {
+        json.loads((PLUGIN / f).read_text())["version"]
+        for f in (".claude-plugin/plugin.json", "plugin.json", "gemini-extension.json")
+    }
     from tpu_agent import __version__
 
     assert versions == {__version__}
@@ -153,7 +178,13 @@ def _host_env(tmp_path: Path) -> dict[str, str]:
 def test_claude_code_validates_installs_and_connects(tmp_path: Path) -> None:
     claude = _host_cli("claude")
     env = _host_env(tmp_path)
-    validate = subprocess.run([claude, "plugin", "validate", "--strict", "--json", str(PLUGIN)], capture_output=True, text=True, env=env, timeout=120)
+    validate = subprocess.run(
+        [claude, "plugin", "validate", "--strict", "--json", str(PLUGIN)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     report = json.loads(validate.stdout)
     assert validate.returncode == 0 and report["success"], validate.stdout
     assert report["provides"]["skills"] == ["tpu-agent:tpu-migrate", "tpu-agent:tpu-tune"]
@@ -162,7 +193,13 @@ def test_claude_code_validates_installs_and_connects(tmp_path: Path) -> None:
     shutil.copytree(PLUGIN, market / "tpu-agent")
     (market / ".claude-plugin").mkdir()
     (market / ".claude-plugin" / "marketplace.json").write_text(
-        json.dumps({"name": "tpu-agent-test", "owner": {"name": "tests"}, "plugins": [{"name": "tpu-agent", "source": "./tpu-agent"}]})
+        json.dumps(
+            {
+                "name": "tpu-agent-test",
+                "owner": {"name": "tests"},
+                "plugins": [{"name": "tpu-agent", "source": "./tpu-agent"}],
+            }
+        )
     )
     project = tmp_path / "project"
     project.mkdir()
@@ -170,7 +207,7 @@ def test_claude_code_validates_installs_and_connects(tmp_path: Path) -> None:
         step = subprocess.run([claude, *args], capture_output=True, text=True, env=env, cwd=project, timeout=120)
         assert step.returncode == 0, step.stdout + step.stderr
     listed = subprocess.run([claude, "mcp", "list"], capture_output=True, text=True, env=env, cwd=project, timeout=120)
-    line = next(l for l in listed.stdout.splitlines() if "plugin:tpu-agent:tpu-agent" in l)
+    line = next(row for row in listed.stdout.splitlines() if "plugin:tpu-agent:tpu-agent" in row)
     assert "Connected" in line, listed.stdout  # Claude Code really started `tpu-agent mcp` and handshook
 
 
@@ -178,15 +215,24 @@ def test_claude_code_validates_installs_and_connects(tmp_path: Path) -> None:
 def test_gemini_cli_validates_links_and_connects(tmp_path: Path) -> None:
     gemini = _host_cli("gemini")
     env = _host_env(tmp_path)
-    validate = subprocess.run([gemini, "extensions", "validate", str(PLUGIN)], capture_output=True, text=True, env=env, timeout=120)
+    validate = subprocess.run(
+        [gemini, "extensions", "validate", str(PLUGIN)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert validate.returncode == 0 and "successfully validated" in validate.stdout + validate.stderr
     project = tmp_path / "project"
     project.mkdir()
-    link = subprocess.run([gemini, "extensions", "link", str(PLUGIN), "--consent"], capture_output=True, text=True, env=env, cwd=project, timeout=120)
+    link = subprocess.run(
+        [gemini, "extensions", "link", str(PLUGIN), "--consent"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+        timeout=120,
+    )
     assert link.returncode == 0, link.stdout + link.stderr
     listed = subprocess.run([gemini, "mcp", "list"], capture_output=True, text=True, env=env, cwd=project, timeout=120)
     out = listed.stdout + listed.stderr
-    line = next(l for l in out.splitlines() if "tpu-agent (from tpu-agent)" in l)
+    line = next(row for row in out.splitlines() if "tpu-agent (from tpu-agent)" in row)
     assert f"--workspace {project}" in line and "Connected" in line, out
 
 
@@ -194,9 +240,13 @@ def test_gemini_cli_validates_links_and_connects(tmp_path: Path) -> None:
 def test_copilot_cli_installs_the_agent_plugin(tmp_path: Path) -> None:
     copilot = _host_cli("copilot")
     env = _host_env(tmp_path)
-    install = subprocess.run([copilot, "plugin", "install", str(PLUGIN)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    install = subprocess.run(
+        [copilot, "plugin", "install", str(PLUGIN)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert install.returncode == 0 and "Installed 2 skills" in install.stdout, install.stdout + install.stderr
-    listed = subprocess.run([copilot, "mcp", "list"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    listed = subprocess.run(
+        [copilot, "mcp", "list"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert "tpu-agent (local)" in listed.stdout, listed.stdout + listed.stderr
 
 
@@ -207,23 +257,47 @@ def test_codex_installs_the_agent_plugin_and_reads_the_installer_toml(tmp_path: 
     market = tmp_path / "market"
     shutil.copytree(PLUGIN, market / "tpu-agent")
     (market / ".agents" / "plugins").mkdir(parents=True)
-    (market / ".agents" / "plugins" / "marketplace.json").write_text(json.dumps({
-        "name": "tpu-agent-test",
-        "plugins": [{"name": "tpu-agent", "source": {"source": "local", "path": "./tpu-agent"},
-                     "policy": {"installation": "AVAILABLE", "authentication": "ON_INSTALL"}, "category": "Developer Tools"}],
-    }))
+    (market / ".agents" / "plugins" / "marketplace.json").write_text(
+        json.dumps(
+            {
+                "name": "tpu-agent-test",
+                "plugins": [
+                    {
+                        "name": "tpu-agent",
+                        "source": {"source": "local", "path": "./tpu-agent"},
+                        "policy": {"installation": "AVAILABLE", "authentication": "ON_INSTALL"},
+                        "category": "Developer Tools",
+                    }
+                ],
+            }
+        )
+    )
     for args in (["plugin", "marketplace", "add", str(market)], ["plugin", "add", "tpu-agent@tpu-agent-test"]):
         step = subprocess.run([codex, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
         assert step.returncode == 0, step.stdout + step.stderr
-    listed = subprocess.run([codex, "mcp", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    listed = subprocess.run(
+        [codex, "mcp", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     servers = {s["name"]: s for s in json.loads(listed.stdout)}
     assert "tpu-agent" in servers, listed.stdout
     # The installer's TOML, with a comment and another server already there, is what Codex reads.
     config = Path(env["HOME"]) / ".codex" / "config.toml"
-    config.write_text(config.read_text() + '\n# mine\n[mcp_servers.other]\ncommand = "other"\n' if config.exists() else '# mine\n[mcp_servers.other]\ncommand = "other"\n')
-    subprocess.run([sys.executable, "-m", "tpu_agent", "plugin", "install", "--harness", "codex", "--scope", "user"],
-                   check=True, capture_output=True, env=env, cwd=tmp_path, timeout=60)
-    listed = subprocess.run([codex, "mcp", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    config.write_text(
+        config.read_text() + '\n# mine\n[mcp_servers.other]\ncommand = "other"\n'
+        if config.exists()
+        else '# mine\n[mcp_servers.other]\ncommand = "other"\n'
+    )
+    subprocess.run(
+        [sys.executable, "-m", "tpu_agent", "plugin", "install", "--harness", "codex", "--scope", "user"],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    listed = subprocess.run(
+        [codex, "mcp", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     names = [s["name"] for s in json.loads(listed.stdout)]
     assert "other" in names and "tpu-agent" in names, listed.stdout
     assert "# mine" in config.read_text()
@@ -235,13 +309,19 @@ def test_gemini_cli_connects_to_the_installer_entry(tmp_path: Path) -> None:
     env = _host_env(tmp_path)
     project = tmp_path / "project"
     project.mkdir()
-    subprocess.run([sys.executable, "-m", "tpu_agent", "plugin", "install", "--harness", "gemini"],
-                   check=True, capture_output=True, env=env, cwd=project, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "tpu_agent", "plugin", "install", "--harness", "gemini"],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=project,
+        timeout=60,
+    )
     # Gemini CLI starts project servers only in folders the user trusted.
     trust = Path(env["HOME"]) / ".gemini" / "trustedFolders.json"
     trust.parent.mkdir(parents=True, exist_ok=True)
     trust.write_text(json.dumps({str(project): "TRUST_FOLDER"}))
     listed = subprocess.run([gemini, "mcp", "list"], capture_output=True, text=True, env=env, cwd=project, timeout=120)
     out = listed.stdout + listed.stderr
-    line = next(l for l in out.splitlines() if "tpu-agent" in l)
+    line = next(row for row in out.splitlines() if "tpu-agent" in row)
     assert "Connected" in line, out

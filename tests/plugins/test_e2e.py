@@ -38,7 +38,12 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(REPO)}
     printed = subprocess.run(
         [sys.executable, "-m", "tpu_agent", "plugin", "print-config", "--harness", "claude-code", "--format", "json"],
-        capture_output=True, text=True, cwd=example, env=env, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        cwd=example,
+        env=env,
+        timeout=60,
+        check=True,
     )
     config = json.loads(printed.stdout)
     assert Path(config["path"]) == example.resolve() / ".mcp.json"
@@ -56,15 +61,27 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
         applied = await _call(client, "tpu_apply_plan", {"plan_id": plan["plan_id"]})
         assert "train.py" in applied["files_written"]
 
-        run = await _finish(client, await _call(client, "tpu_run", {"entrypoint": "train.py", "args": ["--steps", "4"], "nproc": 2, "wait_s": 45}))
+        run = await _finish(
+            client,
+            await _call(
+                client, "tpu_run", {"entrypoint": "train.py", "args": ["--steps", "4"], "nproc": 2, "wait_s": 45}
+            ),
+        )
         assert run["state"] == "succeeded", "\n".join(run["log_tail"])
         assert sum(line.startswith("step 3 loss") for line in run["log_tail"]) >= 1
 
         profile = await _finish(
-            client, await _call(client, "tpu_profile", {"entrypoint": "train.py", "args": ["--steps", "12"], "steps": 8, "warmup": 2, "wait_s": 45})
+            client,
+            await _call(
+                client,
+                "tpu_profile",
+                {"entrypoint": "train.py", "args": ["--steps", "12"], "steps": 8, "warmup": 2, "wait_s": 45},
+            ),
         )
         assert profile["state"] == "succeeded", "\n".join(profile["log_tail"])
-        assert profile["profile_dir"].startswith(".tpu-agent/profiles/") and any((example / profile["profile_dir"]).iterdir())
+        assert profile["profile_dir"].startswith(".tpu-agent/profiles/") and any(
+            (example / profile["profile_dir"]).iterdir()
+        )
 
         diagnosis = await _call(client, "tpu_diagnose", {"job_id": profile["job_id"]})
         assert diagnosis["report"] and diagnosis["findings"]

@@ -53,7 +53,9 @@ def test_json_merge_keeps_other_servers_and_settings(name: str, tmp_path: Path) 
     scope = _scopes(name)[-1]
     path = install(name, scope, project=tmp_path, home=tmp_path, dry_run=True, command=COMMAND).path  # type: ignore[arg-type]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"theme": "dark", harness.key: {"other": OTHER, "tpu-agent": {"command": "old"}}}, indent=2))
+    path.write_text(
+        json.dumps({"theme": "dark", harness.key: {"other": OTHER, "tpu-agent": {"command": "old"}}}, indent=2)
+    )
     result = install(name, scope, project=tmp_path, home=tmp_path, command=COMMAND)  # type: ignore[arg-type]
     data = json.loads(path.read_text())
     assert data["theme"] == "dark"
@@ -102,8 +104,10 @@ def test_jsonc_is_refused_with_the_snippet(tmp_path: Path) -> None:
 
 def test_workspace_arguments_per_harness(tmp_path: Path) -> None:
     project = tmp_path.resolve()
+
     def args(name: str, scope: str) -> list[str]:
         return install(name, scope, project=project, home=tmp_path, dry_run=True, command=COMMAND).entry["args"]  # type: ignore[arg-type]
+
     assert args("claude-code", "project") == ["mcp"]  # Claude Code sets CLAUDE_PROJECT_DIR itself
     assert args("vscode", "project") == ["mcp", "--workspace", "${workspaceFolder}"]
     assert args("cursor", "user") == ["mcp", "--workspace", "${workspaceFolder}"]
@@ -127,7 +131,12 @@ def test_print_config_is_what_install_writes(tmp_path: Path) -> None:
 def _cli(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "tpu_agent", "plugin", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+        [sys.executable, "-m", "tpu_agent", "plugin", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
     )
 
 
@@ -135,7 +144,9 @@ def _cli(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_cli_install_json_and_dry_run(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    dry = _cli("install", "--harness", "gemini", "--scope", "user", "--dry-run", "--format", "json", home=home, cwd=tmp_path)
+    dry = _cli(
+        "install", "--harness", "gemini", "--scope", "user", "--dry-run", "--format", "json", home=home, cwd=tmp_path
+    )
     assert dry.returncode == 0, dry.stderr
     report = json.loads(dry.stdout)
     assert report["dry_run"] and report["changed"] and not report["written"] and "+" in report["diff"]

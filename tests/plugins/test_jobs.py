@@ -35,7 +35,9 @@ def _py(code: str) -> list[str]:
 def test_job_succeeds_and_its_log_tail_is_bounded(tmp_path: Path) -> None:
     ws = resolve_workspace(str(tmp_path), None, {})
     jobs = JobManager()
-    job = jobs.start("run", _py("import sys\nfor i in range(100): print('step', i)\nprint('err', file=sys.stderr)"), ws, timeout_s=60)
+    job = jobs.start(
+        "run", _py("import sys\nfor i in range(100): print('step', i)\nprint('err', file=sys.stderr)"), ws, timeout_s=60
+    )
     assert jobs.wait_exit(job, 30)
     assert job.state == JobState.SUCCEEDED and job.exit_code == 0
     assert job.log_tail(2) == ["step 99", "err"]

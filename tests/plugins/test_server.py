@@ -26,6 +26,7 @@ TOOLS = {
     "tpu_apply_plan": (False, True, True),
     "tpu_run": (False, False, False),
     "tpu_profile": (False, False, False),
+    "tpu_estimate": (False, False, False),
     "tpu_job_status": (True, False, True),
     "tpu_job_cancel": (False, True, True),
     "tpu_diagnose": (True, False, True),
@@ -74,7 +75,11 @@ async def test_tools_are_namespaced_typed_and_annotated(client: Client) -> None:
         tool = tools[name]
         assert tool.description and len(tool.description) > 60
         ann = tool.annotations
-        assert (ann.read_only_hint, ann.destructive_hint, ann.idempotent_hint) == (read_only, destructive, idempotent), name
+        assert (ann.read_only_hint, ann.destructive_hint, ann.idempotent_hint) == (
+            read_only,
+            destructive,
+            idempotent,
+        ), name
         assert ann.open_world_hint is False
         assert tool.output_schema and tool.output_schema["type"] == "object", name
         jsonschema.Draft202012Validator.check_schema(tool.input_schema)
@@ -227,7 +232,9 @@ async def test_scan_plan_apply_apply_again_and_stale(modern: Client, example: Pa
     assert _tree(example) == after
 
     # A file edited after planning: the new plan refuses to apply instead of clobbering the edit.
-    (example / "data.py").write_text((example / "data.py").read_text().replace("import torch", "import torch  # edited", 1))
+    (example / "data.py").write_text(
+        (example / "data.py").read_text().replace("import torch", "import torch  # edited", 1)
+    )
     (example / "extra.py").write_text("import torch\nx = torch.zeros(2, device='cuda')\n")
     fresh = (await modern.call_tool("tpu_plan_migration", {"paths": ["extra.py"]})).structured_content
     (example / "extra.py").write_text("import torch\nx = torch.ones(2, device='cuda')\n")
@@ -245,7 +252,9 @@ async def test_uncommitted_files_need_the_users_consent(modern: Client, example:
     refused = _error(await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"]}))
     assert refused["code"] == "dirty-worktree" and "allow_dirty=true" in refused["hint"]
     assert "--allow-dirty" not in refused["hint"]
-    applied = (await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"], "allow_dirty": True})).structured_content
+    applied = (
+        await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"], "allow_dirty": True})
+    ).structured_content
     assert applied["files_written"] == ["train.py"]
     assert not any((example / ".git").rglob("*.tpu-agent-tmp"))
 
@@ -271,7 +280,9 @@ async def test_run_status_and_cancel(modern: Client, example: Path) -> None:
     log = (await modern.read_resource(job["log_uri"])).contents[0].text
     assert "step 1 loss" in log
 
-    long = (await modern.call_tool("tpu_run", {"entrypoint": "train.py", "args": ["--steps", "100000"], "wait_s": 0})).structured_content
+    long = (
+        await modern.call_tool("tpu_run", {"entrypoint": "train.py", "args": ["--steps", "100000"], "wait_s": 0})
+    ).structured_content
     assert long["state"] == "running"
     cancelled = (await modern.call_tool("tpu_job_cancel", {"job_id": long["job_id"]})).structured_content
     assert cancelled == {"job_id": long["job_id"], "state": "cancelled", "was_running": True}
@@ -298,7 +309,9 @@ for step in range(12):
 @pytest.mark.slow
 async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
-    job = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "steps": 8, "warmup": 2, "wait_s": 50})).structured_content
+    job = (
+        await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "steps": 8, "warmup": 2, "wait_s": 50})
+    ).structured_content
     if job["state"] == "running":
         job = (await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50})).structured_content
     assert job["state"] == "succeeded", job["log_tail"]
@@ -323,10 +336,36 @@ async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     await modern.call_tool("tpu_job_cancel", {"job_id": busy["job_id"]})
 
 
+async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_compiler(
+    modern: Client, example: Path
+) -> None:
+    from tpu_agent.estimate.compiler import compiler_status
+
+    (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
+    job = (await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50})).structured_content
+    for _ in range(12):  # a compile for the slice takes minutes on a loaded 2-core machine
+        if job["state"] != "running":
+            break
+        job = (await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50})).structured_content
+    command = job["command"]
+    assert job["kind"] == "estimate" and command[3] == "estimate" and "--nproc" not in command
+    assert command[command.index("--output") + 1].startswith(".tpu-agent/estimates/")
+    if compiler_status().available:
+        assert job["state"] == "succeeded", job["log_tail"]
+        document = json.loads((example / job["estimate_path"]).read_text())
+        assert document["estimate"]["target"] == "v5e-4" and document["estimate"]["verdict"] == "fits"
+        assert job["estimate_path"] in job["next_action"]
+    else:
+        assert job["state"] == "failed" and job["exit_code"] == 2 and job["estimate_path"] is None
+        assert any("tpu-agent[estimate]" in line for line in job["log_tail"]), job["log_tail"]
+
+
 async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> None:
     schema = {t.name: t for t in (await modern.list_tools()).tools}["tpu_run"].input_schema["properties"]["chip"]
     assert "v5e-8" in schema["description"] and schema["maxLength"] <= 16
-    job = (await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": " V5E-8 ", "wait_s": 0})).structured_content
+    job = (
+        await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": " V5E-8 ", "wait_s": 0})
+    ).structured_content
     await modern.call_tool("tpu_job_cancel", {"job_id": job["job_id"]})
     assert job["command"][job["command"].index("--chip") + 1] == "v5e-8"  # canonicalised by parse_target
     for bad in ("v9", "v5e-0", "v5e-99999", "tpu"):

@@ -23,7 +23,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(REPO), **extra}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": str(REPO),
+        **extra,
+    }
 
 
 class RawServer:
@@ -33,7 +38,11 @@ class RawServer:
         self.stderr = (workspace.parent / "server.stderr").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tpu_agent", "mcp", "--workspace", str(workspace)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=_env(), cwd="/",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=_env(),
+            cwd="/",
         )
         self.lines: list[bytes] = []
         self.next_id = 0
@@ -170,8 +179,21 @@ async def test_streamable_http_binds_loopback_only(example: Path, tmp_path: Path
         port = probe.getsockname()[1]
     log = (tmp_path / "http.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tpu_agent", "mcp", "--transport", "streamable-http", "--port", str(port), "--workspace", str(example)],
-        stdout=log, stderr=subprocess.STDOUT, env=_env(),
+        [
+            sys.executable,
+            "-m",
+            "tpu_agent",
+            "mcp",
+            "--transport",
+            "streamable-http",
+            "--port",
+            str(port),
+            "--workspace",
+            str(example),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=_env(),
     )
     try:
         deadline = time.monotonic() + 30

@@ -70,7 +70,14 @@ def test_escapes_are_refused(tmp_path: Path) -> None:
     assert ws.resolve("src/m.py") == root.resolve() / "src" / "m.py"
     assert ws.resolve(str(root / "src" / "m.py")) == root.resolve() / "src" / "m.py"  # absolute inside is fine
     assert ws.resolve("inner.py") == root.resolve() / "src" / "m.py"  # a link that stays inside is fine
-    for escape in ["../secret.py", "src/../../secret.py", str(tmp_path / "secret.py"), "link.py", "dirlink/secret.py", "/etc/passwd"]:
+    for escape in [
+        "../secret.py",
+        "src/../../secret.py",
+        str(tmp_path / "secret.py"),
+        "link.py",
+        "dirlink/secret.py",
+        "/etc/passwd",
+    ]:
         with pytest.raises(TpuAgentError) as info:
             ws.resolve(escape)
         assert info.value.code == "path-outside-workspace", escape

@@ -51,7 +51,9 @@ plugin_app = typer.Typer(
 
 @handles_errors
 def mcp_command(
-    transport: Transport = typer.Option(Transport.stdio, "--transport", help="stdio (what hosts start) or streamable-http."),
+    transport: Transport = typer.Option(
+        Transport.stdio, "--transport", help="stdio (what hosts start) or streamable-http."
+    ),
     port: int = typer.Option(8765, "--port", min=1, max=65535, help="HTTP port; the server binds 127.0.0.1 only."),
     workspace: str = typer.Option(
         None, "--workspace", help="Absolute project directory (default: the tool argument or CLAUDE_PROJECT_DIR)."
@@ -116,8 +118,11 @@ def build_command(
     else:
         for label, paths in (("missing", diff.missing), ("changed", diff.changed), ("extra", diff.extra)):
             for path in paths:
-                console.print(f"{'would fix' if check else 'wrote' if label != 'extra' else 'removed'} "
-                              f"[bold]{label}[/] {out / path}", highlight=False)
+                console.print(
+                    f"{'would fix' if check else 'wrote' if label != 'extra' else 'removed'} "
+                    f"[bold]{label}[/] {out / path}",
+                    highlight=False,
+                )
         if diff.clean:
             console.print(f"{out} is up to date", highlight=False)
     if check and not diff.clean:
@@ -130,7 +135,9 @@ def build_command(
 @handles_errors
 def install_command(
     harness: HarnessName = typer.Option(..., "--harness", help="Which host's config to edit."),
-    scope: ScopeName = typer.Option(ScopeName("project"), "--scope", help="project: the repo's file; user: your home's."),
+    scope: ScopeName = typer.Option(
+        ScopeName("project"), "--scope", help="project: the repo's file; user: your home's."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff, write nothing."),
     project: Path = typer.Option(Path("."), "--project", help="The project directory (project scope)."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),

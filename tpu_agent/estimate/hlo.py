@@ -247,7 +247,9 @@ def summarize(hlo_text: str) -> HloSummary:
         if instruction.opcode in ("dot", "convolution"):
             flops = _matmul_flops(instruction, local)
             if flops:
-                summary.matmuls.append(MatmulOp(instruction.name, flops, instruction.type_text.split("{")[0], instruction.op_name))
+                summary.matmuls.append(
+                    MatmulOp(instruction.name, flops, instruction.type_text.split("{")[0], instruction.op_name)
+                )
         if instruction.in_entry and instruction.opcode not in ("tuple", "get-tuple-element", "bitcast"):
             for array in instruction.arrays:
                 summary.logical_bytes += array.bytes

@@ -14,14 +14,30 @@ from collections.abc import Sequence
 
 from tpu_agent.chips import TpuTarget
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.estimate.compiler import HbmExhausted, compile_for_target, compiler_status, supported_chip_counts, tpu_devices
+from tpu_agent.estimate.compiler import (
+    HbmExhausted,
+    compile_for_target,
+    compiler_status,
+    supported_chip_counts,
+    tpu_devices,
+)
 from tpu_agent.estimate.hlo import DTYPE_BYTES, summarize
-from tpu_agent.estimate.model import ArgRole, ArgSpec, Estimate, MemoryBreakdown, ProgramEstimate, StepProgram, Suggestion
+from tpu_agent.estimate.model import (
+    ArgRole,
+    ArgSpec,
+    Estimate,
+    MemoryBreakdown,
+    ProgramEstimate,
+    StepProgram,
+    Suggestion,
+)
 
 STRATEGIES = ("as-captured", "data-parallel", "fsdp")
 MESH_AXIS = "chips"
-_JAX_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "s64", "int32": "s32", "bool": "pred"}
-_STATE_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
+_JAX_DTYPES = {
+    "float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "s64", "int32": "s32", "uint32": "u32", "bool": "pred",
+}  # fmt: skip
+_STATE_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE, ArgRole.GRADIENT)
 
 
 def _element_bytes(dtype: str) -> float:
@@ -74,7 +90,7 @@ def compile_program(program: StepProgram, target: TpuTarget, strategy: str = "as
     """Compile one program for ``target`` and attribute the HBM it needs per chip to parameters, optimizer
     state, inputs, outputs, temporaries and code. A program compiled once for a target is not compiled again
     in this process (suggestions revisit the same configurations)."""
-    key = (program.name, id(program.fn), program.args, program.donated, target.spec, strategy)
+    key = (program.name, id(program.fn), program.args, program.donated, program.calls, target.spec, strategy)
     if key not in _COMPILED:
         _COMPILED[key] = _compile_program(program, target, strategy)
     return _COMPILED[key]
@@ -82,7 +98,9 @@ def compile_program(program: StepProgram, target: TpuTarget, strategy: str = "as
 
 def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> ProgramEstimate:
     if strategy not in STRATEGIES:
-        raise TpuAgentError("bad-strategy", f"unknown sharding strategy {strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
+        raise TpuAgentError(
+            "bad-strategy", f"unknown sharding strategy {strategy!r}", f"use one of: {', '.join(STRATEGIES)}"
+        )
     abstract, dims = _abstract_args(program, target, strategy)
     by_role = {role: 0 for role in ArgRole}
     for arg, dim in zip(program.args, dims, strict=True):
@@ -96,15 +114,19 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
             parameters=by_role[ArgRole.PARAMETER],
             optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
             batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
+            gradients=by_role[ArgRole.GRADIENT],
             outputs=0,
             temporaries=max(0, refusal.required_bytes - inputs),
             code=0,
         )
-        return ProgramEstimate(program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message)
+        return ProgramEstimate(
+            program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message, program.calls
+        )
     memory = MemoryBreakdown(
         parameters=by_role[ArgRole.PARAMETER],
         optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
         batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
+        gradients=by_role[ArgRole.GRADIENT],
         outputs=max(0, artifacts.memory["output"] - artifacts.memory["alias"]),
         temporaries=artifacts.memory["temp"],
         code=artifacts.memory["code"],
@@ -118,6 +140,7 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
         memory=memory,
         hlo=summarize(artifacts.hlo_text),
         compiler_argument_bytes=artifacts.memory["argument"],
+        calls=program.calls,
     )
 
 
@@ -158,7 +181,10 @@ def estimate_step(
 
 def _bf16_state(program: StepProgram) -> StepProgram:
     return program.with_args(
-        [arg.with_dtype("bfloat16") if arg.role in _STATE_ROLES and arg.dtype == "float32" else arg for arg in program.args]
+        [
+            arg.with_dtype("bfloat16") if arg.role in _STATE_ROLES and arg.dtype == "float32" else arg
+            for arg in program.args
+        ]
     )
 
 
@@ -171,9 +197,18 @@ def suggest_fixes(
     the script's smaller batch, not here.)"""
     candidates: list[tuple[str, TpuTarget, str, list[StepProgram]]] = []
     if target.chips > 1 and strategy != "fsdp":
-        candidates.append((f"shard parameters and optimizer state over the {target.chips} chips (FSDP2 fully_shard)", target, "fsdp", list(programs)))
+        candidates.append(
+            (
+                f"shard parameters and optimizer state over the {target.chips} chips (FSDP2 fully_shard)",
+                target,
+                "fsdp",
+                list(programs),
+            )
+        )
     if any(arg.role in _STATE_ROLES and arg.dtype == "float32" for program in programs for arg in program.args):
-        candidates.append(("keep parameters and optimizer state in bf16", target, strategy, [_bf16_state(p) for p in programs]))
+        candidates.append(
+            ("keep parameters and optimizer state in bf16", target, strategy, [_bf16_state(p) for p in programs])
+        )
     for count in supported_chip_counts(target.chip.key):
         if count > target.chips:
             bigger = TpuTarget(target.chip, count)
@@ -181,7 +216,9 @@ def suggest_fixes(
     suggestions: list[Suggestion] = []
     for change, candidate_target, candidate_strategy, candidate_programs in candidates[:max_compiles]:
         estimate = estimate_step(candidate_programs, candidate_target, candidate_strategy)
-        suggestions.append(Suggestion(change, candidate_target.spec, estimate.fits, estimate.peak_hbm_bytes, estimate.step_seconds))
+        suggestions.append(
+            Suggestion(change, candidate_target.spec, estimate.fits, estimate.peak_hbm_bytes, estimate.step_seconds)
+        )
         if estimate.fits and candidate_target is not target:
             break  # the smallest larger slice that fits was found; larger ones would fit too
     return suggestions

@@ -72,7 +72,7 @@ def _gemini_command(description: str, body: str) -> bytes:
 
 def _claude_command(frontmatter: dict[str, str], body: str) -> bytes:
     head = "".join(f"{key}: {json.dumps(value)}\n" for key, value in frontmatter.items())
-    return f"---\n{head}---\n{body}".encode("utf-8")
+    return f"---\n{head}---\n{body}".encode()
 
 
 def render_bundle() -> dict[str, bytes]:

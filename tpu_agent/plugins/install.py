@@ -52,32 +52,71 @@ HARNESSES: dict[str, Harness] = {
     h.name: h
     for h in (
         Harness(
-            "claude-code", "Claude Code", ".mcp.json", lambda home: home / ".claude.json", "mcpServers", "json",
-            typed=True, sets_project_env=True,
+            "claude-code",
+            "Claude Code",
+            ".mcp.json",
+            lambda home: home / ".claude.json",
+            "mcpServers",
+            "json",
+            typed=True,
+            sets_project_env=True,
         ),
         Harness(
-            "gemini", "Gemini CLI", ".gemini/settings.json", lambda home: home / ".gemini/settings.json",
-            "mcpServers", "json", typed=False,
+            "gemini",
+            "Gemini CLI",
+            ".gemini/settings.json",
+            lambda home: home / ".gemini/settings.json",
+            "mcpServers",
+            "json",
+            typed=False,
         ),
         Harness(
-            "codex", "Codex CLI", ".codex/config.toml", lambda home: home / ".codex/config.toml", "mcp_servers",
-            "toml", typed=False,
+            "codex",
+            "Codex CLI",
+            ".codex/config.toml",
+            lambda home: home / ".codex/config.toml",
+            "mcp_servers",
+            "toml",
+            typed=False,
         ),
         Harness(
-            "cursor", "Cursor", ".cursor/mcp.json", lambda home: home / ".cursor/mcp.json", "mcpServers", "json",
-            typed=False, workspace_var="${workspaceFolder}",
+            "cursor",
+            "Cursor",
+            ".cursor/mcp.json",
+            lambda home: home / ".cursor/mcp.json",
+            "mcpServers",
+            "json",
+            typed=False,
+            workspace_var="${workspaceFolder}",
         ),
         Harness(
-            "vscode", "VS Code (Copilot agent mode)", ".vscode/mcp.json", _vscode_user_file, "servers", "json",
-            typed=True, workspace_var="${workspaceFolder}",
+            "vscode",
+            "VS Code (Copilot agent mode)",
+            ".vscode/mcp.json",
+            _vscode_user_file,
+            "servers",
+            "json",
+            typed=True,
+            workspace_var="${workspaceFolder}",
         ),
         Harness(
-            "windsurf", "Windsurf", None, lambda home: home / ".codeium/windsurf/mcp_config.json", "mcpServers",
-            "json", typed=False,
+            "windsurf",
+            "Windsurf",
+            None,
+            lambda home: home / ".codeium/windsurf/mcp_config.json",
+            "mcpServers",
+            "json",
+            typed=False,
         ),
         Harness(
-            "zed", "Zed", ".zed/settings.json", lambda home: home / ".config/zed/settings.json", "context_servers",
-            "json", typed=False, extra=(("source", "custom"),),
+            "zed",
+            "Zed",
+            ".zed/settings.json",
+            lambda home: home / ".config/zed/settings.json",
+            "context_servers",
+            "json",
+            typed=False,
+            extra=(("source", "custom"),),
         ),
     )
 }
@@ -167,7 +206,9 @@ def _merge_json(text: str, path: Path, harness: Harness, entry: dict[str, Any]) 
             ) from None
         if not isinstance(data, dict):
             raise TpuAgentError(
-                "config-not-object", f"{path} does not hold a JSON object", "Fix the file or move it away.",
+                "config-not-object",
+                f"{path} does not hold a JSON object",
+                "Fix the file or move it away.",
                 ExitCode.REFUSED,
             )
     else:
@@ -250,7 +291,11 @@ def install(
 
 
 def print_config(
-    harness_name: str, scope: Scope = "project", *, project: Path | None = None, home: Path | None = None,
+    harness_name: str,
+    scope: Scope = "project",
+    *,
+    project: Path | None = None,
+    home: Path | None = None,
     command: list[str] | None = None,
 ) -> tuple[Path, str]:
     """The file ``install`` would edit and the minimal content that registers the server there."""
@@ -261,4 +306,13 @@ def print_config(
     return path, merge("", path, harness, server_entry(harness, scope, project, command))
 
 
-__all__ = ["HARNESSES", "Harness", "InstallResult", "config_path", "get_harness", "install", "print_config", "server_entry"]
+__all__ = [
+    "HARNESSES",
+    "Harness",
+    "InstallResult",
+    "config_path",
+    "get_harness",
+    "install",
+    "print_config",
+    "server_entry",
+]

@@ -106,7 +106,7 @@ _SIMPLE: dict[Any, Checker] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def checker(annotation: Any) -> Checker:
     """A function telling whether a value parsed from JSON has a dataclass field's type (``int | None``,
     ``list[list[int]]``, ``dict[str, int]``, a nested dataclass), built once per type: a capture holds
@@ -131,7 +131,7 @@ def checker(annotation: Any) -> Checker:
     return _SIMPLE[Any]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_checkers(cls: type) -> tuple[tuple[str, Checker], ...]:
     hints = typing.get_type_hints(cls)
     return tuple((f.name, checker(hints[f.name])) for f in dataclasses.fields(cls) if f.name in hints)

@@ -42,7 +42,9 @@ def parse_markdown(text: str, origin: str) -> MarkdownDoc:
     try:
         end = next(i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---")
     except StopIteration:
-        raise TpuAgentError("bad-bundle-source", f"{origin}: frontmatter is not closed", "Close it with '---'.") from None
+        raise TpuAgentError(
+            "bad-bundle-source", f"{origin}: frontmatter is not closed", "Close it with '---'."
+        ) from None
     frontmatter: dict[str, str] = {}
     for number, line in enumerate(lines[1:end], start=2):
         key, sep, value = line.partition(":")
