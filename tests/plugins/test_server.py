@@ -26,6 +26,7 @@ TOOLS = {
     "tpu_apply_plan": (False, True, True),
     "tpu_run": (False, False, False),
     "tpu_profile": (False, False, False),
+    "tpu_estimate": (False, False, False),
     "tpu_job_status": (True, False, True),
     "tpu_job_cancel": (False, True, True),
     "tpu_diagnose": (True, False, True),
@@ -333,6 +334,30 @@ async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     busy = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "wait_s": 0})).structured_content
     assert _error(await modern.call_tool("tpu_diagnose", {"job_id": busy["job_id"]}))["code"] == "job-running"
     await modern.call_tool("tpu_job_cancel", {"job_id": busy["job_id"]})
+
+
+async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_compiler(
+    modern: Client, example: Path
+) -> None:
+    from tpu_agent.estimate.compiler import compiler_status
+
+    (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
+    job = (await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50})).structured_content
+    for _ in range(12):  # a compile for the slice takes minutes on a loaded 2-core machine
+        if job["state"] != "running":
+            break
+        job = (await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50})).structured_content
+    command = job["command"]
+    assert job["kind"] == "estimate" and command[3] == "estimate" and "--nproc" not in command
+    assert command[command.index("--output") + 1].startswith(".tpu-agent/estimates/")
+    if compiler_status().available:
+        assert job["state"] == "succeeded", job["log_tail"]
+        document = json.loads((example / job["estimate_path"]).read_text())
+        assert document["estimate"]["target"] == "v5e-4" and document["estimate"]["verdict"] == "fits"
+        assert job["estimate_path"] in job["next_action"]
+    else:
+        assert job["state"] == "failed" and job["exit_code"] == 2 and job["estimate_path"] is None
+        assert any("tpu-agent[estimate]" in line for line in job["log_tail"]), job["log_tail"]
 
 
 async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> None:

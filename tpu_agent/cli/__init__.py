@@ -13,6 +13,7 @@ import typer
 
 from tpu_agent import __version__
 from tpu_agent.cli import check as check_commands
+from tpu_agent.cli import estimate as estimate_commands
 from tpu_agent.cli import migrate as migrate_commands
 from tpu_agent.cli import plugins as plugin_commands
 from tpu_agent.cli import profile as profile_commands
@@ -29,6 +30,7 @@ app = typer.Typer(
         "  tpu-agent migrate ./repo --diff\n\n"
         "  tpu-agent run --nproc 2 train.py --epochs 1\n\n"
         "  tpu-agent profile train.py --steps 10\n\n"
+        "  tpu-agent estimate --chip v5e-4 train.py\n\n"
         "  tpu-agent rules TPU101"
     ),
     no_args_is_help=True,
@@ -63,7 +65,7 @@ def _one_line_summaries(typer_app: typer.Typer) -> None:
             _one_line_summaries(group.typer_instance)
 
 
-for _module in (migrate_commands, rules_commands, runtime_commands, profile_commands, check_commands, plugin_commands):
+for _module in (migrate_commands, rules_commands, runtime_commands, profile_commands, estimate_commands, check_commands, plugin_commands):
     _module.register(app)
 _one_line_summaries(app)
 

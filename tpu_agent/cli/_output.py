@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 
@@ -50,11 +51,13 @@ def fail(error: TpuAgentError, output_format: OutputFormat = OutputFormat.text) 
     else:
         # soft_wrap: a path or command in the message is never broken into pieces (rich hard-wraps at 80
         # columns when stderr is a pipe, which is how agents and scripts read it); a terminal wraps visually.
+        # escaped: messages and hints quote paths and commands (`pip install "tpu-agent[estimate]"`) that rich
+        # would otherwise read as markup and drop
         console_err.print(
-            f"[bold red]error[/] [dim]({error.code})[/]: {error.message}", highlight=False, soft_wrap=True
+            f"[bold red]error[/] [dim]({error.code})[/]: {escape(error.message)}", highlight=False, soft_wrap=True
         )
         if error.hint:
-            console_err.print(f"  [bold]hint[/]: {error.hint}", highlight=False, soft_wrap=True)
+            console_err.print(f"  [bold]hint[/]: {escape(error.hint)}", highlight=False, soft_wrap=True)
     raise typer.Exit(int(error.exit_code))
 
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 from enum import Enum
 
 import typer
+from rich.markup import escape
 
 from tpu_agent.cli._options import EagerModeChoice, chip_option
-from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, fail, handles_errors, print_json
+from tpu_agent.cli._output import (
+    FORMAT_HELP,
+    OutputFormat,
+    console,
+    fail,
+    handles_errors,
+    print_json,
+)
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.select import BACKENDS
 from tpu_agent.runtime.xla.settings import COMPILER_ENV, COMPILERS
@@ -115,6 +123,9 @@ def doctor(
     console.print(f"  TPU devices {', '.join(report.tpu_devices) or 'none'}", highlight=False)
     console.print(f"  chip        {report.chip} ({report.chip_source})", highlight=False)
     console.print(f"  eager mode  {report.eager_mode} / {report.eager_mode_doc_name} ({report.eager_mode_source})", highlight=False)
+    compiler = report.tpu_compiler
+    hint = f"; {compiler['hint']}" if compiler.get("hint") else ""
+    console.print(f"  compiler    {escape(compiler['reason'] + ' (for estimate' + hint + ')')}", highlight=False, soft_wrap=True)
     for name, value in report.env.items():
         console.print(f"  env         {name}={value}", highlight=False)
 

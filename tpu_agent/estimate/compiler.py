@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tpu_agent.chips import TpuTarget
@@ -44,7 +48,7 @@ _TOPOLOGY_FAMILIES: dict[str, tuple[str, dict[int, str]]] = {
 # TPU), says nothing the user can act on, and would bury the script's own output.
 _HARMLESS_LIBTPU_LINES = re.compile(
     r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Source Location Trace|libtpu_init_utils"
-    r"|^=+\s*$|common_lib\.cc|could not determine TPU|Unable to initialize backend 'tpu'|^\s*$|^E0000|^W0000|^I0000"
+    r"|^=+\s*$|common_lib\.cc|could not determine TPU|Unable to initialize backend 'tpu'|^\s*$|^E0000|^W0000|^I0000|Logging before InitGoogle"
 )
 
 
@@ -155,6 +159,9 @@ def _quiet_libtpu() -> Iterator[None]:
 def _jax() -> Any:
     """Import jax for deviceless TPU work: the CPU platform for execution, and no metadata-server lookups."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # deviceless: no chip is opened, so several processes (pytest and a capture child, two users' runs) may
+    # load libtpu at once; without this the second one fails on libtpu's lockfile
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
 
     jax.config.update("jax_platforms", "cpu")
@@ -216,6 +223,71 @@ class CompiledArtifacts:
     hlo_text: str
 
 
+CACHE_DIR_ENV = "TPU_AGENT_CACHE_DIR"
+CACHE_MAX_ENTRIES = 256
+CACHE_MAX_BYTES = 512 * 1024**2
+
+
+def cache_dir() -> Path:
+    """Where compiled results are kept: ``$TPU_AGENT_CACHE_DIR``, else the user's cache directory."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]) / "estimate"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpu-agent" / "estimate"
+
+
+def _cache_key(lowered_text: str, target: TpuTarget, donate_argnums: Sequence[int]) -> str:
+    """The program as lowered (StableHLO, shardings included), the slice and the compiler's version."""
+    digest = hashlib.sha256(lowered_text.encode())
+    digest.update(f"|{target.spec}|{tuple(donate_argnums)}|{compiler_status().libtpu_version}".encode())
+    return digest.hexdigest()
+
+
+def _cached(key: str) -> CompiledArtifacts | HbmExhausted | None:
+    """A compiled result from the cache; a missing, unreadable or malformed entry is a miss (never trusted)."""
+    try:
+        entry = json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8"))
+        if "refused" in entry:
+            refused = entry["refused"]
+            return HbmExhausted(str(refused["message"]), int(refused["required"]), int(refused["available"]))
+        cost = {str(name): float(value) for name, value in dict(entry["cost"]).items()}
+        memory = {name: int(dict(entry["memory"])[name]) for name in ("argument", "output", "alias", "temp", "code")}
+        hlo_text = entry["hlo_text"]
+        if not isinstance(hlo_text, str):
+            return None
+        return CompiledArtifacts(cost=cost, memory=memory, hlo_text=hlo_text)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _store(key: str, result: CompiledArtifacts | HbmExhausted) -> None:
+    """Write one entry atomically, then trim the cache to its bounds (oldest entries first)."""
+    from tpu_agent.fsutil import atomic_write_text
+
+    directory = cache_dir()
+    if isinstance(result, HbmExhausted):
+        entry: dict[str, Any] = {
+            "refused": {
+                "message": result.message,
+                "required": result.required_bytes,
+                "available": result.available_bytes,
+            }
+        }
+    else:
+        entry = {"cost": result.cost, "memory": result.memory, "hlo_text": result.hlo_text}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / f"{key}.json", json.dumps(entry))
+        entries = sorted(directory.glob("*.json"), key=lambda path: path.stat().st_mtime, reverse=True)
+        total = 0
+        for index, path in enumerate(entries):
+            total += path.stat().st_size
+            if index >= CACHE_MAX_ENTRIES or total > CACHE_MAX_BYTES:
+                path.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only or full cache directory only costs the next run a compile
+
+
 def compile_for_target(
     fn: Callable[..., Any],
     abstract_args: Sequence[Any],
@@ -223,14 +295,24 @@ def compile_for_target(
     donate_argnums: Sequence[int] = (),
 ) -> CompiledArtifacts:
     """AOT-compile ``fn`` for ``target`` on abstract arguments (``jax.ShapeDtypeStruct`` carrying shardings over
-    :func:`tpu_devices`); nothing is allocated and nothing runs."""
+    :func:`tpu_devices`); nothing is allocated and nothing runs. Results (and out-of-HBM refusals) are cached on
+    disk by the lowered program, the target and the compiler's version, so a re-run only lowers."""
     jax = _jax()
-    with _quiet_libtpu():
+    with _quiet_libtpu(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*abstract_args)
+        key = _cache_key(lowered.as_text(), target, donate_argnums)
+        cached = _cached(key)
+        if isinstance(cached, HbmExhausted):
+            raise cached
+        if cached is not None:
+            return cached
         try:
-            compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*abstract_args).compile()
+            compiled = lowered.compile()
         except Exception as error:  # the compiler's own refusal: report it, never a traceback
             exhausted = _hbm_exhausted(str(error))
             if exhausted is not None:
+                _store(key, exhausted)
                 raise exhausted from error
             message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise TpuAgentError(
@@ -249,4 +331,6 @@ def compile_for_target(
         "code": int(stats.generated_code_size_in_bytes),
     }
     numeric_cost = {key: float(value) for key, value in (cost or {}).items() if isinstance(value, int | float)}
-    return CompiledArtifacts(cost=numeric_cost, memory=memory, hlo_text=compiled.as_text())
+    artifacts = CompiledArtifacts(cost=numeric_cost, memory=memory, hlo_text=compiled.as_text())
+    _store(key, artifacts)
+    return artifacts

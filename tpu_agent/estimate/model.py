@@ -17,6 +17,7 @@ class ArgRole(str, enum.Enum):
 
     PARAMETER = "parameter"
     OPTIMIZER_STATE = "optimizer_state"
+    GRADIENT = "gradient"
     BATCH = "batch"
     OTHER = "other"
 
@@ -45,12 +46,14 @@ class StepProgram:
 
     ``donated`` are the inputs the step overwrites in place (parameters and optimizer state updated by the
     optimizer), so the compiler may reuse their HBM for the outputs, as TorchTPU does for in-place updates.
+    ``calls`` is how often one step runs it (a captured graph can run several times per step).
     """
 
     name: str
     fn: Callable[..., Any]
     args: tuple[ArgSpec, ...]
     donated: tuple[int, ...] = ()
+    calls: int = 1
 
     def with_args(self, args: Sequence[ArgSpec]) -> StepProgram:
         return replace(self, args=tuple(args))
@@ -62,6 +65,7 @@ class MemoryBreakdown:
 
     parameters: int
     optimizer_state: int
+    gradients: int  # gradients a program reads (the optimizer's inputs when backward and update are apart)
     batch_and_other_inputs: int
     outputs: int  # results that do not reuse an input's buffer (gradients, new tensors)
     temporaries: int  # activations kept for the backward pass and scratch buffers
@@ -72,6 +76,7 @@ class MemoryBreakdown:
         return (
             self.parameters
             + self.optimizer_state
+            + self.gradients
             + self.batch_and_other_inputs
             + self.outputs
             + self.temporaries
@@ -82,6 +87,7 @@ class MemoryBreakdown:
         return {
             "parameters": self.parameters,
             "optimizer_state": self.optimizer_state,
+            "gradients": self.gradients,
             "batch_and_other_inputs": self.batch_and_other_inputs,
             "outputs": self.outputs,
             "temporaries": self.temporaries,
@@ -103,10 +109,12 @@ class ProgramEstimate:
     hlo: HloSummary
     compiler_argument_bytes: int = 0  # the compiler's own count of the inputs' bytes, a check on ``memory``
     refused: str = ""  # the compiler's out-of-HBM refusal; cost figures are then unknown (0)
+    calls: int = 1  # runs per step
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "calls": self.calls,
             "flops": self.flops,
             "bytes_accessed": self.bytes_accessed,
             "transcendentals": self.transcendentals,
@@ -165,11 +173,11 @@ class Estimate:
 
     @property
     def flops_per_chip(self) -> float:
-        return sum(program.flops for program in self.programs)
+        return sum(program.flops * program.calls for program in self.programs)
 
     @property
     def step_seconds(self) -> float:
-        return sum(program.optimal_seconds for program in self.programs)
+        return sum(program.optimal_seconds * program.calls for program in self.programs)
 
     @property
     def mfu(self) -> float | None:

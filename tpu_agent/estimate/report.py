@@ -1,7 +1,14 @@
-"""Renderers of an :class:`~tpu_agent.estimate.model.Estimate`: Markdown here; the CLI draws the same rows with
-rich and ``--format json`` prints :meth:`Estimate.to_dict`. One row builder serves every renderer."""
+"""Renderers of an estimate: Markdown here, rich tables in the CLI, ``--format json`` the document itself.
+
+Every renderer reads the JSON form (:meth:`Estimate.to_dict`, documented in docs/estimate-json-schema.md),
+because that is what crosses the process boundary from the capture child and what MCP clients receive; one
+row builder serves every renderer.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from tpu_agent.estimate.model import Estimate
 
@@ -14,64 +21,94 @@ def human_bytes(value: float) -> str:
     return f"{value:.2f} TiB"
 
 
-def memory_rows(estimate: Estimate) -> list[tuple[str, str]]:
+def _as_dict(estimate: Estimate | dict[str, Any]) -> dict[str, Any]:
+    return estimate.to_dict() if isinstance(estimate, Estimate) else estimate
+
+
+def memory_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
     """HBM per chip by kind for the step's largest program, then the total against the chip's HBM."""
-    if not estimate.programs:
+    data = _as_dict(estimate)
+    if not data["programs"]:
         return []
-    peak = max(estimate.programs, key=lambda program: program.memory.total)
-    rows = [
-        (kind.replace("_", " "), human_bytes(value)) for kind, value in peak.memory.to_dict().items() if kind != "total"
-    ]
-    rows.append(("total per chip", f"{human_bytes(peak.memory.total)} of {human_bytes(estimate.hbm_bytes_per_chip)}"))
+    peak = max(data["programs"], key=lambda program: program["memory"]["total"])
+    memory = peak["memory"]
+    rows = [(kind.replace("_", " "), human_bytes(value)) for kind, value in memory.items() if kind != "total"]
+    rows.append(("total per chip", f"{human_bytes(memory['total'])} of {human_bytes(data['hbm_bytes_per_chip'])}"))
     return rows
 
 
-def summary_rows(estimate: Estimate) -> list[tuple[str, str]]:
+def summary_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
     """The headline figures: verdict, compute, time and MFU, collectives and fusions."""
-    mfu = "n/a" if estimate.mfu is None else f"{estimate.mfu:.0%}"
-    collectives = sum(program.hlo.collective_bytes for program in estimate.programs)
+    data = _as_dict(estimate)
+    mfu = "n/a" if data["mfu"] is None else f"{data['mfu']:.1%}"
+    programs = data["programs"]
+    collectives = sum(program["hlo"]["collective_bytes"] * program.get("calls", 1) for program in programs)
+    kinds = sorted({kind for program in programs for kind in program["hlo"]["collectives"]})
     return [
-        ("target", f"{estimate.target} ({estimate.chips} x {estimate.chip_name}, {estimate.strategy} sharding)"),
-        ("verdict", "fits" if estimate.fits else "does not fit"),
-        ("FLOPs per chip per step", f"{estimate.flops_per_chip:.3e}"),
-        ("step time (compiler's optimal)", f"{estimate.step_seconds * 1e3:.3f} ms"),
+        ("target", f"{data['target']} ({data['chips']} x {data['chip']}, {data['strategy']} sharding)"),
+        ("verdict", data["verdict"]),
+        (
+            "peak HBM per chip",
+            f"{human_bytes(data['peak_hbm_bytes_per_chip'])} of {human_bytes(data['hbm_bytes_per_chip'])}",
+        ),
+        ("FLOPs per chip per step", f"{data['flops_per_chip_per_step']:.3e}"),
+        ("step time (compiler's optimal)", f"{data['step_seconds'] * 1e3:.3f} ms"),
         ("MFU at that time", mfu),
-        ("collective bytes per chip per step", human_bytes(collectives)),
-        ("fusions", str(sum(program.hlo.fusions for program in estimate.programs))),
-        ("compiler", estimate.compiler),
+        ("collectives per chip per step", f"{human_bytes(collectives)} ({', '.join(kinds) or 'none'})"),
+        ("fusions", str(sum(program["hlo"]["fusions"] for program in programs))),
+        ("compiler", data["compiler"]),
     ]
 
 
-def to_markdown(estimate: Estimate) -> str:
-    """A Markdown report: summary, memory, programs, suggestions (checked by compiling) and assumptions."""
-    lines = [f"# TPU estimate: {estimate.target}", "", "| | |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in summary_rows(estimate)]
-    lines += ["", "## HBM per chip", "", "| kind | bytes |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in memory_rows(estimate)]
-    lines += [
-        "",
-        "## Programs",
-        "",
-        "| program | FLOPs | bytes accessed | optimal time | HBM | compiler |",
-        "|---|---|---|---|---|---|",
-    ]
-    for program in estimate.programs:
-        lines.append(
-            f"| {program.name} | {program.flops:.3e} | {human_bytes(program.bytes_accessed)} | "
-            f"{program.optimal_seconds * 1e3:.3f} ms | {human_bytes(program.memory.total)} | {program.refused or 'compiled'} |"
+PROGRAM_COLUMNS = ("program", "runs/step", "FLOPs", "bytes accessed", "optimal time", "HBM", "compiler")
+
+
+def program_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per compiled program of the step."""
+    return [
+        (
+            program["name"],
+            str(program.get("calls", 1)),
+            f"{program['flops']:.3e}",
+            human_bytes(program["bytes_accessed"]),
+            f"{program['optimal_seconds'] * 1e3:.3f} ms",
+            human_bytes(program["memory"]["total"]),
+            program["refused"] or "compiled",
         )
-    if estimate.suggestions:
-        lines += [
-            "",
-            "## What would fit (each compiled)",
-            "",
-            "| change | target | fits | HBM per chip |",
-            "|---|---|---|---|",
-        ]
-        for suggestion in estimate.suggestions:
-            fits = "yes" if suggestion.fits else "no"
-            lines.append(
-                f"| {suggestion.change} | {suggestion.target} | {fits} | {human_bytes(suggestion.peak_hbm_bytes)} |"
-            )
-    lines += ["", "## Assumptions", ""] + [f"- {assumption}" for assumption in estimate.assumptions]
+        for program in _as_dict(estimate)["programs"]
+    ]
+
+
+SUGGESTION_COLUMNS = ("change", "target", "fits", "HBM per chip", "step time")
+
+
+def suggestion_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]]:
+    """Each change that was compiled to see whether the step then fits."""
+    return [
+        (
+            suggestion["change"],
+            suggestion["target"],
+            "yes" if suggestion["fits"] else "no",
+            human_bytes(suggestion["peak_hbm_bytes"]),
+            f"{suggestion['step_seconds'] * 1e3:.3f} ms",
+        )
+        for suggestion in _as_dict(estimate)["suggestions"]
+    ]
+
+
+def _table(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
+
+
+def to_markdown(estimate: Estimate | dict[str, Any]) -> str:
+    """A Markdown report: summary, memory, programs, suggestions (checked by compiling) and assumptions."""
+    data = _as_dict(estimate)
+    lines = [f"# TPU estimate: {data['target']}", ""] + _table(("", ""), summary_rows(data))
+    lines += ["", "## HBM per chip (largest program)", ""] + _table(("kind", "bytes"), memory_rows(data))
+    lines += ["", "## Programs", ""] + _table(PROGRAM_COLUMNS, program_rows(data))
+    if data["suggestions"]:
+        lines += ["", "## What would fit (each compiled)", ""] + _table(SUGGESTION_COLUMNS, suggestion_rows(data))
+    lines += ["", "## Assumptions", ""] + [f"- {assumption}" for assumption in data["assumptions"]]
     return "\n".join(lines) + "\n"

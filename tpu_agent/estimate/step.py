@@ -34,8 +34,10 @@ from tpu_agent.estimate.model import (
 
 STRATEGIES = ("as-captured", "data-parallel", "fsdp")
 MESH_AXIS = "chips"
-_JAX_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "s64", "int32": "s32", "bool": "pred"}
-_STATE_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
+_JAX_DTYPES = {
+    "float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "s64", "int32": "s32", "uint32": "u32", "bool": "pred",
+}  # fmt: skip
+_STATE_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE, ArgRole.GRADIENT)
 
 
 def _element_bytes(dtype: str) -> float:
@@ -88,7 +90,7 @@ def compile_program(program: StepProgram, target: TpuTarget, strategy: str = "as
     """Compile one program for ``target`` and attribute the HBM it needs per chip to parameters, optimizer
     state, inputs, outputs, temporaries and code. A program compiled once for a target is not compiled again
     in this process (suggestions revisit the same configurations)."""
-    key = (program.name, id(program.fn), program.args, program.donated, target.spec, strategy)
+    key = (program.name, id(program.fn), program.args, program.donated, program.calls, target.spec, strategy)
     if key not in _COMPILED:
         _COMPILED[key] = _compile_program(program, target, strategy)
     return _COMPILED[key]
@@ -112,15 +114,19 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
             parameters=by_role[ArgRole.PARAMETER],
             optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
             batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
+            gradients=by_role[ArgRole.GRADIENT],
             outputs=0,
             temporaries=max(0, refusal.required_bytes - inputs),
             code=0,
         )
-        return ProgramEstimate(program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message)
+        return ProgramEstimate(
+            program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message, program.calls
+        )
     memory = MemoryBreakdown(
         parameters=by_role[ArgRole.PARAMETER],
         optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
         batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
+        gradients=by_role[ArgRole.GRADIENT],
         outputs=max(0, artifacts.memory["output"] - artifacts.memory["alias"]),
         temporaries=artifacts.memory["temp"],
         code=artifacts.memory["code"],
@@ -134,6 +140,7 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
         memory=memory,
         hlo=summarize(artifacts.hlo_text),
         compiler_argument_bytes=artifacts.memory["argument"],
+        calls=program.calls,
     )
 
 

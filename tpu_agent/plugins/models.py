@@ -69,7 +69,7 @@ class ApplyResult(BaseModel):
 
 class JobResult(BaseModel):
     job_id: str
-    kind: Literal["run", "profile"]
+    kind: Literal["run", "profile", "estimate"]
     state: JobStateName
     exit_code: int | None
     elapsed_s: float
@@ -79,6 +79,9 @@ class JobResult(BaseModel):
     log_tail: list[str] = Field(description="Last lines of the merged stdout/stderr.")
     log_truncated: bool = Field(description="True when output passed the log cap and later output was dropped.")
     profile_dir: str | None = Field(default=None, description="Workspace-relative profile directory (profile jobs).")
+    estimate_path: str | None = Field(
+        default=None, description="Workspace-relative estimate JSON (estimate jobs; docs/estimate-json-schema.md)."
+    )
     next_action: str
 
 
@@ -127,7 +130,7 @@ class RuleExplanation(BaseModel):
 class ApiMappingItem(BaseModel):
     cuda: str
     tpu: str
-    status: str = Field(description="works | rewrite | no-op | none | manual | unverified")
+    status: str = Field(description="rewrite | unsafe-rewrite | manual")
     status_meaning: str
     note: str
     reference: str

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.runtime.envvars import CHIP_ENV, eager_mode_from_env, recorded_env
 from tpu_agent.runtime.select import (
     BackendChoice,
@@ -38,6 +39,7 @@ class DoctorReport:
     eager_mode_doc_name: str
     eager_mode_source: str
     env: dict[str, str] = field(default_factory=dict)
+    tpu_compiler: dict[str, Any] = field(default_factory=dict)  # libtpu for `tpu-agent estimate` (compiler_status)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,7 @@ class DoctorReport:
             "chip_source": self.chip_source,
             "eager_mode": {"name": self.eager_mode, "doc_name": self.eager_mode_doc_name, "source": self.eager_mode_source},
             "env": dict(self.env),
+            "tpu_compiler": dict(self.tpu_compiler),
         }
 
 
@@ -75,4 +78,5 @@ def doctor() -> DoctorReport:
         eager_mode_doc_name=mode.doc_name,
         eager_mode_source=mode_source,
         env=recorded_env(os.environ),
+        tpu_compiler=compiler_status().to_dict(),
     )

@@ -1,7 +1,8 @@
-"""The job tools: run or profile a workspace script as a job, poll it, cancel it.
+"""The job tools: run, profile or estimate a workspace script as a job, poll it, cancel it.
 
-``tpu_run`` and ``tpu_profile`` are one implementation, :func:`_start_job`, over the same ``tpu-agent run``
-and ``tpu-agent profile`` commands a person types; they differ only in the command's own options. The
+``tpu_run``, ``tpu_profile`` and ``tpu_estimate`` are one implementation, :func:`_start_job`, over the same
+``tpu-agent run``, ``profile`` and ``estimate`` commands a person types; they differ only in the command's own
+options. The
 server's limits apply here: ranks per job (``--max-ranks``) before anything starts, concurrent jobs
 (``--max-jobs``) in the job manager, which answers ``busy`` with the running job ids.
 """
@@ -12,7 +13,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -43,17 +44,23 @@ POLL_S = 0.5
 
 def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
     ws = job.workspace
+    estimate = _estimate_file(job)
     if job.state.value == "running":
         next_action = f"Call tpu_job_status with job_id={job.id!r} and wait_s=30 until the state is final."
     elif job.kind == "profile" and job.state.value == "succeeded":
         next_action = f"Call tpu_diagnose with job_id={job.id!r}."
+    elif estimate is not None and job.exit_code in (ExitCode.OK, ExitCode.FINDINGS):
+        next_action = (
+            f"Read {ws.relative(estimate)}: the verdict, HBM per chip and, when it does not fit, the "
+            "suggestions (each compiled). Apply one, then call tpu_estimate again."
+        )
     elif job.state.value == "succeeded":
         next_action = "Done. Call tpu_profile with the same entrypoint to find what limits the step time."
     else:
         next_action = "Read log_tail (or the log resource) for the cause, fix it, and start a new job."
     return models.JobResult(
         job_id=job.id,
-        kind=job.kind,  # type: ignore[arg-type]  # "run" | "profile", set by _start_job only
+        kind=job.kind,  # type: ignore[arg-type]  # "run" | "profile" | "estimate", set by _start_job only
         state=job.state.value,
         exit_code=job.exit_code,
         elapsed_s=round(job.elapsed_s, 2),
@@ -62,9 +69,21 @@ def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
         log_uri=f"{URI_SCHEME}://jobs/{job.id}/log",
         log_tail=job.log_tail(log_lines),
         log_truncated=job.log_truncated,
-        profile_dir=ws.relative(job.artefact_dir) if job.artefact_dir is not None else None,
+        profile_dir=ws.relative(job.artefact_dir) if job.artefact_dir is not None and job.kind == "profile" else None,
+        estimate_path=ws.relative(estimate) if estimate is not None else None,
         next_action=next_action,
     )
+
+
+ESTIMATE_FILE = "estimate.json"
+
+
+def _estimate_file(job: Job) -> Path | None:
+    """The estimate an estimate job wrote (``tpu-agent estimate --output`` writes it atomically at the end)."""
+    if job.kind != "estimate" or job.artefact_dir is None:
+        return None
+    path = job.artefact_dir / ESTIMATE_FILE
+    return path if path.is_file() else None
 
 
 async def _wait_for_job(ctx: Context, job: Job, wait_s: float) -> None:
@@ -108,6 +127,13 @@ def _judge_profile(job: Job) -> JobState | None:
     return JobState.SUCCEEDED if script_exit == 0 else JobState.FAILED
 
 
+def _judge_estimate(job: Job) -> JobState | None:
+    """``tpu-agent estimate`` exits 1 when the step does not fit: with the estimate written, that is an answer."""
+    if job.exit_code == ExitCode.FINDINGS and _estimate_file(job) is not None:
+        return JobState.SUCCEEDED
+    return None
+
+
 async def _start_job(
     ctx: Context,
     kind: str,
@@ -115,7 +141,7 @@ async def _start_job(
     *,
     entrypoint: str,
     args: list[str],
-    nproc: int,
+    nproc: int | None,
     chip: str,
     eager_mode: str | None,
     timeout_s: int,
@@ -124,10 +150,12 @@ async def _start_job(
 ) -> models.JobResult:
     """Start ``tpu-agent <kind> <command_options> <shared options> SCRIPT ARGS`` as a job and wait a while.
 
-    A profile job gets its own capture directory, ``.tpu-agent/profiles/<job_id>``, passed as ``--logdir``.
+    A profile job gets its own capture directory, ``.tpu-agent/profiles/<job_id>``, passed as ``--logdir``; an
+    estimate job writes ``.tpu-agent/estimates/<job_id>/estimate.json``. ``nproc`` None: the command runs one
+    rank by design (estimate).
     """
     state = server_state(ctx)
-    if nproc > state.max_ranks:
+    if nproc is not None and nproc > state.max_ranks:
         raise TpuAgentError(
             "too-many-ranks",
             f"nproc={nproc} is more ranks than this server starts for one job (at most {state.max_ranks})",
@@ -137,13 +165,18 @@ async def _start_job(
     ws = await state.workspace(ctx, workspace)
     script = _entrypoint(ws, entrypoint)
     job_id = new_job_id(kind)
-    argv = [sys.executable, "-m", "tpu_agent", kind, *command_options, "--nproc", str(nproc), "--chip", chip]
+    argv = [sys.executable, "-m", "tpu_agent", kind, *command_options, "--chip", chip]
+    if nproc is not None:
+        argv += ["--nproc", str(nproc)]
     if eager_mode:
         argv += ["--eager-mode", eager_mode]
     logdir = None
     if kind == "profile":
         logdir = ws.artefact_dir("profiles", job_id, fresh=True)
         argv += ["--logdir", ws.relative(logdir)]
+    elif kind == "estimate":
+        logdir = ws.artefact_dir("estimates", job_id, fresh=True)
+        argv += ["--format", "json", "--output", ws.relative(logdir / ESTIMATE_FILE)]
     argv += [ws.relative(script), *args]
     try:
         job = state.jobs.start(
@@ -153,7 +186,7 @@ async def _start_job(
             timeout_s=timeout_s,
             artefact_dir=logdir,
             job_id=job_id,
-            judge=_judge_profile if kind == "profile" else None,
+            judge={"profile": _judge_profile, "estimate": _judge_estimate}.get(kind),
         )
     except TpuAgentError:
         if logdir is not None:  # refused (busy): no empty capture for tpu_diagnose to pick as the newest
@@ -186,8 +219,12 @@ async def tpu_profile(
     entrypoint: EntrypointArg,
     args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
     nproc: NprocArg = 1,
-    steps: Annotated[int, Field(ge=1, le=MAX_STEPS, description="Steps to measure, after the warm-up.")] = DEFAULT_STEPS,
-    warmup: Annotated[int, Field(ge=0, le=MAX_WARMUP, description="Steps run before measuring (compiles).")] = DEFAULT_WARMUP,
+    steps: Annotated[
+        int, Field(ge=1, le=MAX_STEPS, description="Steps to measure, after the warm-up.")
+    ] = DEFAULT_STEPS,
+    warmup: Annotated[
+        int, Field(ge=0, le=MAX_WARMUP, description="Steps run before measuring (compiles).")
+    ] = DEFAULT_WARMUP,
     chip: ChipArg = DEFAULT_CHIP,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     timeout_s: TimeoutArg = 1800,
@@ -197,6 +234,29 @@ async def tpu_profile(
     return await _start_job(
         ctx, "profile", ["--steps", str(steps), "--warmup", str(warmup)], entrypoint=entrypoint, args=args,
         nproc=nproc, chip=chip, eager_mode=eager_mode, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
+    )  # fmt: skip
+
+
+async def tpu_estimate(
+    ctx: Context,
+    entrypoint: EntrypointArg,
+    args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
+    chip: ChipArg = "v5e",
+    strategy: Annotated[
+        Literal["as-captured", "data-parallel", "fsdp"] | None,
+        Field(description="Sharding over the slice (default: data-parallel on a slice, as-captured on one chip)."),
+    ] = None,
+    steps: Annotated[
+        int, Field(ge=2, le=100, description="Optimizer steps to run; the last full one is compiled.")
+    ] = 3,
+    timeout_s: TimeoutArg = 1800,
+    wait_s: WaitArg = 20,
+    workspace: WorkspaceArg = None,
+) -> models.JobResult:
+    options = ["--steps", str(steps)] + (["--strategy", strategy] if strategy else [])
+    return await _start_job(
+        ctx, "estimate", options, entrypoint=entrypoint, args=args, nproc=None, chip=chip,
+        eager_mode=None, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
     )  # fmt: skip
 
 
@@ -238,9 +298,19 @@ TOOLS: tuple[ToolSpec, ...] = (
         tool_hints("Profile a script on TPU", read_only=False, idempotent=False),
     ),
     ToolSpec(
+        tpu_estimate,
+        "tpu_estimate",
+        "Estimate a workspace training script on a TPU slice without a TPU, as a job, via `tpu-agent estimate`: "
+        "runs a few steps on the emulated device, compiles the step with the TPU compiler (libtpu) for chip "
+        "(v5e, v5e-4, v6e-8, ...) and writes .tpu-agent/estimates/<job_id>/estimate.json: HBM per chip vs the "
+        "chip's (fits / does not fit), compiler FLOPs and step time, MFU, collectives, and when it does not fit "
+        "the compiled fixes. Exit code 1 means it does not fit. Poll with tpu_job_status.",
+        tool_hints("Estimate a script on a TPU slice", read_only=False, idempotent=False),
+    ),
+    ToolSpec(
         tpu_job_status,
         "tpu_job_status",
-        "State, exit code and last log lines of a job from tpu_run or tpu_profile. wait_s > 0 waits (with "
+        "State, exit code and last log lines of a job from tpu_run, tpu_profile or tpu_estimate. wait_s > 0 waits (with "
         "progress) up to that long for the job to finish.",
         tool_hints("Job status", read_only=True),
     ),
@@ -252,4 +322,4 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
 )
 
-__all__ = ["TOOLS", "job_result", "tpu_job_cancel", "tpu_job_status", "tpu_profile", "tpu_run"]
+__all__ = ["TOOLS", "job_result", "tpu_estimate", "tpu_job_cancel", "tpu_job_status", "tpu_profile", "tpu_run"]

@@ -33,7 +33,7 @@ def round_mantissa(t: torch.Tensor, bits: int) -> torch.Tensor:
     r = (i >> drop) & 1
     r += (1 << (drop - 1)) - 1
     r += i
-    r &= -(1 << drop)
+    r.bitwise_and_(-(1 << drop))  # not `&=`: __iand__ cannot be functionalised when the XLA path traces it
     return r.view(torch.float32)
 
 

@@ -105,3 +105,12 @@ def install(env: Any, operator_type: type) -> None:
         return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(x.dtype)
 
     put(aten.normal_functional.default, normal_functional, needs_env=True)
+
+    def view_dtype(x: jax.Array, dtype: torch.dtype) -> jax.Array:
+        # the MXU rounding at "high" precision reinterprets f32 bits as int32 (same width: a pure bitcast)
+        from tpu_agent.runtime.xla import torchax_compat
+
+        return jax.lax.bitcast_convert_type(x, torchax_compat.load().ops.mappings.t2j_dtype(dtype))
+
+    for op in (aten.view.dtype, aten.view_copy.dtype):
+        put(op, view_dtype)

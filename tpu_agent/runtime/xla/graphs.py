@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,14 @@ from torch.fx.passes.split_module import split_module
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.xla import cache, lowering
+
+# Called with (runner, inputs, precision) after each XLA run of a graph: how ``tpu-agent estimate`` sees the
+# graphs of a step and the tensors they read. Empty unless an observer installed itself.
+graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], state.Precision], None]] = []
+
+# Called with (description, error) when a captured graph could not run through XLA and ran on the CPU path
+# instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
+fallback_observers: list[Callable[[str, BaseException], None]] = []
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -130,4 +138,7 @@ class GraphRunner:
             lambda: lowering.compile_graph(self.gm, tensors, precision),
             lambda: (self.name, _op_count(self.gm), self.site),
         )
-        return executable(list(tensors))
+        result = executable(list(tensors))
+        for observe in graph_observers:
+            observe(self, tensors, precision)
+        return result

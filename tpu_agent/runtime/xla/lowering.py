@@ -35,6 +35,10 @@ import torch.utils._pytree as pytree
 from tpu_agent.runtime.emulated import ops, state
 from tpu_agent.runtime.xla import extra_ops, torchax_compat
 
+# Executables run on XLA:CPU. Naming the platform keeps an installed libtpu (the estimate extra) from being
+# initialised for execution, which would print its "no TPU here" errors into every run.
+jax.config.update("jax_platforms", "cpu")
+
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
 
@@ -135,11 +139,21 @@ _WRONG_LOWERINGS = frozenset(
 )
 
 
+class _Shapes:
+    """``shapes_only``: set by ``tpu-agent estimate``'s capture, which needs whole graphs compiled for a TPU and
+    only the values' shapes, so the lowerings above with wrong values but right shapes and cost are used."""
+
+    shapes_only = False
+
+
+shapes_only = _Shapes()
+
+
 def has_lowering(target: Any) -> bool:
     """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
     if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
-    if target.namespace in _COLLECTIVE_NAMESPACES or target in _WRONG_LOWERINGS:
+    if target.namespace in _COLLECTIVE_NAMESPACES or (target in _WRONG_LOWERINGS and not shapes_only.shapes_only):
         return False
     env = environment()
     try:
@@ -277,20 +291,31 @@ def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
     return torchax.ops.mappings.t2j_dtype(dtype)
 
 
-def compile_graph(
+@dataclass
+class TracedGraph:
+    """A graph as a JAX function ``function(key, *arrays) -> (outputs, mutated inputs' new values)`` and the
+    abstract arguments it is traced for. The XLA:CPU executable and the TPU estimate compile this same function.
+
+    ``found`` is filled by the trace (output tree, static leaves, mutated input positions)."""
+
+    function: Any
+    abstract: list[jax.ShapeDtypeStruct]  # the key first, then one per input
+    found: dict[str, Any]
+
+
+def trace_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
-) -> Lowered:
-    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
+) -> TracedGraph:
+    """``gm`` as a JAX function over arrays shaped like ``example_inputs`` (nothing is traced until it is lowered).
 
     Float inputs are Python scalars lifted out of the graph (see :mod:`.executor`), passed at each call."""
     env = environment()
     found: dict[str, Any] = {}
+    is_tensor = [isinstance(t, torch.Tensor) for t in example_inputs]
 
     def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
-        inputs = [
-            env.j2t_iso(a) if isinstance(t, torch.Tensor) else a for t, a in zip(example_inputs, arrays, strict=True)
-        ]
+        inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, arrays, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
         try:
@@ -308,22 +333,25 @@ def compile_graph(
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
-        mutated = [
-            i
-            for i, (t, a) in enumerate(zip(inputs, arrays, strict=True))
-            if isinstance(example_inputs[i], torch.Tensor) and t._elem is not a
-        ]
+        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if is_tensor[i] and t._elem is not a]
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
-    abstract = [_abstract(t) for t in example_inputs]
-    lowered = jax.jit(jax_function).lower(jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype), *abstract)
-    executable = lowered.compile()
+    key = jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype)
+    return TracedGraph(jax_function, [key, *(_abstract(t) for t in example_inputs)], found)
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
+) -> Lowered:
+    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes."""
+    traced = trace_graph(gm, example_inputs, precision)
+    executable = jax.jit(traced.function).lower(*traced.abstract).compile()
     return Lowered(
         executable=executable,
-        out_spec=found["spec"],
-        static_leaves=found["statics"],
-        mutated_inputs=found["mutated"],
+        out_spec=traced.found["spec"],
+        static_leaves=traced.found["statics"],
+        mutated_inputs=traced.found["mutated"],
         uses_rng=_uses_rng(gm),
         output_dtypes=_output_dtypes(gm),
     )

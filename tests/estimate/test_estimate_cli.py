@@ -1,0 +1,77 @@
+"""`tpu-agent estimate` end to end: a real script run on the emulated device, its step captured and compiled by
+libtpu, the report read back in each format; and the refusals a user meets without the compiler or with bad
+arguments (these run in any environment)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tpu_compiler import needs_tpu_compiler
+
+from tpu_agent.estimate.compiler import compiler_status
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+MLP = SCRIPTS / "mlp_train.py"
+
+
+def run_cli(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("TPU_AGENT_HOOKS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_agent", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
+    )
+
+
+def test_unknown_slice_is_refused_with_the_slices_the_compiler_knows() -> None:
+    result = run_cli("estimate", "--chip", "v5e-3", str(MLP))
+    assert result.returncode == 2
+    assert "no v5e slice of 3 chips" in result.stderr and "v5e-4" in result.stderr
+
+
+def test_missing_script_is_named() -> None:
+    result = run_cli("estimate", "--chip", "v5e", "--format", "json", "no/such/train.py")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["error"]["code"] == "script-not-found"
+
+
+@pytest.mark.skipif(compiler_status().available, reason="libtpu is installed here")
+def test_without_libtpu_the_error_says_what_to_install() -> None:
+    result = run_cli("estimate", "--chip", "v5e-4", str(MLP))
+    assert result.returncode == 2
+    assert 'pip install "tpu-agent[estimate]"' in result.stderr  # the extra's name survives rich's markup
+    doctor = run_cli("doctor", "--format", "json")
+    assert json.loads(doctor.stdout)["tpu_compiler"]["available"] is False
+
+
+@needs_tpu_compiler
+@pytest.mark.slow
+def test_script_step_is_captured_with_roles_and_compiled_for_a_slice(tmp_path: Path) -> None:
+    d_model, hidden, batch = 64, 256, 8
+    result = run_cli(
+        "estimate", "--chip", "v5e-4", "--format", "json", str(MLP),
+        "--d-model", str(d_model), "--hidden", str(hidden), "--batch", str(batch),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    estimate = document["estimate"]
+    assert document["schema_version"] == 1 and estimate["target"] == "v5e-4" and estimate["chips"] == 4
+    assert estimate["strategy"] == "data-parallel" and estimate["verdict"] == "fits"
+    parameters = (d_model * hidden + hidden + hidden * d_model + d_model) * 4
+    peak = max(estimate["programs"], key=lambda program: program["memory"]["total"])
+    # the captured graph's inputs were matched to the model's parameters and AdamW's two moments
+    assert peak["memory"]["parameters"] == parameters
+    assert peak["memory"]["optimizer_state"] == 2 * parameters
+    assert estimate["flops_per_chip_per_step"] > 6 * batch * (parameters / 4) * 0.9 / 4
+    assert estimate["step_seconds"] > 0 and peak["hlo"]["fusions"] > 0
+    markdown = run_cli(
+        "estimate", "--chip", "v5e", "--format", "markdown", "--output", str(tmp_path / "e.md"), str(MLP)
+    )
+    assert markdown.returncode == 0, markdown.stderr[-2000:]
+    text = (tmp_path / "e.md").read_text()
+    assert "# TPU estimate: v5e" in text and "| parameters |" in text and "## Assumptions" in text
