@@ -199,6 +199,15 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
     graphs = watcher.graphs()
     result: dict[str, Any]
     try:
+        missing = watcher.steady_fallbacks if watcher.steady else watcher.fallbacks
+        if not graphs and missing:
+            raise TpuAgentError(
+                "xla-fallback",
+                f"the step's graphs could not run through the XLA compiler, so none can be compiled for a TPU: "
+                f"{missing[0]}",
+                "this is a gap of the runtime's XLA path; report it with the script (tpu-agent run --compiler xla "
+                "shows the same fallback)",
+            )
         if not graphs:
             raise TpuAgentError(
                 "nothing-captured",
@@ -218,7 +227,6 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
             "step as one program), not by the script's own all-reduce calls",
             "ops without an XLA lowering ran on the CPU during capture and are not in the estimate",
         ]
-        missing = watcher.steady_fallbacks if watcher.steady else watcher.fallbacks
         estimate.assumptions += [f"NOT in the estimate (ran on the CPU path, not XLA): {item}" for item in missing]
         result = {"ok": True, "estimate": estimate.to_dict(), "steps_watched": watcher.step}
     except TpuAgentError as error:
