@@ -239,11 +239,12 @@ def real_tree(files: int, lines: int) -> None:
                                   MigrateOptions(target=target, unsafe_fixes=unsafe))
             finally:
                 shutil.rmtree(tree, ignore_errors=True)
-            references, converted, convertible, left = conversion_share(result)
-            top = ", ".join(f"{code} {count}" for code, count in sorted(left.items(), key=lambda kv: -kv[1])[:8])
-            print(f"target {target.value:<11} unsafe fixes {'on ' if unsafe else 'off'}: {converted}/{references} "
-                  f"references converted ({converted / references:.1%}); of those with a TorchTPU form "
-                  f"{converted}/{convertible} ({converted / max(1, convertible):.1%}); left: {top}")
+            share = conversion_share(result)
+            top = ", ".join(f"{code} {count}" for code, count in sorted(share.left.items(), key=lambda kv: -kv[1])[:8])
+            print(f"target {target.value:<11} unsafe fixes {'on ' if unsafe else 'off'}: {share.converted}/"
+                  f"{share.references} references converted ({share.converted / share.references:.1%}); of those "
+                  f"with a TorchTPU form {share.converted}/{share.convertible} ({share.share:.1%}), "
+                  f"{share.held_back} held back as unsafe; left: {top}")
 
 
 def main() -> None:

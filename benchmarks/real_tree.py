@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 from tpu_agent.migrate.model import Plan, Safety
 from tpu_agent.migrate.rules import ALL_RULES
@@ -516,13 +517,30 @@ def make_tree(root: Path, files: int = 1_700, mean_lines: int = 260, seed: int =
     return root
 
 
-def conversion_share(plan: Plan) -> tuple[int, int, int, dict[str, int]]:
-    """(references, converted, references with a TorchTPU form, unconverted count per rule) of a plan.
+class Share(NamedTuple):
+    """How much of a plan's CUDA references the migration converts.
 
-    A reference has no TorchTPU form when its rule is MANUAL (Triton, flash-attn, RNG state, DataParallel...)
-    or the rule itself could not rewrite it for this target (reported with fixable=False: no equivalent).
+    A reference *has a TorchTPU form* (``convertible``) when its rule can rewrite it: safe rewrites and
+    unsafe ones alike. An unsafe rewrite still is a form: without ``--unsafe-fixes`` it is ``held_back`` by
+    the user's choice and counts against ``share``; it is not dropped from the denominator. A reference has
+    no form when its rule is MANUAL (Triton, flash-attn, RNG state, DataParallel...) or the rule reported it
+    as not rewritable (its message says "not rewritten" and why: no equivalent in this torch).
     """
-    references = converted = convertible = 0
+
+    references: int
+    converted: int
+    convertible: int
+    held_back: int  # unsafe rewrites not applied because --unsafe-fixes is off
+    left: dict[str, int]  # unconverted references per rule code
+
+    @property
+    def share(self) -> float:
+        return self.converted / self.convertible if self.convertible else 1.0
+
+
+def conversion_share(plan: Plan) -> Share:
+    """The :class:`Share` of ``plan`` under the options it was made with."""
+    references = converted = convertible = held_back = 0
     left: dict[str, int] = {}
     for finding in plan.findings:
         references += 1
@@ -530,6 +548,7 @@ def conversion_share(plan: Plan) -> tuple[int, int, int, dict[str, int]]:
         manual = ALL_RULES[finding.code].safety is Safety.MANUAL
         if not manual and (finding.fixed or finding.safety is Safety.UNSAFE or "not rewritten" not in finding.message):
             convertible += 1
+            held_back += not finding.fixed and finding.safety is Safety.UNSAFE
         if not finding.fixed:
             left[finding.code] = left.get(finding.code, 0) + 1
-    return references, converted, convertible, left
+    return Share(references, converted, convertible, held_back, left)

@@ -15,6 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+# The temporary file a write goes through is named "<TEMP_PREFIX><target name>.<random>" + TEMP_SUFFIX, next to
+# the target. Exported so that a later run can recognise (and clean) one a killed write left behind.
+TEMP_PREFIX = "."
+TEMP_SUFFIX = ".tpu-agent-tmp"
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically, keeping the existing file's mode (or 0o644 for a new file).
@@ -50,7 +55,7 @@ def _replace_atomically(path: Path, write: Callable[[BinaryIO, str], object]) ->
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tpu-agent-tmp", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle, tmp_name)

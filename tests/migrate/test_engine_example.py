@@ -24,7 +24,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cuda_ddp"
 # API-level CUDA references (names, strings in calls, env vars, kernels), not prose in comments.
 CUDA_REFERENCE = re.compile(
     r"torch\.cuda|\.cuda\(|\.is_cuda|[\"']cuda|[\"']nccl|\bnccl\b|cudnn|\bCUDA_\w+|\bNCCL_\w+|nvidia/cuda|"
-    r"\b(?:import|from) (?:flash_attn|triton|xformers|apex|cupy|bitsandbytes)\b|\btriton\.|cpp_extension|GradScaler"
+    r"\b(?:import|from) (?:flash_attn|triton|xformers|apex|cupy|bitsandbytes)\b|\btriton\.|cpp_extension"
 )
 
 

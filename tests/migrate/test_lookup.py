@@ -70,7 +70,8 @@ def test_renames_the_lookup_promises_are_what_migrate_writes(tmp_path: Path, que
 
 
 def test_statuses_follow_the_rule_safety() -> None:
-    assert lookup("GradScaler")[0].status == "unsafe-rewrite" == STATUSES[Safety.UNSAFE][0]
+    assert lookup("cudnn.deterministic")[0].status == "unsafe-rewrite" == STATUSES[Safety.UNSAFE][0]
+    assert lookup("GradScaler")[0].status == "rewrite" == STATUSES[Safety.SAFE][0]
     assert lookup("flash_attn")[0].status == "manual"
     assert lookup("CUDA_VISIBLE_DEVICES")[0].tpu == "TPU_VISIBLE_DEVICES"
 

@@ -394,6 +394,48 @@ def test_stdio_server_survives_hostile_messages(arena: Arena) -> None:
     arena.assert_untouched()
 
 
+@pytest.mark.slow
+def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
+    """A file nested deeper than any parser recurses and a FIFO named like a source (a read would block
+    forever) are skipped with a reason; the server answers the next call."""
+    (arena.ws / "deep.py").write_text("import torch\nx = " + "(" * 5_000 + "torch.cuda.synchronize()" + ")" * 5_000 + "\n")
+    os.mkfifo(arena.ws / "x.py")
+    proc = _start_stdio_server(arena)
+    try:
+        call = {"name": "tpu_scan", "arguments": {"paths": ["deep.py", "x.py", "train.py"]}}
+        answer = _rpc(proc, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})
+        assert answer and answer["result"]["isError"] is False, answer
+        skipped = answer["result"]["structuredContent"]["skipped"]
+        assert any(entry.startswith("deep.py: ") for entry in skipped), skipped
+        assert any(entry.startswith("x.py: ") for entry in skipped), skipped
+        alive = _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                            "params": {"name": "tpu_lookup_api", "arguments": {"query": "nccl"}}})  # fmt: skip
+        assert alive and alive["result"]["isError"] is False
+    finally:
+        proc.kill()
+        proc.wait()
+    arena.assert_untouched()
+
+
+async def test_mcp_apply_removes_stale_temp_files_but_nothing_planted_as_a_link(client: Client, arena: Arena) -> None:
+    """A killed run leaves ".<name>.<random>.tpu-agent-tmp" files; the stored plan keeps them so the MCP apply
+    cleans them as the CLI does. A link named like one (pointing outside) is not a stale temp file."""
+    from tpu_agent.fsutil import TEMP_PREFIX, TEMP_SUFFIX
+
+    stale = arena.ws / f"{TEMP_PREFIX}train.py.ab12cd34{TEMP_SUFFIX}"
+    stale.write_text("half-written")
+    os.utime(stale, (time.time() - 3_600, time.time() - 3_600))
+    planted = arena.ws / f"{TEMP_PREFIX}notes.txt.zz99yy88{TEMP_SUFFIX}"
+    os.symlink(arena.outside / "notes.txt", planted)
+    os.utime(planted, (time.time() - 3_600, time.time() - 3_600), follow_symlinks=False)
+    plan = await client.call_tool("tpu_plan_migration", {"paths": ["."]})
+    assert not plan.is_error, plan
+    applied = await client.call_tool("tpu_apply_plan", {"plan_id": plan.structured_content["plan_id"], "allow_dirty": True})
+    assert not applied.is_error, applied
+    assert not stale.exists()
+    assert planted.is_symlink() and (arena.outside / "notes.txt").read_text() == "do not touch\n"
+
+
 SPAWNER = """\
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -113,6 +113,11 @@ def profile(
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
+    tpu_compiler: bool = typer.Option(
+        True,
+        "--tpu-compiler/--no-tpu-compiler",
+        help="Also compile the step with libtpu when installed (tpu-agent estimate).",
+    ),
 ) -> None:
     from tpu_agent.profile.api import profile as run_profile
     from tpu_agent.profile.options import ProfileOptions
@@ -126,6 +131,7 @@ def profile(
         nproc=nproc,
         eager_mode=eager_mode.value if eager_mode is not None else None,
         timeout_s=timeout,
+        tpu_compiler=tpu_compiler,
     )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     with (

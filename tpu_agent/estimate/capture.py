@@ -71,6 +71,8 @@ class _Watcher:
     roles: dict[int, ArgRole] = field(default_factory=dict)
     current: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
     steady: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)  # graphs of the current step that ran on the CPU path
+    steady_fallbacks: list[str] = field(default_factory=list)
     step: int = 0
 
     def refresh_roles(self) -> None:
@@ -125,11 +127,13 @@ class _Watcher:
     def end_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step += 1
         if self.step >= 2:  # step 0 builds optimizer state and compiles: never the steady step
-            self.steady, self.current = self.current, {}
-        else:
-            self.current = {}
+            self.steady, self.steady_fallbacks = self.current, self.fallbacks
+        self.current, self.fallbacks = {}, []
         if self.step >= self.steps:
             raise CaptureComplete()
+
+    def fell_back(self, description: str, error: BaseException) -> None:
+        self.fallbacks.append(f"{description}: {type(error).__name__}: {str(error)[:200]}")
 
     def graphs(self) -> list[ObservedGraph]:
         """The steady step's graphs; without two optimizer steps (inference, short scripts), all graphs seen."""
@@ -210,6 +214,8 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
             "step as one program), not by the script's own all-reduce calls",
             "ops without an XLA lowering ran on the CPU during capture and are not in the estimate",
         ]
+        missing = watcher.steady_fallbacks if watcher.steady else watcher.fallbacks
+        estimate.assumptions += [f"NOT in the estimate (ran on the CPU path, not XLA): {item}" for item in missing]
         result = {"ok": True, "estimate": estimate.to_dict(), "steps_watched": watcher.step}
     except TpuAgentError as error:
         result = {"ok": False, "error": {"code": error.code, "message": error.message, "hint": error.hint}}
@@ -230,12 +236,15 @@ def install() -> Callable[[], None] | None:
     lowering.shapes_only.shapes_only = True  # whole graphs, attention included: values are never read back
     watcher = _Watcher(steps=max(2, int(options.get("steps", 3))))
     graphs.graph_observers.append(watcher.observe)
+    graphs.fallback_observers.append(watcher.fell_back)
     step_hook = optimizer_module.register_optimizer_step_post_hook(watcher.end_step)
 
     def undo() -> None:
         step_hook.remove()
         if watcher.observe in graphs.graph_observers:
             graphs.graph_observers.remove(watcher.observe)
+        if watcher.fell_back in graphs.fallback_observers:
+            graphs.fallback_observers.remove(watcher.fell_back)
 
     def finalize() -> None:
         try:

@@ -159,6 +159,9 @@ def _quiet_libtpu() -> Iterator[None]:
 def _jax() -> Any:
     """Import jax for deviceless TPU work: the CPU platform for execution, and no metadata-server lookups."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # deviceless: no chip is opened, so several processes (pytest and a capture child, two users' runs) may
+    # load libtpu at once; without this the second one fails on libtpu's lockfile
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
 
     jax.config.update("jax_platforms", "cpu")

@@ -7,7 +7,8 @@
 * :mod:`~tpu_agent.plugins.plans` -- migration plans stored between planning and applying.
 * :mod:`~tpu_agent.plugins.jobs` -- runs and profiles as bounded, cancellable subprocess jobs, each led by
   :mod:`~tpu_agent.plugins.jobguard`, which takes the job down with the server.
-* :mod:`~tpu_agent.plugins.api_lookup` -- the CUDA-to-TorchTPU mapping table (``data/cuda_to_tpu.json``).
+* :mod:`~tpu_agent.plugins.api_lookup` -- the CUDA-to-TorchTPU API lookup, answered from the migration rule
+  records (``Rule.apis``).
 * :mod:`~tpu_agent.plugins.bundles` and :mod:`~tpu_agent.plugins.build` -- the one canonical plugin source
   and ``tpu-agent plugin build``, which renders the ``plugin/`` directory every harness installs.
 * :mod:`~tpu_agent.plugins.install` -- ``tpu-agent plugin install|print-config`` for each harness's config.

@@ -130,7 +130,7 @@ class RuleExplanation(BaseModel):
 class ApiMappingItem(BaseModel):
     cuda: str
     tpu: str
-    status: str = Field(description="works | rewrite | no-op | none | manual | unverified")
+    status: str = Field(description="rewrite | unsafe-rewrite | manual")
     status_meaning: str
     note: str
     reference: str

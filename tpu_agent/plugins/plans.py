@@ -102,6 +102,8 @@ def _plan_to_dict(plan: Plan, workspace: Workspace) -> dict[str, object]:
         "roots": sorted(workspace.relative(root) for root in plan.roots),
         "options": plan.options.to_dict(),
         "files": files,
+        # temp files a killed earlier run left: an MCP apply removes them as a CLI apply does
+        "stale_temp_files": sorted(workspace.relative(path) for path in plan.stale_temp_files),
     }
 
 
@@ -188,6 +190,8 @@ def load_plan(plan_id: str, workspace: Workspace) -> StoredPlan:
             roots=[workspace.resolve(root, must_exist=False) for root in record["roots"]],
             options=MigrateOptions.from_dict(record["options"]),
             files=files,
+            # named as stored, never followed here: apply re-checks each is a stale temp file inside the roots
+            stale_temp_files=[_entry_path(str(rel), False, workspace) for rel in record.get("stale_temp_files", [])],
         )
     except (KeyError, TypeError, ValueError) as error:
         raise TpuAgentError(

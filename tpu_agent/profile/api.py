@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.profile import kineto, xplane
-from tpu_agent.profile.estimate import estimate
+from tpu_agent.profile.estimate import attach_compiler_estimate, estimate
 from tpu_agent.profile.layout import HOOK_SPEC, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir, report_dir
 from tpu_agent.profile.load import load_raw
 from tpu_agent.profile.model import Diagnosis, Finding, ProfileModel, RunConfig
@@ -164,7 +165,9 @@ def _log_root(logdir: Path) -> Path:
     return logdir.parent if logdir.is_file() else logdir
 
 
-def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosis:
+def _diagnose(
+    logdir: Path, chip: str | None, exit_code: int | None, compiled: tuple[dict[str, Any] | None, str] = (None, "")
+) -> Diagnosis:
     logdir = Path(logdir)
     if not logdir.exists():
         raise TpuAgentError(
@@ -185,6 +188,7 @@ def _diagnose(logdir: Path, chip: str | None, exit_code: int | None) -> Diagnosi
             )
         diagnosis = _diagnose_xspace(files, root, chip)
     diagnosis.exit_code = exit_code
+    attach_compiler_estimate(diagnosis.estimate, *compiled)
     diagnosis.document = build_document(diagnosis)
     diagnosis.report_paths = _write_reports(diagnosis, root)
     return diagnosis
@@ -250,6 +254,26 @@ class _OpsPreloader:
         self.thread.join()
 
 
+def _compiler_estimate(
+    target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None
+) -> tuple[dict[str, Any] | None, str]:
+    """The TPU compiler's estimate of the same script (a second, short run), when libtpu is here and wanted.
+
+    Returns the estimate document, or None and why there is none (never fails the profile)."""
+    from tpu_agent.estimate.compiler import compiler_status
+    from tpu_agent.estimate.script import EstimateOptions, estimate_script
+
+    if not options.tpu_compiler or not compiler_status().available:
+        return None, ""
+    if progress:
+        progress(f"compiling the step for {options.chip} with the TPU compiler")
+    try:
+        result = estimate_script(target, EstimateOptions(target=options.chip, timeout_s=options.timeout_s))
+    except TpuAgentError as error:
+        return None, error.message
+    return result.document, ""
+
+
 def profile(
     target: LaunchTarget, options: ProfileOptions, progress: Callable[[str], None] | None = None
 ) -> ProfileResult:
@@ -276,10 +300,11 @@ def profile(
                 timeout_s=options.timeout_s,
             ),
         )
+    compiled = _compiler_estimate(target, options, progress) if exit_code == 0 else (None, "")
     if progress:
         progress("analysing the capture")
     try:
-        diagnosis = _diagnose(logdir, options.chip, exit_code)
+        diagnosis = _diagnose(logdir, options.chip, exit_code, compiled)
     except TpuAgentError as error:
         if exit_code != 0:
             raise TpuAgentError(

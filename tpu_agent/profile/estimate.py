@@ -9,8 +9,28 @@ only the matmuls' traffic (elementwise work fused into them, as torch.compile / 
 
 from __future__ import annotations
 
+from typing import Any
+
+from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.profile.model import Estimate, ProfileModel
 from tpu_agent.profile.rules._base import MATMUL_OPS, window_steps
+
+
+def roofline_label() -> str:
+    """Says what the figures are: a roofline, and how to get the TPU compiler's own estimate instead."""
+    status = compiler_status()
+    if status.available:
+        return "roofline from the captured ops (the TPU compiler's own estimate is reported beside it when it ran)"
+    return f"roofline from the captured ops, not the TPU compiler ({status.reason}; {status.hint})"
+
+
+def attach_compiler_estimate(estimate: Estimate, document: dict[str, Any] | None, note: str = "") -> None:
+    """Put `tpu-agent estimate`'s result beside the roofline (or say why there is none)."""
+    if document is not None:
+        estimate.method = "tpu-compiler"
+        estimate.compiler = document["estimate"]
+    elif note:
+        estimate.assumptions.append(f"no TPU compiler estimate: {note}")
 
 
 def estimate(model: ProfileModel) -> Estimate:
@@ -21,6 +41,7 @@ def estimate(model: ProfileModel) -> Estimate:
     peak = chip.peak_bf16_flops_per_device
     bandwidth = chip.hbm_bandwidth_per_device
     assumptions = [
+        roofline_label(),
         f"{chip.device_name}: peak {peak / 1e12:.0f} TFLOP/s bf16 and {bandwidth / 1e9:.0f} GB/s HBM per device",
         "FLOPs counted for matmuls and convolutions from recorded shapes (2*M*K*N); other ops counted as memory "
         "traffic only",

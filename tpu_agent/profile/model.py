@@ -296,6 +296,8 @@ class Estimate:
     fused_mfu: float = 0.0
     bound: str = ""  # compute | memory
     assumptions: list[str] = field(default_factory=list)
+    method: str = "roofline"  # "roofline", or "tpu-compiler" when ``compiler`` holds libtpu's own estimate
+    compiler: dict[str, Any] | None = None  # `tpu-agent estimate`'s "estimate" object (docs/estimate-json-schema.md)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,6 +28,7 @@ class ProfileOptions:
     eager_mode: str | None = None  # strict | debug | defer-and-fuse | None (environment default)
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
+    tpu_compiler: bool = True  # also compile the step with libtpu (`tpu-agent estimate`) when it is installed
 
     def check(self) -> None:
         """Refuse a window that measures nothing or cannot be analysed, and an unknown chip."""

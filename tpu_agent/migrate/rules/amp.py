@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import (
     append_args,
@@ -26,6 +26,7 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
+from tpu_agent.migrate.rules.cuda_api import off_tpu
 from tpu_agent.migrate.rules.devices import cuda_device_code
 from tpu_agent.migrate.rules.references import AMP
 
@@ -57,18 +58,28 @@ FAMILY.rule(
 FAMILY.rule(
     code="TPU302",
     name="cuda-grad-scaler",
-    safety=Safety.UNSAFE,
+    safety=Safety.SAFE,
     summary="A CUDA GradScaler: torch.cuda.amp.GradScaler(), torch.amp.GradScaler(\"cuda\").",
-    rationale="Loss scaling exists for float16; with bf16 autocast it is not needed, and TorchTPU does not document a "
-    "TPU scaler. The fix keeps the scale/step/update calls but makes the scaler a pass-through (enabled=False); it "
-    "assumes the autocast dtype is bf16 (TPU301).",
-    before="scaler = torch.cuda.amp.GradScaler()",
-    after="scaler = torch.amp.GradScaler(DEVICE.type, enabled=False)",
+    rationale="A CUDA GradScaler turns itself off (with a warning) wherever CUDA is absent, so on a TPU or CPU host "
+    "the original is already a pass-through. The rewrite keeps that: it scales, with the user's arguments, on an "
+    "accelerator other than TPU (CUDA) and is off on TPU and CPU; the scale/step/update calls keep working. "
+    "TorchTPU documents no TPU scaler, and bf16 autocast (TPU301) needs no loss scaling.",
+    before="scaler = torch.cuda.amp.GradScaler(enabled=args.amp)",
+    after="scaler = torch.amp.GradScaler(\n"
+    '    DEVICE.type, enabled=args.amp and torch.accelerator.is_available() and DEVICE.type != "tpu"\n)\n'
+    '# --target tpu: scaler = torch.amp.GradScaler("tpu", enabled=False)',
     references=(AMP,),
     since_torch="2.3",
     apis=(
-        ApiEquivalent("torch.cuda.amp.GradScaler()", "torch.amp.GradScaler(DEVICE.type, enabled=False)"),
-        ApiEquivalent("torch.amp.GradScaler(\"cuda\")", "torch.amp.GradScaler(DEVICE.type, enabled=False)"),
+        ApiEquivalent(
+            "torch.cuda.amp.GradScaler(enabled=e)",
+            "torch.amp.GradScaler(DEVICE.type, "
+            'enabled=e and torch.accelerator.is_available() and DEVICE.type != "tpu")',
+        ),
+        ApiEquivalent(
+            "torch.amp.GradScaler(\"cuda\")",
+            'torch.amp.GradScaler(DEVICE.type, enabled=torch.accelerator.is_available() and DEVICE.type != "tpu")',
+        ),
     ),
 )
 FAMILY.rule(
@@ -116,6 +127,45 @@ def _with_bf16(ctx: PyContext, new: cst.Call) -> cst.Call:
     return append_args(new, [kwarg("dtype", _bf16(ctx))])
 
 
+# torch.amp.GradScaler's parameters after the device, by position (torch.cuda.amp.GradScaler has no device)
+_SCALER_POSITIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+
+
+def _scaler(ctx: PyContext, updated: cst.Call, skip: int) -> cst.Call:
+    """``torch.amp.GradScaler`` that scales where the CUDA one did, on CUDA with the user's arguments, and is off
+    on TPU and CPU, as the CUDA one is there. (Spelled without "cuda", which would read as a CUDA check.)
+
+    ``skip`` is 1 when the first positional argument is the device ("cuda"). The tpu target's scaler is off
+    (a CUDA scaler on a TPU host is off too), so its other arguments do not matter."""
+    if ctx.target is Target.TPU:
+        return call(ctx.torch_attr("amp.GradScaler"), [cst.Arg(ctx.device_type()), kwarg("enabled", cst.Name("False"))])
+    kept: list[cst.Arg] = []
+    enabled: cst.BaseExpression | None = None
+    position = 0
+    for arg in updated.args:
+        if arg.keyword is None:
+            position += 1
+            if position <= skip:
+                continue
+            name = _SCALER_POSITIONS[position - 1 - skip]
+        else:
+            name = arg.keyword.value
+        if name == "enabled":
+            enabled = arg.value
+        elif name != "device":
+            kept.append(kwarg(name, arg.value))
+    on_cuda = off_tpu(ctx)  # where a scaler exists: CUDA (and other accelerators), not TPU or CPU
+    if enabled is None or (isinstance(enabled, cst.Name) and enabled.value == "True"):
+        switch: cst.BaseExpression = on_cuda
+    elif isinstance(enabled, cst.Name) and enabled.value == "False":
+        switch = enabled
+    else:
+        if isinstance(enabled, (cst.IfExp, cst.Lambda, cst.NamedExpr, cst.BooleanOperation)) and not enabled.lpar:
+            enabled = enabled.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        switch = cst.BooleanOperation(left=enabled, operator=cst.And(), right=on_cuda)
+    return call(ctx.torch_attr("amp.GradScaler"), [cst.Arg(ctx.device_type()), *kept, kwarg("enabled", switch)])
+
+
 @FAMILY.leave(cst.Call)
 def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     qualname = ctx.qualname(original)
@@ -153,14 +203,15 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
             if device is None or string_value(device.value) != "cuda":
                 return updated
 
-        def build_scaler() -> cst.Call:
-            return call(ctx.torch_attr("amp.GradScaler"), [cst.Arg(ctx.device_type()), kwarg("enabled", cst.Name("False"))])
-
+        if any(arg.star for arg in updated.args):
+            message = f"{source(original)}: arguments passed with * or **: rewrite it by hand"
+            ctx.report("TPU302", original, message, fixable=False)
+            return updated
         new = ctx.fix(
             "TPU302",
             original,
-            build_scaler,
-            lambda n: f"{source(original)} -> {source(n)}: bf16 autocast needs no loss scaling",
+            lambda: _scaler(ctx, updated, skip=0 if qualname == _CUDA_SCALER else 1),
+            lambda n: f"{source(original)} -> {source(n)}: the CUDA scaler turns itself off where CUDA is absent",
         )
         return keep_parens(original, new) if new is not None else updated
     if qualname in _CUSTOM:

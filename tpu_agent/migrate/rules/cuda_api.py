@@ -18,8 +18,21 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import keep_parens, keyword, source
-from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED, PROFILER, RANDOM
+from tpu_agent.migrate.rules._cst import (
+    arg_position,
+    keep_parens,
+    keyword,
+    positional,
+    replace_arg_value,
+    source,
+)
+from tpu_agent.migrate.rules.devices import cuda_device_index
+from tpu_agent.migrate.rules.references import (
+    ACCELERATOR,
+    DISTRIBUTED,
+    PROFILER,
+    RANDOM,
+)
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -522,10 +535,10 @@ def _bind_per_rank(ctx: PyContext, original: cst.SimpleStatementLine, updated: c
     if _sole_statement(parent, original):
         _merge_into(ctx, parent)  # type: ignore[arg-type]
         return updated
-    return _guarded(_off_tpu(ctx), updated, _ONE_DEVICE)
+    return _guarded(off_tpu(ctx), updated, _ONE_DEVICE)
 
 
-def _off_tpu(ctx: PyContext) -> cst.BaseExpression:
+def off_tpu(ctx: PyContext) -> cst.BaseExpression:
     """``DEVICE.type != "tpu"``, behind ``torch.accelerator.is_available() and`` unless already checked."""
     not_tpu = cst.Comparison(
         left=ctx.device_type(),
@@ -545,7 +558,7 @@ def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
 
 
 def _merge_into(ctx: PyContext, statement: cst.If) -> None:
-    ctx.extra_tests[id(statement)] = (_off_tpu(ctx), _ONE_DEVICE)
+    ctx.extra_tests[id(statement)] = (off_tpu(ctx), _ONE_DEVICE)
 
 
 _LOOSE_TESTS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
@@ -590,6 +603,25 @@ def delete_set_device(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> 
     if ctx.report("TPU201", original, f"deleted `{source(original)}`: TorchTPU binds one device per process"):
         return cst.RemovalSentinel.REMOVE
     return updated
+
+
+# torch.cuda calls whose torch.accelerator twin takes a device *index*: the device a rule rewrote their argument
+# to (DEVICE, torch.device("tpu")) has no index, so set_device_index(DEVICE) raises on CUDA and
+# device_index(<a device>) raises everywhere; they get the index the CUDA device named instead.
+_INDEX_PARAMETER = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
+
+
+@FAMILY.leave(cst.Call)
+def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if ctx.qualname(original) not in _INDEX_PARAMETER or _device_function(ctx, updated.func) is None:
+        return updated
+    before, after = positional(original, 0), positional(updated, 0)
+    if before is None or after is None:
+        return updated
+    index = cuda_device_index(ctx, before.value)
+    if index is None:
+        return updated
+    return replace_arg_value(updated, arg_position(updated, after), index)
 
 
 @FAMILY.leave(cst.Call)

@@ -182,6 +182,34 @@ def cuda_device_code(ctx: PyContext, node: cst.CSTNode) -> str | None:
     return None
 
 
+def cuda_device_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The index a CUDA device expression names (``3`` for "cuda:3", ``i`` for torch.device("cuda", i) or
+    f"cuda:{i}"), else None; None too when the index itself mentions CUDA, since it is rewritten elsewhere.
+
+    Needed where the device becomes DEVICE / torch.device("tpu"), which carry no index, but the rewritten
+    call takes an index (torch.accelerator.set_device_index raises on a device without one)."""
+    index: cst.BaseExpression | None = None
+    value = string_value(node)
+    if value is not None:
+        number = value.partition(":")[2]
+        index = cst.Integer(number) if cuda_device_code(ctx, node) and number.isdigit() else None
+    elif isinstance(node, cst.FormattedString) and cuda_device_code(ctx, node) == "TPU102":
+        index = node.parts[1].expression  # type: ignore[attr-defined]  # f"cuda:{i}": checked by cuda_device_code
+    elif isinstance(node, cst.BinaryOperation) and cuda_device_code(ctx, node) == "TPU102":
+        index = node.right
+        if isinstance(index, cst.Call) and isinstance(index.func, cst.Name) and index.func.value == "str":
+            index = index.args[0].value if len(index.args) == 1 else None
+    elif isinstance(node, cst.Call) and ctx.qualname(node) == "torch.device":
+        kind, position = positional(node, 0), positional(node, 1) or keyword(node, "index")
+        if kind is not None and position is None:
+            return cuda_device_index(ctx, kind.value)
+        if kind is not None and position is not None and string_value(kind.value) == "cuda":
+            index = position.value
+    if index is None or "cuda" in source(index):
+        return None
+    return index
+
+
 def is_availability_fallback(ctx: PyContext, node: cst.CSTNode, fallback: str = "cpu") -> bool:
     """``X if torch.cuda.is_available() else "cpu"``: the whole expression means 'the accelerator or the CPU'."""
     return (

@@ -264,8 +264,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         tpu_lookup_api,
         "tpu_lookup_api",
         "Look up the TorchTPU equivalent of a CUDA PyTorch API (e.g. 'torch.cuda.synchronize', 'GradScaler', "
-        "'nccl') in the bundled mapping table, with its status (works, rewrite, no-op, none, manual, "
-        "unverified) and a note.",
+        "'nccl') in the migration rules, with its status (rewrite: migrate rewrites it by default; "
+        "unsafe-rewrite: only with unsafe fixes; manual: a person ports it) and a note.",
         tool_hints("CUDA -> TorchTPU API lookup", read_only=True),
     ),
 )

@@ -25,8 +25,17 @@ def estimate_lines(estimate: dict[str, Any]) -> list[str]:
     """The TPU estimate as sentences, always followed by its assumptions."""
     if not estimate.get("available"):
         return ["No TPU estimate: " + "; ".join(estimate.get("assumptions", []))]
-    lines = [
-        f"Estimated on {estimate['chip']}: {estimate['flops_per_step'] / 1e9:.3f} GFLOP and "
+    compiled = estimate.get("compiler")
+    lines = []
+    if compiled:
+        mfu = "n/a" if compiled["mfu"] is None else f"{compiled['mfu']:.1%}"
+        lines.append(
+            f"TPU compiler (libtpu) on {compiled['target']}, {compiled['strategy']}: {compiled['verdict']}, "
+            f"{human_bytes(compiled['peak_hbm_bytes_per_chip'])} of {human_bytes(compiled['hbm_bytes_per_chip'])} "
+            f"HBM per chip, step {compiled['step_seconds'] * 1e3:.3f} ms (compiler's optimal), MFU {mfu}."
+        )
+    lines += [
+        f"Roofline on {estimate['chip']}: {estimate['flops_per_step'] / 1e9:.3f} GFLOP and "
         f"{human_bytes(estimate['bytes_per_step'])} per step ({estimate['arithmetic_intensity']:.1f} FLOP/byte, "
         f"ridge {estimate['ridge_point']:.0f}: {estimate['bound']}-bound).",
         f"Step time estimate: eager {estimate['eager_step_s'] * 1e3:.3f} ms (MFU {estimate['eager_mfu']:.1%}), "

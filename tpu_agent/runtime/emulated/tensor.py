@@ -211,9 +211,15 @@ class _Allocation:
         self.key = key
 
     def __del__(self) -> None:
-        release = memory.release
-        if release is not None:
+        # At interpreter shutdown (JAX keeps tensors alive past the module's teardown) the module globals may
+        # already be None: there is nothing left to account then.
+        release = getattr(memory, "release", None)
+        if release is None:
+            return
+        try:
             release(self.key)
+        except (AttributeError, TypeError):  # memory's own globals (its lock, its table) torn down before us
+            return
 
 
 def _wrapper_like(like: torch.Tensor) -> TpuTensor:

@@ -34,6 +34,7 @@ from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
 from tpu_agent.runtime.xla import cache, decompositions
+from tpu_agent.runtime.xla import graphs
 from tpu_agent.runtime.xla.graphs import GraphRunner
 
 _CPU = torch.device("cpu")
@@ -375,6 +376,8 @@ class XlaExecutor:
         except Exception as error:  # noqa: BLE001 - never a crash: the op-by-op executor runs what XLA cannot take
             if key is not None:
                 self._remember(key, None)
+            for observe in graphs.fallback_observers:
+                observe(f"deferred graph {graph.hash} ({len(graph.nodes)} ops)", error)
             if state.log_enabled:
                 events.emit(
                     events.FallbackOp,
