@@ -30,6 +30,7 @@ def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
         capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]  # e.g. a tensor finaliser at shutdown
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -95,7 +96,9 @@ def test_compiler_switch_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch)
         pytest.param(
             "defer",
             marks=pytest.mark.xfail(
-                strict=True, reason="attention graphs of the restructured DeferAndFuse recorder give wrong losses on XLA"
+                strict=True,
+                reason="XLA DeferAndFuse executor: a graph split around the CPU flash-attention ops that also updates"
+                " parameters in place gives wrong gradients (the CPU deferred executor is exact)",
             ),
         ),
     ],

@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from tpu_agent.cli._output import console, console_err, handles_errors
 from tpu_agent.errors import ExitCode, TpuAgentError
@@ -80,7 +80,7 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
         console=console_err,
         transient=True,
     )
-    task: list[int] = []
+    task: list[TaskID] = []
 
     def update(done: int, total: int) -> None:
         if not task:

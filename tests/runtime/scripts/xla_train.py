@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpu_agent.runtime.emulated import activate
+from tpu_agent.runtime.xla import settings
 
 MODE, PRECISION, STEPS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 activate(eager_mode="defer_and_fuse" if MODE == "defer" else None)
+settings.install_deferred_executor()  # what tpu_agent.runtime.api.activate does for a run
 torch.set_float32_matmul_precision(PRECISION)
 
 
@@ -24,6 +26,7 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(16, dim)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -31,8 +34,10 @@ class Block(nn.Module):
         self.head = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        b, t, d = x.shape
+        b, t = tokens.shape
+        # a factory on the input's device, as GPT models build positions (must stay on tpu when compiled)
+        x = self.embed(tokens) + self.position(torch.arange(t, device=tokens.device))
+        d = x.shape[-1]
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))

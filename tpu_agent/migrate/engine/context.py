@@ -76,7 +76,7 @@ class UserCudaClasses:
                 bases = [ast.unparse(base) for base in node.bases]
                 if not any(_TENSORISH_BASE_RE.search(base) for base in bases):
                     classes.add(node.name)
-        instances = set()
+        instances: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 func = node.value.func

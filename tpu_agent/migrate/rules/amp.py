@@ -189,8 +189,10 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
             return updated
         index = arg_position(original, device)
 
+        device_value = device.value
+
         def build_generic() -> cst.Call:
-            new = replace_arg_value(updated, index, ctx.device_type(device.value))
+            new = replace_arg_value(updated, index, ctx.device_type(device_value))
             return _with_bf16(ctx, new)
 
         new = ctx.fix("TPU301", original, build_generic, lambda n: f"{source(original)} -> {source(n)}")

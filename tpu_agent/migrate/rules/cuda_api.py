@@ -4,6 +4,10 @@ Matching is by qualified name (``import torch.cuda as tc; tc.synchronize()`` and
 ``from torch.cuda import synchronize`` are both found); a name is rewritten only when torch has a
 device-agnostic twin at the version given in ``since_torch``. Everything else under ``torch.cuda`` is
 reported, with what to do on TPU, so that no CUDA-only call survives silently.
+
+Why this module is long: it is one rule family (the ``torch.cuda`` module API). Each rule record sits
+next to the handler that applies it, and the handlers share the family's tables of CUDA calls; splitting it
+would separate records from their handlers, or the handlers from their tables.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Strings are rewritten only in device positions (``torch.device(...)``, ``device=
 substring: a log line that mentions CUDA stays as it is. For the accelerator target, API positions get the
 module's resolver (``DEVICE``) and variables get its type string (``DEVICE.type``), which every API that
 took ``"cuda"`` also takes; for the TPU target both become ``"tpu"``.
+
+Why this module is long: it is one rule family (device strings, objects and moves). Its rules share the
+device-expression classifier and the resolver they all write, so they are kept with them in one module.
 """
 
 from __future__ import annotations
@@ -154,8 +157,9 @@ def cuda_device_code(ctx: PyContext, node: cst.CSTNode) -> str | None:
         return "TPU101" if _CUDA_DEVICE_RE.fullmatch(value) else None
     if isinstance(node, cst.FormattedString):
         parts = node.parts
-        if all(isinstance(p, cst.FormattedStringText) for p in parts):
-            return "TPU101" if _CUDA_DEVICE_RE.fullmatch("".join(p.value for p in parts)) else None  # type: ignore[union-attr]
+        texts = [p.value for p in parts if isinstance(p, cst.FormattedStringText)]
+        if len(texts) == len(parts):
+            return "TPU101" if _CUDA_DEVICE_RE.fullmatch("".join(texts)) else None
         if (
             len(parts) == 2
             and isinstance(parts[0], cst.FormattedStringText)
@@ -322,7 +326,7 @@ def _cuda_method(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.B
     if device is None:
         return updated
     call = drop_args(updated, lambda i, a: original.args[i] is index) if index is not None else updated
-    call = call.with_changes(func=call.func.with_changes(attr=cst.Name("to")))  # type: ignore[attr-defined]
+    call = call.with_changes(func=call.func.with_changes(attr=cst.Name("to")))
     return prepend_args(call, [cst.Arg(device)])
 
 

@@ -7,6 +7,7 @@ are needed); torch maps each device type to its default backend, so device-agnos
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -302,12 +303,12 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
                         el.with_changes(value=ctx.default_backend(el.value)) if _is_nccl(ctx, orig.value) else el
                         for el, orig in zip(elements, value.elements)  # type: ignore[attr-defined]
                     ]
-                    return targets[i].comparator.with_changes(elements=out)  # type: ignore[attr-defined]
+                    return targets[i].comparator.with_changes(elements=out)
 
                 new = ctx.fix("TPU402", value, build_list, lambda n: f"{source(original)}: nccl -> {source(n)}")
             else:
                 new = ctx.fix(
-                    "TPU402", value, lambda v=value: ctx.default_backend(v), lambda n: f"{source(original)}: nccl -> {source(n)}"
+                    "TPU402", value, functools.partial(ctx.default_backend, value), lambda n: f"{source(original)}: nccl -> {source(n)}"
                 )
             if new is not None:
                 targets[i] = targets[i].with_changes(comparator=new)

@@ -229,8 +229,9 @@ def env_name_string(ctx: PyContext, original: cst.SimpleString, updated: cst.Sim
         code, new_name = rename
         new = ctx.fix(code, original, lambda: string_like(original, new_name), lambda n: f"{name} -> {new_name}")
         return new if new is not None else updated
-    code = nccl_code(name)
-    if code is not None:
+    nccl = nccl_code(name)
+    if nccl is not None:
+        code = nccl
         ctx.report(code, original, f"{name} only configures NCCL: no effect on TPU; drop its use", fixable=False)
     elif name in CUDA_TOOLKIT:
         ctx.report("TPU706", original, f"{name} configures the CUDA toolchain: remove it for TPU runs")

@@ -7,6 +7,10 @@ itself; input mutations it functionalised are written back by its runtime wrappe
 Torch's core ATen decompositions (and :mod:`.decompositions`' foreach loops) run first: torchax lowers the
 decomposed forms of the composite backward ops (``native_layer_norm_backward`` and others) more reliably than
 their fused forms.
+
+A tensor AOTAutograd did not derive from a tpu input (a factory such as ``torch.arange(n, device=x.device)``,
+alone in a graph after a break) is a plain tensor to it, so the executable's CPU result would leak out as a CPU
+tensor: :func:`_on_devices` puts such outputs back on the device Dynamo recorded for them.
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import tensor
 from tpu_agent.runtime.xla import decompositions
 from tpu_agent.runtime.xla.graphs import GraphRunner
+
+_TPU = torch.device("tpu", 0)
 
 
 def compile_dynamo_graph(
@@ -41,4 +49,34 @@ def compile_dynamo_graph(
         inference_compiler=compiler("inference"),
         decompositions=decompositions.table(),
     )
-    return backend(gm, example_inputs)
+    return _on_devices(backend(gm, example_inputs), _output_devices(gm))
+
+
+def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
+    """The device of each output of the Dynamo graph, as Dynamo's example values recorded it."""
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    devices: list[torch.device | None] = []
+    for value in pytree.tree_leaves(output.args[0]):
+        example = value.meta.get("example_value", value.meta.get("val")) if isinstance(value, torch.fx.Node) else None
+        devices.append(example.device if isinstance(example, torch.Tensor) else None)
+    return devices
+
+
+def _on_devices(compiled: Callable[..., Any], devices: list[torch.device | None]) -> Callable[..., Any]:
+    """``compiled`` with every CPU output that Dynamo expected on the tpu device moved there."""
+    tpu_positions = [i for i, device in enumerate(devices) if device is not None and device.type == "tpu"]
+    if not tpu_positions:
+        return compiled
+
+    def run(*args: Any) -> Any:
+        outputs = compiled(*args)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(devices):
+            return outputs
+        fixed = list(outputs)
+        for i in tpu_positions:
+            out = fixed[i]
+            if isinstance(out, torch.Tensor) and out.device.type == "cpu":
+                fixed[i] = out.to(_TPU) if out.requires_grad else tensor.wrap(out)
+        return type(outputs)(fixed) if isinstance(outputs, tuple) else fixed
+
+    return run

@@ -422,6 +422,7 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
             base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
             for view in _tensors_in(node.outputs):
                 if type(view) is tt.TpuTensor and view._elem is None:
+                    assert base._elem is not None  # the base was materialised before its views (graph order)
                     tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
 
 

@@ -100,16 +100,16 @@ class GraphRunner:
         for node in missing:
             if state.log_enabled:
                 events.emit(events.FallbackOp, op=str(node.target), site=user_site(node) or self.site)
-        partition = {"id": 0, "eager": None}
+        partition_id, previous_eager = 0, None
         assignment: dict[torch.fx.Node, int] = {}
         for node in self.gm.graph.nodes:
             if node.op != "call_function":
                 continue
             eager = node in unsupported
-            if partition["eager"] is not None and (eager or partition["eager"]):
-                partition["id"] += 1
-            partition["eager"] = eager
-            assignment[node] = partition["id"]
+            if previous_eager is not None and (eager or previous_eager):
+                partition_id += 1
+            previous_eager = eager
+            assignment[node] = partition_id
         split = split_module(self.gm, None, lambda node: assignment[node], keep_original_order=True)
         eager_ids = {assignment[n] for n in missing}
         for name, sub in list(split.named_children()):
