@@ -70,8 +70,8 @@ class _Watcher:
     roles: dict[int, ArgRole] = field(default_factory=dict)
     current: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
     steady: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
-    fallbacks: list[str] = field(default_factory=list)  # graphs of the current step that ran on the CPU path
-    steady_fallbacks: list[str] = field(default_factory=list)
+    # graphs that ran on the CPU path instead (a graph that failed once is not tried again, so: the whole run)
+    fallbacks: dict[str, str] = field(default_factory=dict)
     step: int = 0
 
     def refresh_roles(self) -> None:
@@ -126,8 +126,8 @@ class _Watcher:
     def end_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step += 1
         if self.step >= 2:  # step 0 builds optimizer state and compiles: never the steady step
-            self.steady, self.steady_fallbacks = self.current, self.fallbacks
-        self.current, self.fallbacks = {}, []
+            self.steady = self.current
+        self.current = {}
         if self.step >= self.steps:
             raise CaptureComplete()
 
@@ -137,7 +137,7 @@ class _Watcher:
         self.current = {
             key: seen for key, seen in self.current.items() if not str(seen.runner.name).startswith(graph_name)
         }
-        self.fallbacks.append(f"{description}: {type(error).__name__}: {str(error)[:200]}")
+        self.fallbacks.setdefault(graph_name, f"{description}: {type(error).__name__}: {str(error)[:200]}")
 
     def graphs(self) -> list[ObservedGraph]:
         """The steady step's graphs; without two optimizer steps (inference, short scripts), all graphs seen."""
@@ -199,7 +199,7 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
     graphs = watcher.graphs()
     result: dict[str, Any]
     try:
-        missing = watcher.steady_fallbacks if watcher.steady else watcher.fallbacks
+        missing = list(watcher.fallbacks.values())
         if not graphs and missing:
             raise TpuAgentError(
                 "xla-fallback",
