@@ -33,8 +33,7 @@ from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
-from tpu_agent.runtime.xla import cache, decompositions
-from tpu_agent.runtime.xla import graphs
+from tpu_agent.runtime.xla import cache, decompositions, graphs
 from tpu_agent.runtime.xla.graphs import GraphRunner
 
 _CPU = torch.device("cpu")
@@ -377,7 +376,7 @@ class XlaExecutor:
             if key is not None:
                 self._remember(key, None)
             for observe in graphs.fallback_observers:
-                observe(f"deferred graph {graph.hash} ({len(graph.nodes)} ops)", error)
+                observe(f"deferred graph {graph.hash}", f"deferred graph {graph.hash} ({len(graph.nodes)} ops)", error)
             if state.log_enabled:
                 events.emit(
                     events.FallbackOp,

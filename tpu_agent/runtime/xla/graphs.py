@@ -29,9 +29,9 @@ from tpu_agent.runtime.xla import cache, lowering
 # graphs of a step and the tensors they read. Empty unless an observer installed itself.
 graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], state.Precision], None]] = []
 
-# Called with (description, error) when a captured graph could not run through XLA and ran on the CPU path
-# instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
-fallback_observers: list[Callable[[str, BaseException], None]] = []
+# Called with (runner name, description, error) when a captured graph could not run through XLA and ran on the
+# CPU path instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
+fallback_observers: list[Callable[[str, str, BaseException], None]] = []
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 

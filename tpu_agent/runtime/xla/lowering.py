@@ -140,21 +140,11 @@ _WRONG_LOWERINGS = frozenset(
 )
 
 
-class _Shapes:
-    """``shapes_only``: set by ``tpu-agent estimate``'s capture, which needs whole graphs compiled for a TPU and
-    only the values' shapes, so the lowerings above with wrong values but right shapes and cost are used."""
-
-    shapes_only = False
-
-
-shapes_only = _Shapes()
-
-
 def has_lowering(target: Any) -> bool:
     """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
     if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
-    if target.namespace in _COLLECTIVE_NAMESPACES or (target in _WRONG_LOWERINGS and not shapes_only.shapes_only):
+    if target.namespace in _COLLECTIVE_NAMESPACES or target in _WRONG_LOWERINGS:
         return False
     env = environment()
     try:
