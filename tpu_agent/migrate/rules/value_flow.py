@@ -329,7 +329,10 @@ def _device_choices(ctx: PyContext, original: cst.Call, updated: cst.Call, choic
     for j, el in enumerate(choices.value.elements):  # type: ignore[attr-defined]
         if string_value(el.value) == "cuda":
             new = ctx.fix(
-                "TPU101", el.value, functools.partial(ctx.device_type, el.value), lambda n: f'choice "cuda" -> {source(n)}'
+                "TPU101",
+                el.value,
+                functools.partial(ctx.device_type, el.value),
+                lambda n: f'choice "cuda" -> {source(n)}',
             )
             if new is not None:
                 elements[j] = elements[j].with_changes(value=new)
