@@ -69,7 +69,7 @@ class Config{n}:
     def __repr__(self) -> str:
         return f"Config{n}({{self.prefix!r}}, {{len(self.values)}} values)"
 ''',
-    '''
+    """
 
 def parse_line_{n}(line: str) -> tuple[str, float] | None:
     line = line.strip()
@@ -80,20 +80,20 @@ def parse_line_{n}(line: str) -> tuple[str, float] | None:
         return name.strip(), float(value)
     except ValueError:
         return None
-''',
-    '''
+""",
+    """
 
 def schedule_{n}(step: int, warmup: int = 100, total: int = 10_000) -> float:
     if step < warmup:
         return step / max(1, warmup)
     progress = (step - warmup) / max(1, total - warmup)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
-''',
+""",
 ]
 
 # CUDA blocks: the patterns the rules rewrite or flag (devices, torch.cuda API, AMP, NCCL, cuDNN flags).
 CUDA_BLOCKS = [
-    '''
+    """
 
 def train_step_{n}(model, batch, optimizer, scaler):
     inputs = batch["x"].cuda(non_blocking=True)
@@ -105,8 +105,8 @@ def train_step_{n}(model, batch, optimizer, scaler):
     scaler.update()
     torch.cuda.synchronize()
     return loss.item()
-''',
-    '''
+""",
+    """
 
 def setup_{n}(rank: int, world_size: int):
     torch.cuda.set_device(rank)
@@ -114,8 +114,8 @@ def setup_{n}(rank: int, world_size: int):
     torch.backends.cudnn.benchmark = True
     device = torch.device(f"cuda:{{rank}}")
     return device
-''',
-    '''
+""",
+    """
 
 def report_memory_{n}():
     if torch.cuda.is_available():
@@ -123,7 +123,7 @@ def report_memory_{n}():
         peak = torch.cuda.max_memory_allocated() / 2**20
         print(f"memory {{used:.1f}} MiB (peak {{peak:.1f}} MiB) on {{torch.cuda.device_count()}} devices")
     torch.cuda.empty_cache()
-''',
+""",
 ]
 
 
@@ -221,12 +221,18 @@ def real_tree(files: int, lines: int) -> None:
         for path in analysed:  # what the value-flow analysis costs where it could run (an upper bound)
             analyse(path.read_text(encoding="utf-8"))
         flow_seconds = time.perf_counter() - flow_start
-        print(f"real-shaped tree: {len(plan.files)} files, {total_lines:,} lines; {os.cpu_count()} cores, "
-              f"load average {os.getloadavg()[0]:.1f}")
-        print(f"in-place run (plan + apply, default jobs): {in_place:.1f} s wall (plan {planned:.1f} s); "
-              f"target 30 s: {30 / in_place:.2f}x")
-        print(f"value-flow analysis on all {len(analysed)} parsed files (upper bound, stdlib re-parse included): "
-              f"{flow_seconds:.1f} s wall")
+        print(
+            f"real-shaped tree: {len(plan.files)} files, {total_lines:,} lines; {os.cpu_count()} cores, "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
+        print(
+            f"in-place run (plan + apply, default jobs): {in_place:.1f} s wall (plan {planned:.1f} s); "
+            f"target 30 s: {30 / in_place:.2f}x"
+        )
+        print(
+            f"value-flow analysis on all {len(analysed)} parsed files (upper bound, stdlib re-parse included): "
+            f"{flow_seconds:.1f} s wall"
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     share_files = max(120, files // 4)  # the same generator and seed, a quarter of the files: 4 plans to run
@@ -235,16 +241,20 @@ def real_tree(files: int, lines: int) -> None:
         for unsafe in (False, True):
             tree = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-share-"))
             try:
-                result = api.plan([make_tree(tree, files=share_files, mean_lines=lines)],
-                                  MigrateOptions(target=target, unsafe_fixes=unsafe))
+                result = api.plan(
+                    [make_tree(tree, files=share_files, mean_lines=lines)],
+                    MigrateOptions(target=target, unsafe_fixes=unsafe),
+                )
             finally:
                 shutil.rmtree(tree, ignore_errors=True)
             share = conversion_share(result)
             top = ", ".join(f"{code} {count}" for code, count in sorted(share.left.items(), key=lambda kv: -kv[1])[:8])
-            print(f"target {target.value:<11} unsafe fixes {'on ' if unsafe else 'off'}: {share.converted}/"
-                  f"{share.references} references converted ({share.converted / share.references:.1%}); of those "
-                  f"with a TorchTPU form {share.converted}/{share.convertible} ({share.share:.1%}), "
-                  f"{share.held_back} held back as unsafe; left: {top}")
+            print(
+                f"target {target.value:<11} unsafe fixes {'on ' if unsafe else 'off'}: {share.converted}/"
+                f"{share.references} references converted ({share.converted / share.references:.1%}); of those "
+                f"with a TorchTPU form {share.converted}/{share.convertible} ({share.share:.1%}), "
+                f"{share.held_back} held back as unsafe; left: {top}"
+            )
 
 
 def main() -> None:
@@ -252,7 +262,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=2_400, help="files in the corpus (default 2400)")
     parser.add_argument("--lines", type=int, default=150, help="mean lines per file (default 150)")
     parser.add_argument("--cuda-share", type=float, default=0.25, help="share of files using CUDA (default 0.25)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="workers for the parallel run (default: cores)")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="workers for the parallel run (default: cores)"
+    )
     parser.add_argument("--real-tree", action="store_true", help="measure the real-shaped tree instead (issue 13)")
     args = parser.parse_args()
     if args.real_tree:

@@ -28,18 +28,21 @@ def run_cli(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.slow  # a CLI subprocess: seconds
 def test_unknown_slice_is_refused_with_the_slices_the_compiler_knows() -> None:
     result = run_cli("estimate", "--chip", "v5e-3", str(MLP))
     assert result.returncode == 2
     assert "no v5e slice of 3 chips" in result.stderr and "v5e-4" in result.stderr
 
 
+@pytest.mark.slow  # a CLI subprocess: seconds
 def test_missing_script_is_named() -> None:
     result = run_cli("estimate", "--chip", "v5e", "--format", "json", "no/such/train.py")
     assert result.returncode == 2
     assert json.loads(result.stdout)["error"]["code"] == "script-not-found"
 
 
+@pytest.mark.slow  # two CLI subprocesses
 @pytest.mark.skipif(compiler_status().available, reason="libtpu is installed here")
 def test_without_libtpu_the_error_says_what_to_install() -> None:
     result = run_cli("estimate", "--chip", "v5e-4", str(MLP))

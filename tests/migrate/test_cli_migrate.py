@@ -46,7 +46,11 @@ def make_project(root: Path) -> Path:
 
 
 def snapshot(tree: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(tree)): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file() and ".git" not in p.parts}
+    return {
+        str(p.relative_to(tree)): p.read_bytes()
+        for p in sorted(tree.rglob("*"))
+        if p.is_file() and ".git" not in p.parts
+    }
 
 
 def git(repo: Path, *args: str) -> str:
@@ -205,7 +209,9 @@ def test_rules_lists_every_rule(tmp_path: Path) -> None:
         assert code in table.stdout
     listed = [r for r in json.loads(cli("rules", "--format", "json", cwd=tmp_path).stdout) if r["kind"] == "migration"]
     assert [r["code"] for r in listed] == sorted(ALL_RULES)
-    assert {"code", "name", "family", "safety", "summary", "rationale", "before", "after", "reference"} <= set(listed[0])
+    assert {"code", "name", "family", "safety", "summary", "rationale", "before", "after", "reference"} <= set(
+        listed[0]
+    )
 
 
 def test_rules_code_explains_one_rule(tmp_path: Path) -> None:
@@ -254,7 +260,11 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     env.pop("NO_COLOR", None)
     with_tty = subprocess.run(
         [sys.executable, "-m", "tpu_agent", "migrate", "--check", "big"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=slave, timeout=120,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        timeout=120,
     )
     os.close(slave)
     reader.join(timeout=10)
@@ -268,9 +278,15 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_rule_and_fix_options_reach_the_plan(tmp_path: Path) -> None:
     make_project(tmp_path)
-    narrowed = json.loads(cli("migrate", "--check", "--format", "json", "--select", "TPU1", "--ignore", "TPU103", "proj", cwd=tmp_path).stdout)
+    narrowed = json.loads(
+        cli(
+            "migrate", "--check", "--format", "json", "--select", "TPU1", "--ignore", "TPU103", "proj", cwd=tmp_path
+        ).stdout
+    )
     codes = {f["code"] for f in narrowed["findings"]}
     assert codes and all(c.startswith("TPU1") and c != "TPU103" for c in codes)
     assert narrowed["options"]["select"] == ["TPU1"] and narrowed["options"]["ignore"] == ["TPU103"]
-    tpu = json.loads(cli("migrate", "--check", "--format", "json", "--target", "tpu", "--unsafe-fixes", "proj", cwd=tmp_path).stdout)
+    tpu = json.loads(
+        cli("migrate", "--check", "--format", "json", "--target", "tpu", "--unsafe-fixes", "proj", cwd=tmp_path).stdout
+    )
     assert tpu["options"]["target"] == "tpu" and tpu["options"]["unsafe_fixes"] is True

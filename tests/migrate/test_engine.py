@@ -74,9 +74,9 @@ def test_nested_fstring_and_multiline_call_keep_everything_else(write) -> None: 
         "msg = f\"{f'cuda:{rank}'} stays\"   \n"  # trailing spaces survive
         "x = torch.zeros(\n"
         "    2,  # rows\n"
-        "    device=f\"cuda:{rank}\",\n"
+        '    device=f"cuda:{rank}",\n'
         ")\n"
-        "y = x.to(device=f\"cuda:{rank}\") ;z = 1\n"
+        'y = x.to(device=f"cuda:{rank}") ;z = 1\n'
     )
     new = _new(migrate_one(write("c.py", source)))
     lines = new.splitlines(keepends=True)
@@ -131,9 +131,20 @@ def test_notebook_code_cells_only_magics_and_outputs_untouched(write) -> None:  
                 "execution_count": 1,
                 "metadata": {"tags": ["setup"]},
                 "outputs": [{"output_type": "stream", "name": "stdout", "text": ["cuda\n"]}],
-                "source": ["%matplotlib inline\n", "!pip install einops\n", "import torch\n", "import torch.cuda as tc"],
+                "source": [
+                    "%matplotlib inline\n",
+                    "!pip install einops\n",
+                    "import torch\n",
+                    "import torch.cuda as tc",
+                ],
             },
-            {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": "%%bash\necho cuda"},
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "metadata": {},
+                "outputs": [],
+                "source": "%%bash\necho cuda",
+            },
             {
                 "cell_type": "code",
                 "execution_count": 2,
@@ -185,7 +196,9 @@ def test_import_torch_added_when_missing_and_alias_reused(write) -> None:  # noq
     new = _new(migrate_one(write("f.py", '"""Doc."""\nfrom torch import nn\n\nlayer = nn.Linear(2, 2).cuda()\n')))
     assert new.startswith('"""Doc."""\nfrom torch import nn\nimport torch\n')
     assert RESOLVER in new
-    aliased = _new(migrate_one(write("g.py", "import torch as th\nth.cuda.synchronize()\nx = th.ones(1, device='cuda')\n")))
+    aliased = _new(
+        migrate_one(write("g.py", "import torch as th\nth.cuda.synchronize()\nx = th.ones(1, device='cuda')\n"))
+    )
     assert "import torch\n" not in aliased
     assert 'DEVICE = th.accelerator.current_accelerator(check_available=True) or th.device("cpu")' in aliased
     assert "th.accelerator.synchronize()" in aliased
@@ -208,10 +221,12 @@ def test_resolver_goes_before_first_module_level_use(write) -> None:  # noqa: AN
 
 
 def test_tpu_target_writes_literal_tpu_and_no_resolver(write) -> None:  # noqa: ANN001
-    source = "import torch\nx = torch.ones(1).cuda()\ntorch.cuda.synchronize()\nwith torch.autocast('cuda'):\n    pass\n"
+    source = (
+        "import torch\nx = torch.ones(1).cuda()\ntorch.cuda.synchronize()\nwith torch.autocast('cuda'):\n    pass\n"
+    )
     new = _new(migrate_one(write("j.py", source), target=Target.TPU))
     assert "DEVICE" not in new
-    assert "x = torch.ones(1).to(\"tpu\")" in new
+    assert 'x = torch.ones(1).to("tpu")' in new
     assert "torch.accelerator.synchronize()\n" in new and "is_available" not in new
     assert "torch.autocast('tpu', dtype=torch.bfloat16)" in new
 
@@ -304,5 +319,7 @@ def test_plain_cuda_module_import_becomes_import_torch(write) -> None:  # noqa: 
     new = _new(migrate_one(write("n.py", source)))
     assert new.startswith("import torch\n") and "torch.cuda" not in new
     assert "torch.set_default_device(DEVICE)" in new
-    kept = _new(migrate_one(write("o.py", "import torch.cuda\ntorch.cuda.synchronize()\nx = torch.cuda.default_stream()\n")))
+    kept = _new(
+        migrate_one(write("o.py", "import torch.cuda\ntorch.cuda.synchronize()\nx = torch.cuda.default_stream()\n"))
+    )
     assert kept.startswith("import torch.cuda\n")  # a torch.cuda use is left (reported), so the import stays

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 from pathlib import Path
 
+import pytest
 from conftest import migrate_one
 from test_cli_migrate import cli
 

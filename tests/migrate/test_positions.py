@@ -48,7 +48,7 @@ def test_positions_match_the_public_position_provider(name: str, source: str) ->
     # it (the last one without the newline the module drops when the source had none)
     code = module.code
     ends = [spans[id(stmt)] for stmt in module.body]
-    assert all(a[1] == b[0] for a, b in zip(ends, ends[1:]))
+    assert all(a[1] == b[0] for a, b in zip(ends, ends[1:], strict=False))
     for stmt in module.body:
         start, end = spans[id(stmt)]
         generated = module.code_for_node(stmt)

@@ -89,7 +89,9 @@ def test_json_report_follows_the_schema_and_its_numbers_add_up(plan: Plan) -> No
     assert summary["converted"] == sum(f["fixed"] for f in findings) == sum(r["fixed"] for r in report["rules"])
     assert summary["unconverted"] == summary["unconverted_unsafe"] + summary["unconverted_manual"]
     assert summary["conversion_percent"] == round(100 * summary["converted"] / summary["references"], 1)
-    assert summary["files_examined"] == summary["files_parsed"] + summary["files_prefiltered"] + summary["files_skipped"]
+    assert (
+        summary["files_examined"] == summary["files_parsed"] + summary["files_prefiltered"] + summary["files_skipped"]
+    )
     assert summary["files_prefiltered"] == 1 and summary["files_skipped"] == 1
     skipped = [f for f in report["files"] if f["status"] == "skipped"]
     assert [Path(f["path"]).name for f in skipped] == ["broken.py"] and skipped[0]["skipped_reason"]
@@ -120,7 +122,9 @@ def test_sarif_is_valid_2_1_0(plan: Plan, sarif_schema: dict) -> None:
         assert region["startLine"] >= 1 and region["startColumn"] >= 1
         assert result["level"] == ("note" if result["properties"]["fixed"] else "warning")
     notifications = run["invocations"][0]["toolExecutionNotifications"]
-    assert [n["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].rsplit("/", 1)[-1] for n in notifications] == ["broken.py"]
+    assert [
+        n["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].rsplit("/", 1)[-1] for n in notifications
+    ] == ["broken.py"]
 
 
 def test_sarif_schema_rejects_a_broken_log(plan: Plan, sarif_schema: dict) -> None:
@@ -152,7 +156,7 @@ def test_markdown_report_is_a_pr_description(plan: Plan) -> None:
     assert f"**{summary.totals.converted} of {summary.totals.references}**" in markdown
     checklist = [line for line in markdown.splitlines() if line.startswith("- [ ] ")]
     assert len(checklist) == len(summary.manual)
-    for finding, line in zip(summary.manual, checklist):
+    for finding, line in zip(summary.manual, checklist, strict=True):
         assert f"`{finding.path}:{finding.line}:{finding.column}`" in line and finding.code in line
     for block in re.findall(r"(?:^\|.*\|$\n?)+", markdown, flags=re.M):
         rows = [re.split(r"(?<!\\)\|", row)[1:-1] for row in block.strip().splitlines()]

@@ -76,8 +76,16 @@ def test_rules_are_well_formed() -> None:
         assert code[:4] == "TPU" + code[3] and len(code) == 6
         assert rule.name and rule.summary and rule.rationale and rule.reference
         assert rule.before
-        family_digit = {"devices": "1", "cuda-api": "2", "amp": "3", "distributed": "4", "compile": "5",
-                        "backend-flags": "6", "env-vars": "7", "third-party": "8"}[rule.family]
+        family_digit = {
+            "devices": "1",
+            "cuda-api": "2",
+            "amp": "3",
+            "distributed": "4",
+            "compile": "5",
+            "backend-flags": "6",
+            "env-vars": "7",
+            "third-party": "8",
+        }[rule.family]
         assert code[3] == family_digit, code
     names = [rule.name for rule in ALL_RULES.values()]
     assert len(names) == len(set(names))

@@ -34,7 +34,13 @@ def render() -> str:
     for family in FAMILIES:
         out += ["", f"## {family.name}"]
         for r in family.rules:
-            out += ["", f"### {r.code}", "", f"`{r.name}`, {r.safety.value}" + (f", needs torch >= {r.since_torch}" if r.since_torch else ""), ""]
+            out += [
+                "",
+                f"### {r.code}",
+                "",
+                f"`{r.name}`, {r.safety.value}" + (f", needs torch >= {r.since_torch}" if r.since_torch else ""),
+                "",
+            ]
             out += [r.summary, "", r.rationale, "", "Before:", "", f"{_FENCE}", r.before, _FENCE]
             if r.after:
                 out += ["", "After:", "", _FENCE, r.after, _FENCE]

@@ -398,7 +398,9 @@ def test_stdio_server_survives_hostile_messages(arena: Arena) -> None:
 def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
     """A file nested deeper than any parser recurses and a FIFO named like a source (a read would block
     forever) are skipped with a reason; the server answers the next call."""
-    (arena.ws / "deep.py").write_text("import torch\nx = " + "(" * 5_000 + "torch.cuda.synchronize()" + ")" * 5_000 + "\n")
+    (arena.ws / "deep.py").write_text(
+        "import torch\nx = " + "(" * 5_000 + "torch.cuda.synchronize()" + ")" * 5_000 + "\n"
+    )
     os.mkfifo(arena.ws / "x.py")
     proc = _start_stdio_server(arena)
     try:
@@ -430,7 +432,9 @@ async def test_mcp_apply_removes_stale_temp_files_but_nothing_planted_as_a_link(
     os.utime(planted, (time.time() - 3_600, time.time() - 3_600), follow_symlinks=False)
     plan = await client.call_tool("tpu_plan_migration", {"paths": ["."]})
     assert not plan.is_error, plan
-    applied = await client.call_tool("tpu_apply_plan", {"plan_id": plan.structured_content["plan_id"], "allow_dirty": True})
+    applied = await client.call_tool(
+        "tpu_apply_plan", {"plan_id": plan.structured_content["plan_id"], "allow_dirty": True}
+    )
     assert not applied.is_error, applied
     assert not stale.exists()
     assert planted.is_symlink() and (arena.outside / "notes.txt").read_text() == "do not touch\n"

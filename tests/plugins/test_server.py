@@ -336,6 +336,7 @@ async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     await modern.call_tool("tpu_job_cancel", {"job_id": busy["job_id"]})
 
 
+@pytest.mark.slow  # a job: minutes where libtpu compiles
 async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_compiler(
     modern: Client, example: Path
 ) -> None:

@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from tpu_agent.cli._output import console, console_err, handles_errors
 from tpu_agent.errors import ExitCode, TpuAgentError
@@ -57,6 +57,7 @@ Examples:
   tpu-agent migrate ./repo --min-torch 2.5 --diff
 """
 
+
 def parse_codes(value: str | None) -> frozenset[str] | None:
     """``"TPU1,TPU201"`` -> the codes as given; :func:`tpu_agent.migrate.api.plan` upper-cases and checks them
     (:func:`tpu_agent.migrate.rules.rule_codes`), for this CLI and the MCP server alike."""
@@ -80,7 +81,7 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
         console=console_err,
         transient=True,
     )
-    task: list[int] = []
+    task: list[TaskID] = []
 
     def update(done: int, total: int) -> None:
         if not task:
@@ -115,10 +116,16 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _check_combination(diff: bool, check: bool, output_dir: Path | None, output_format: ReportFormat, report: Path | None) -> None:
+def _check_combination(
+    diff: bool, check: bool, output_dir: Path | None, output_format: ReportFormat, report: Path | None
+) -> None:
     if output_dir is not None and (diff or check):
         flag = "--diff" if diff else "--check"
-        raise TpuAgentError("conflicting-options", f"--output-dir writes files but {flag} writes nothing", f"Drop {flag} or --output-dir.")
+        raise TpuAgentError(
+            "conflicting-options",
+            f"--output-dir writes files but {flag} writes nothing",
+            f"Drop {flag} or --output-dir.",
+        )
     if diff and output_format != ReportFormat.text and report is None:
         raise TpuAgentError(
             "conflicting-options",
@@ -134,22 +141,55 @@ def _check_min_torch(value: str | None) -> str | None:
         torch_version(value)
     except ValueError as exc:
         raise TpuAgentError(
-            "bad-option", f"--min-torch: {exc}", hint="give a torch release such as --min-torch 2.5", exit_code=ExitCode.USAGE
+            "bad-option",
+            f"--min-torch: {exc}",
+            hint="give a torch release such as --min-torch 2.5",
+            exit_code=ExitCode.USAGE,
         ) from None
     return value
 
 
 def migrate(
-    paths: list[Path] = typer.Argument(..., help="Files or directories to migrate (.py, .ipynb, shell, env, YAML, Dockerfile).", show_default=False),
+    paths: list[Path] = typer.Argument(
+        ..., help="Files or directories to migrate (.py, .ipynb, shell, env, YAML, Dockerfile).", show_default=False
+    ),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the rewrite and write nothing."),
-    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when anything would change or needs manual work (for CI and pre-commit)."),
-    output_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="Write a migrated copy of the tree into DIR; the source is left untouched.", metavar="DIR"),
-    select: str | None = typer.Option(None, "--select", help="Only these rule codes or prefixes, comma-separated (e.g. TPU1,TPU201).", metavar="CODES"),
-    ignore: str | None = typer.Option(None, "--ignore", help="Skip these rule codes or prefixes, comma-separated.", metavar="CODES"),
-    unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also apply fixes that rest on an assumption the report names."),
-    target: Target = typer.Option(Target.ACCELERATOR, "--target", help="accelerator: device-agnostic torch.accelerator code; tpu: literal TorchTPU forms.", case_sensitive=False),
-    annotate: bool = typer.Option(False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."),
-    min_torch: str | None = typer.Option(None, "--min-torch", help="Oldest torch the output must run on (e.g. 2.5): rewrites to newer APIs are reported, not applied.", metavar="VERSION"),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Write nothing; exit 1 when anything would change or needs manual work (for CI and pre-commit).",
+    ),
+    output_dir: Path | None = typer.Option(
+        None,
+        "--output-dir",
+        "-o",
+        help="Write a migrated copy of the tree into DIR; the source is left untouched.",
+        metavar="DIR",
+    ),
+    select: str | None = typer.Option(
+        None, "--select", help="Only these rule codes or prefixes, comma-separated (e.g. TPU1,TPU201).", metavar="CODES"
+    ),
+    ignore: str | None = typer.Option(
+        None, "--ignore", help="Skip these rule codes or prefixes, comma-separated.", metavar="CODES"
+    ),
+    unsafe_fixes: bool = typer.Option(
+        False, "--unsafe-fixes", help="Also apply fixes that rest on an assumption the report names."
+    ),
+    target: Target = typer.Option(
+        Target.ACCELERATOR,
+        "--target",
+        help="accelerator: device-agnostic torch.accelerator code; tpu: literal TorchTPU forms.",
+        case_sensitive=False,
+    ),
+    annotate: bool = typer.Option(
+        False, "--annotate", help="Insert '# TODO(tpu-agent CODE): ...' comments at items needing manual work."
+    ),
+    min_torch: str | None = typer.Option(
+        None,
+        "--min-torch",
+        help="Oldest torch the output must run on (e.g. 2.5): rewrites to newer APIs are reported, not applied.",
+        metavar="VERSION",
+    ),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Worker processes for parsing; 0 means one per core."),
     file_budget: float = typer.Option(
         60.0,
@@ -159,9 +199,18 @@ def migrate(
         "ordinary files are not limited.",
         metavar="SECONDS",
     ),
-    allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Rewrite files even when they have uncommitted git changes."),
-    output_format: ReportFormat = typer.Option(ReportFormat.text, "--format", "-f", help="Report format: text for people, json for agents, sarif for code scanning, markdown for PRs."),
-    report: Path | None = typer.Option(None, "--report", help="Write the report (in --format) to FILE and print only a short summary.", metavar="FILE"),
+    allow_dirty: bool = typer.Option(
+        False, "--allow-dirty", help="Rewrite files even when they have uncommitted git changes."
+    ),
+    output_format: ReportFormat = typer.Option(
+        ReportFormat.text,
+        "--format",
+        "-f",
+        help="Report format: text for people, json for agents, sarif for code scanning, markdown for PRs.",
+    ),
+    report: Path | None = typer.Option(
+        None, "--report", help="Write the report (in --format) to FILE and print only a short summary.", metavar="FILE"
+    ),
 ) -> None:
     from tpu_agent.migrate import api
     from tpu_agent.migrate.report import render, summarize, unified_diff

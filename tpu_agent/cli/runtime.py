@@ -64,9 +64,9 @@ def run(
     command: list[str] = typer.Argument(..., metavar="SCRIPT [ARGS]...", help="Script path (or module name with -m) and its arguments."),
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
     nproc: int = typer.Option(1, "--nproc", "--nproc-per-node", min=1, help="Ranks on this host (torchrun --nproc-per-node)."),
-    backend: Backend = typer.Option("auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."),  # type: ignore[valid-type]
+    backend: Backend = typer.Option("auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."),
     chip: str = chip_option(),
-    eager_mode: EagerModeChoice | None = typer.Option(  # type: ignore[valid-type]
+    eager_mode: EagerModeChoice | None = typer.Option(
         None, "--eager-mode", help="strict | debug | defer-and-fuse; sets TORCH_TPU_LAUNCH_BLOCKING / TORCH_TPU_DEFER_AND_FUSE."
     ),
     nnodes: str = typer.Option("1", "--nnodes", help="Number of hosts, or MIN:MAX (torchrun)."),
@@ -76,7 +76,7 @@ def run(
     master_port: int | None = typer.Option(None, "--master-port", help="Port for the static rendezvous (torchrun)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra NAME=VALUE for every rank (repeatable)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop every rank after this many seconds (exit 124)."),
-    compiler: Compiler | None = typer.Option(  # type: ignore[valid-type]
+    compiler: Compiler | None = typer.Option(
         None, "--compiler", help="Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA; eager runs them op by op."
     ),
 ) -> None:

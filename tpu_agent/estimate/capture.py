@@ -9,8 +9,7 @@ between the last two step ends are the steady step (with DeferAndFuse the optimi
 next step, so a whole interval between step ends holds one of each graph). After ``steps`` optimizer steps the
 script is stopped (exit code 0) and the hook's finalizer compiles and writes ``estimate.json`` atomically.
 
-The script's values are not the point here: lowerings known to compute wrong values with the right shapes
-(see ``lowering.shapes_only``) are used so that each graph is compiled whole. Settings come from ``options.json`` in :data:`ESTIMATE_DIR_ENV`, written by :mod:`tpu_agent.estimate.script`.
+Settings come from ``options.json`` in :data:`ESTIMATE_DIR_ENV`, written by :mod:`tpu_agent.estimate.script`.
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ class _Watcher:
     roles: dict[int, ArgRole] = field(default_factory=dict)
     current: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
     steady: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
-    fallbacks: list[str] = field(default_factory=list)  # graphs of the current step that ran on the CPU path
-    steady_fallbacks: list[str] = field(default_factory=list)
+    # graphs that ran on the CPU path instead (a graph that failed once is not tried again, so: the whole run)
+    fallbacks: dict[str, str] = field(default_factory=dict)
     step: int = 0
 
     def refresh_roles(self) -> None:
@@ -127,13 +126,18 @@ class _Watcher:
     def end_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step += 1
         if self.step >= 2:  # step 0 builds optimizer state and compiles: never the steady step
-            self.steady, self.steady_fallbacks = self.current, self.fallbacks
-        self.current, self.fallbacks = {}, []
+            self.steady = self.current
+        self.current = {}
         if self.step >= self.steps:
             raise CaptureComplete()
 
-    def fell_back(self, description: str, error: BaseException) -> None:
-        self.fallbacks.append(f"{description}: {type(error).__name__}: {str(error)[:200]}")
+    def fell_back(self, graph_name: str, description: str, error: BaseException) -> None:
+        """A graph ran on the CPU path after all: its pieces that did run through XLA are not a program of the
+        step (the whole graph ran again on the CPU), so they are dropped and the graph is named instead."""
+        self.current = {
+            key: seen for key, seen in self.current.items() if not str(seen.runner.name).startswith(graph_name)
+        }
+        self.fallbacks.setdefault(graph_name, f"{description}: {type(error).__name__}: {str(error)[:200]}")
 
     def graphs(self) -> list[ObservedGraph]:
         """The steady step's graphs; without two optimizer steps (inference, short scripts), all graphs seen."""
@@ -195,6 +199,15 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
     graphs = watcher.graphs()
     result: dict[str, Any]
     try:
+        missing = list(watcher.fallbacks.values())
+        if not graphs and missing:
+            raise TpuAgentError(
+                "xla-fallback",
+                f"the step's graphs could not run through the XLA compiler, so none can be compiled for a TPU: "
+                f"{missing[0]}",
+                "this is a gap of the runtime's XLA path; report it with the script (tpu-agent run --compiler xla "
+                "shows the same fallback)",
+            )
         if not graphs:
             raise TpuAgentError(
                 "nothing-captured",
@@ -214,7 +227,6 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
             "step as one program), not by the script's own all-reduce calls",
             "ops without an XLA lowering ran on the CPU during capture and are not in the estimate",
         ]
-        missing = watcher.steady_fallbacks if watcher.steady else watcher.fallbacks
         estimate.assumptions += [f"NOT in the estimate (ran on the CPU path, not XLA): {item}" for item in missing]
         result = {"ok": True, "estimate": estimate.to_dict(), "steps_watched": watcher.step}
     except TpuAgentError as error:
@@ -231,9 +243,8 @@ def install() -> Callable[[], None] | None:
     options = _read_options(directory)
     from torch.optim import optimizer as optimizer_module
 
-    from tpu_agent.runtime.xla import graphs, lowering
+    from tpu_agent.runtime.xla import graphs
 
-    lowering.shapes_only.shapes_only = True  # whole graphs, attention included: values are never read back
     watcher = _Watcher(steps=max(2, int(options.get("steps", 3))))
     graphs.graph_observers.append(watcher.observe)
     graphs.fallback_observers.append(watcher.fell_back)

@@ -32,7 +32,10 @@ from tpu_agent.migrate.safety import (
 
 ProgressCallback = Callable[[int, int], None]
 
-def plan(paths: Sequence[Path | str], options: MigrateOptions | None = None, progress: ProgressCallback | None = None) -> Plan:
+
+def plan(
+    paths: Sequence[Path | str], options: MigrateOptions | None = None, progress: ProgressCallback | None = None
+) -> Plan:
     """Examine ``paths`` (files or directories) and return what migrating them would change.
 
     Touches nothing on disk. ``progress(done, total)`` is called as files are processed. Raises
@@ -45,7 +48,9 @@ def plan(paths: Sequence[Path | str], options: MigrateOptions | None = None, pro
         raise TpuAgentError("no-paths", "no path to migrate was given", "Pass one or more files or directories.")
     for root in roots:
         if root.is_symlink() and not root.exists():
-            raise TpuAgentError("broken-symlink", f"{root}: is a symlink to a missing file", "Fix the link or pass its target.")
+            raise TpuAgentError(
+                "broken-symlink", f"{root}: is a symlink to a missing file", "Fix the link or pass its target."
+            )
         if not root.exists():
             raise TpuAgentError("path-not-found", f"{root}: no such file or directory", "Check the path and try again.")
     # Imported here: the engine pulls in libcst and every rule, which apply() and the renderers do not need.

@@ -190,7 +190,9 @@ class MigrateOptions:
         select = data.get("select")
         return cls(
             select=frozenset(select) if isinstance(select, list) else None,
-            ignore=frozenset(data.get("ignore") or []),  # type: ignore[arg-type]
+            ignore=frozenset(str(code) for code in ignore)
+            if isinstance(ignore := data.get("ignore"), list)
+            else frozenset(),
             unsafe_fixes=bool(data.get("unsafe_fixes")),
             target=Target(str(data.get("target", Target.ACCELERATOR.value))),
             annotate=bool(data.get("annotate")),

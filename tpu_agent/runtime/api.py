@@ -55,6 +55,9 @@ def activate() -> BackendChoice:
         # The emulation writes its own RunInfo record (with the eager mode it actually applied).
         emulated.activate(chip=os.environ.get(CHIP_ENV, DEFAULT_CHIP), eager_mode=mode.enum_name)
         distributed.register()
+        from tpu_agent.runtime.xla import settings
+
+        settings.install_deferred_executor()
     else:
         devices = scan_tpu_devices()
         emit(

@@ -131,7 +131,7 @@ def _run_user_code(target: str, is_module: bool) -> None:
     """Run the target in a fresh ``__main__`` (``sys.argv`` is already the script's)."""
     if is_module:
         _fresh_main()
-        runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` itself calls
+        runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]  # private, but what `python -m` itself calls
         return
     if os.path.isdir(target) or zipfile.is_zipfile(target):
         sys.path.pop(0)  # run_path puts the directory itself first, as `python DIR` does

@@ -20,6 +20,7 @@ import sys
 import sysconfig
 import threading
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -184,6 +185,7 @@ def user_call_site(skip: int = 1) -> Site | None:
     """The first stack frame outside the standard library, site-packages and tpu_agent, or ``None``.
 
     ``skip`` counts frames above this one (1: the caller). The single stack walk behind every event's site."""
+    frame: types.FrameType | None
     try:
         frame = sys._getframe(skip)
     except ValueError:

@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from tpu_agent.runtime.emulated import activate
+from tpu_agent.runtime.xla import settings
 
 activate()
+settings.install_deferred_executor()  # what tpu_agent.runtime.api.activate does for a run
 torch.set_float32_matmul_precision("highest")
 STRICT, FUSED = torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE
 

@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpu_agent.runtime.emulated import activate
+from tpu_agent.runtime.xla import settings
 
 MODE, PRECISION, STEPS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 activate(eager_mode="defer_and_fuse" if MODE == "defer" else None)
+settings.install_deferred_executor()  # what tpu_agent.runtime.api.activate does for a run
 torch.set_float32_matmul_precision(PRECISION)
 
 

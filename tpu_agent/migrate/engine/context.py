@@ -76,7 +76,7 @@ class UserCudaClasses:
                 bases = [ast.unparse(base) for base in node.bases]
                 if not any(_TENSORISH_BASE_RE.search(base) for base in bases):
                     classes.add(node.name)
-        instances = set()
+        instances: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 func = node.value.func
@@ -177,7 +177,11 @@ class PyContext:
         module = _dotted_name(node.module)
         for alias in node.names:
             name = _dotted_name(alias.name)
-            bound = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
+            bound = (
+                alias.asname.name.value
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
+                else name
+            )
             self.aliases[bound] = f"{module}.{name}"
 
     def qualname(self, node: cst.CSTNode) -> str | None:
@@ -225,7 +229,13 @@ class PyContext:
             return receiver.value in uc.instances or receiver.value in uc.classes
         if isinstance(receiver, cst.Call):
             func = receiver.func
-            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+            name = (
+                func.value
+                if isinstance(func, cst.Name)
+                else func.attr.value
+                if isinstance(func, cst.Attribute)
+                else None
+            )
             return name in uc.classes
         return False
 
@@ -265,8 +275,10 @@ class PyContext:
         new = build()
         # the resolver line (torch.accelerator.current_accelerator) is itself an API with a minimum torch
         if self._device_uses != uses_before and not self.options.torch_allows(RESOLVER_SINCE_TORCH):
-            text = f"{message(new)} (not rewritten: the device resolver needs torch >= {RESOLVER_SINCE_TORCH}, " \
+            text = (
+                f"{message(new)} (not rewritten: the device resolver needs torch >= {RESOLVER_SINCE_TORCH}, "
                 f"--min-torch is {self.options.min_torch})"
+            )
             self.report(code, node, text, fixable=False)
             self.needs_device, self.needs_torch, self.device_first_top = snapshot
             return None

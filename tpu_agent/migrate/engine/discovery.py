@@ -74,8 +74,13 @@ _DEPENDENCY_FILE_RE = re.compile(
 TEMP_FILE_RE = re.compile(rf"{re.escape(TEMP_PREFIX)}.+\.[a-z0-9_]{{8}}{re.escape(TEMP_SUFFIX)}")
 # Younger temp files may belong to a write in progress (another run); they are left alone.
 STALE_TEMP_AGE_S = 10.0
-_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                  (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def classify(name: str) -> FileKind | None:

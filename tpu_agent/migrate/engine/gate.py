@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,9 +28,10 @@ _PAIRS: dict[type, tuple[type, ...]] = {
     cst.While: (ast.While,),
     cst.With: (ast.With, ast.AsyncWith),
     cst.Try: (ast.Try,),
-    cst.TryStar: (ast.TryStar,),
     cst.Match: (ast.Match,),
 }
+if sys.version_info >= (3, 11):  # except* exists from Python 3.11 (the package supports 3.10)
+    _PAIRS[cst.TryStar] = (ast.TryStar,)
 
 
 def _cuda_aliases(tree: ast.Module) -> list[str]:

@@ -199,7 +199,7 @@ def run_isolated(function: Callable[..., T], args: tuple[Any, ...], budget_s: fl
             process.kill()
         process.join(5)
     if status == "ok":
-        return payload  # type: ignore[no-any-return]
+        return payload
     if status == "parse-failure":
         message, line, column = payload
         raise ParseFailure(message, line, column)

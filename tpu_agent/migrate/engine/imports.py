@@ -9,6 +9,7 @@ does not keep ``from torch.cuda import amp`` for nothing.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 import libcst as cst
 
@@ -18,7 +19,7 @@ from tpu_agent.migrate.model import Target
 CUDA_MODULE_PREFIXES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
 
 
-def is_import_line(stmt: cst.CSTNode) -> bool:
+def is_import_line(stmt: cst.CSTNode) -> TypeGuard[cst.SimpleStatementLine]:
     return isinstance(stmt, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body
     )

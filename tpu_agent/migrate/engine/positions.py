@@ -126,10 +126,14 @@ def layout(module: cst.Module, source: str, begins: list[int]) -> Layout | None:
     if not module.body or not module.has_trailing_newline or len(begins) != len(module.body):
         return None
     starts = line_starts(source)
-    first_lines = [begin - len(stmt.leading_lines) for begin, stmt in zip(begins, module.body)]
+    first_lines = [begin - len(stmt.leading_lines) for begin, stmt in zip(begins, module.body, strict=True)]
     lines = len(starts) - 1
     end_line = lines - len(module.footer)  # last line of the last statement
-    if any(b <= a for a, b in zip(first_lines, first_lines[1:])) or first_lines[0] < 1 or end_line < first_lines[-1]:
+    if (
+        any(b <= a for a, b in zip(first_lines, first_lines[1:], strict=False))
+        or first_lines[0] < 1
+        or end_line < first_lines[-1]
+    ):
         return None
     bounds = [starts[line - 1] for line in first_lines] + [starts[end_line]]
     spans = {id(stmt): (bounds[i], bounds[i + 1]) for i, stmt in enumerate(module.body)}

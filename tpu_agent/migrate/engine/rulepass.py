@@ -68,8 +68,9 @@ class RulePass(cst.CSTTransformer):
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
         pass
 
-    # Structure the rules rely on, recorded on the way down.
-    def on_visit(self, node: cst.CSTNode) -> bool:
+    # Structure the rules rely on, recorded on the way down. ``node`` is typed Any: dispatch is on the exact
+    # type (``kind is cst.Call``, cheaper than isinstance on every node of every file), which mypy cannot narrow.
+    def on_visit(self, node: Any) -> bool:
         ctx = self.ctx
         kind = type(node)
         if kind is cst.Attribute:
@@ -219,13 +220,16 @@ class RulePass(cst.CSTTransformer):
             return result
         carried = list(result.leading_lines)
         body = result.body
-        header_comment = (
-            body.header.comment if isinstance(body, cst.IndentedBlock) else body.trailing_whitespace.comment
-        )
+        if isinstance(body, cst.IndentedBlock):
+            header_comment = body.header.comment
+        else:
+            assert isinstance(body, cst.SimpleStatementSuite)  # the only other suite libcst has
+            header_comment = body.trailing_whitespace.comment
         if header_comment is not None:
             carried.append(cst.EmptyLine(comment=header_comment))
         if isinstance(body, cst.IndentedBlock):
-            carried.extend(line for stmt in body.body for line in stmt.leading_lines if line.comment is not None)
+            statements = [s for s in body.body if isinstance(s, (cst.SimpleStatementLine, cst.BaseCompoundStatement))]
+            carried.extend(line for stmt in statements for line in stmt.leading_lines if line.comment is not None)
             carried.extend(line for line in body.footer if line.comment is not None)
         marker = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)
         self.removed[id(marker)] = marker

@@ -15,7 +15,7 @@ from tpu_agent.migrate.engine.rulepass import Edits
 
 
 def same_lines(a: Sequence[cst.EmptyLine], b: Sequence[cst.EmptyLine]) -> bool:
-    return len(a) == len(b) and all(x.deep_equals(y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x.deep_equals(y) for x, y in zip(a, b, strict=True))
 
 
 def splice(source: str, original: cst.Module, new: cst.Module, spans: dict[int, tuple[int, int]], edits: Edits) -> str:

@@ -51,8 +51,15 @@ def migrate_text(
                     continue
                 findings.append(
                     Finding(
-                        fix.code, display_path, lineno, match.start() + 1, message, rules[fix.code].safety, fixed,
-                        lineno, match.end() + 1,
+                        fix.code,
+                        display_path,
+                        lineno,
+                        match.start() + 1,
+                        message,
+                        rules[fix.code].safety,
+                        fixed,
+                        lineno,
+                        match.end() + 1,
                     )
                 )
                 if fixed:

@@ -15,8 +15,6 @@ from functools import lru_cache
 
 from tpu_agent.migrate.engine.discovery import Candidate
 from tpu_agent.migrate.engine.dispatch import Dispatch
-from tpu_agent.migrate.engine.notebook import NotebookError, migrate_notebook
-from tpu_agent.migrate.engine.prefilter import may_need_migration
 from tpu_agent.migrate.engine.guard import (
     IsolationFailure,
     ParseFailure,
@@ -25,12 +23,13 @@ from tpu_agent.migrate.engine.guard import (
     process_context,
     run_isolated,
 )
+from tpu_agent.migrate.engine.notebook import NotebookError, migrate_notebook
+from tpu_agent.migrate.engine.prefilter import may_need_migration
 from tpu_agent.migrate.engine.pypass import PyOutcome, migrate_source
 from tpu_agent.migrate.engine.textfiles import migrate_text
 from tpu_agent.migrate.model import FileKind, FileResult, Finding, MigrateOptions, sha256_bytes
 from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
 from tpu_agent.migrate.rules._base import TextFix, WholeFileRule
-
 
 ISOLATED_RECURSION_LIMIT = 20_000
 

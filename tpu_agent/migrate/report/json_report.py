@@ -21,7 +21,12 @@ SCHEMA_RESOURCE = "migrate-report.v1.schema.json"
 
 def load_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) every ``--format json`` migrate report conforms to."""
-    text = resources.files("tpu_agent.migrate.report").joinpath("schema", SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    text = (
+        resources.files("tpu_agent.migrate.report")
+        .joinpath("schema")
+        .joinpath(SCHEMA_RESOURCE)
+        .read_text(encoding="utf-8")
+    )
     return json.loads(text)
 
 

@@ -34,7 +34,9 @@ def render(summary: Summary, applied: ApplyResult | None = None) -> str:
         f"{t.unconverted_unsafe} unsafe fixes not applied",
     ]
     options = summary.plan.options
-    lines.append(f"- Target: `{options.target.value}`; unsafe fixes {'applied' if options.unsafe_fixes else 'not applied'}")
+    lines.append(
+        f"- Target: `{options.target.value}`; unsafe fixes {'applied' if options.unsafe_fixes else 'not applied'}"
+    )
     if applied is not None:
         lines.append(f"- {applied_line(applied)}")
     if summary.manual:

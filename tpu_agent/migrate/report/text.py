@@ -76,7 +76,9 @@ def renderables(summary: Summary, applied: ApplyResult | None = None) -> list[Re
         for column in ("File", "References", "Converted", "%", "Status"):
             table.add_column(column, justify="left" if column in ("File", "Status") else "right")
         for f in files:
-            table.add_row(f.result.display_path, str(f.references), str(f.converted), percent_text(f.conversion_percent), f.status)
+            table.add_row(
+                f.result.display_path, str(f.references), str(f.converted), percent_text(f.conversion_percent), f.status
+            )
         parts += [Text(), table]
     if summary.skipped:
         parts += [Text(), Text("Skipped files:", style="bold")]

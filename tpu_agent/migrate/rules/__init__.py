@@ -17,13 +17,13 @@ from tpu_agent.migrate.rules import (
     backend_flags,
     compile,
     cuda_api,
-    cuda_classes,  # registers its rules and handlers with the cuda-api and backend-flags families
-    dependencies,  # registers its rules and text fixes with the third-party family
+    cuda_classes,  # noqa: F401 - registers its rules and handlers with the cuda-api and backend-flags families
+    dependencies,  # noqa: F401 - registers its rules and text fixes with the third-party family
     devices,
     distributed,
     env_vars,
     third_party,
-    value_flow,  # registers its rules and handlers with the devices and distributed families
+    value_flow,  # noqa: F401 - registers its rules and handlers with the devices and distributed families
 )
 from tpu_agent.migrate.rules._base import Family
 

@@ -50,7 +50,7 @@ FAMILY.rule(
     apis=(
         ApiEquivalent("torch.cuda.amp.autocast()", "torch.autocast(DEVICE.type, dtype=torch.bfloat16)"),
         ApiEquivalent(
-            "torch.autocast(\"cuda\", dtype=torch.float16)",
+            'torch.autocast("cuda", dtype=torch.float16)',
             "torch.autocast(DEVICE.type, dtype=torch.bfloat16)",
         ),
     ),
@@ -59,7 +59,7 @@ FAMILY.rule(
     code="TPU302",
     name="cuda-grad-scaler",
     safety=Safety.SAFE,
-    summary="A CUDA GradScaler: torch.cuda.amp.GradScaler(), torch.amp.GradScaler(\"cuda\").",
+    summary='A CUDA GradScaler: torch.cuda.amp.GradScaler(), torch.amp.GradScaler("cuda").',
     rationale="A CUDA GradScaler turns itself off (with a warning) wherever CUDA is absent, so on a TPU or CPU host "
     "the original is already a pass-through. The rewrite keeps that: it scales, with the user's arguments, on an "
     "accelerator other than TPU (CUDA) and is off on TPU and CPU; the scale/step/update calls keep working. "
@@ -77,7 +77,7 @@ FAMILY.rule(
             'enabled=e and torch.accelerator.is_available() and DEVICE.type != "tpu")',
         ),
         ApiEquivalent(
-            "torch.amp.GradScaler(\"cuda\")",
+            'torch.amp.GradScaler("cuda")',
             'torch.amp.GradScaler(DEVICE.type, enabled=torch.accelerator.is_available() and DEVICE.type != "tpu")',
         ),
     ),
@@ -170,6 +170,7 @@ def _scaler(ctx: PyContext, updated: cst.Call, skip: int) -> cst.Call:
 def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     qualname = ctx.qualname(original)
     if qualname == _CUDA_AUTOCAST:
+
         def build() -> cst.Call:
             # positional arguments of the CUDA form become keywords; the device type goes first
             args = [
@@ -178,7 +179,9 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
                 else arg
                 for i, arg in enumerate(updated.args)
             ]
-            new = prepend_args(updated.with_changes(func=ctx.torch_attr("autocast"), args=args), [cst.Arg(ctx.device_type())])
+            new = prepend_args(
+                updated.with_changes(func=ctx.torch_attr("autocast"), args=args), [cst.Arg(ctx.device_type())]
+            )
             return _with_bf16(ctx, new)
 
         new = ctx.fix("TPU301", original, build, lambda n: f"{source(original)} -> {source(n)}")
@@ -189,8 +192,10 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
             return updated
         index = arg_position(original, device)
 
+        device_value = device.value
+
         def build_generic() -> cst.Call:
-            new = replace_arg_value(updated, index, ctx.device_type(device.value))
+            new = replace_arg_value(updated, index, ctx.device_type(device_value))
             return _with_bf16(ctx, new)
 
         new = ctx.fix("TPU301", original, build_generic, lambda n: f"{source(original)} -> {source(n)}")
@@ -216,7 +221,9 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
         kind = qualname.rpartition(".")[2]
 
         def build_custom() -> cst.Call:
-            return prepend_args(updated.with_changes(func=ctx.torch_attr(f"amp.{kind}")), [kwarg("device_type", ctx.device_type())])
+            return prepend_args(
+                updated.with_changes(func=ctx.torch_attr(f"amp.{kind}")), [kwarg("device_type", ctx.device_type())]
+            )
 
         new = ctx.fix("TPU303", original, build_custom, lambda n: f"{source(original)} -> {source(n)}")
         return new if new is not None else updated
@@ -224,7 +231,9 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
 
 
 @FAMILY.reference("torch.cuda.amp")
-def amp_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def amp_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     if ctx.is_call_func(original):
         return updated  # the call handler above rewrites the call as a whole
     if qualname in _CUSTOM:  # bare decorator: @torch.cuda.amp.custom_fwd
@@ -237,5 +246,7 @@ def amp_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.Bas
         )
         return new if new is not None else updated
     code = "TPU302" if qualname == _CUDA_SCALER else "TPU301"
-    ctx.report(code, original, f"{qualname} used as a value: switch to torch.autocast / torch.amp by hand", fixable=False)
+    ctx.report(
+        code, original, f"{qualname} used as a value: switch to torch.autocast / torch.amp by hand", fixable=False
+    )
     return updated

@@ -49,9 +49,7 @@ FAMILY.rule(
     after="torch.use_deterministic_algorithms(True)",
     references=(BACKENDS,),
     since_torch="1.8",
-    apis=(
-        ApiEquivalent("torch.backends.cudnn.deterministic = True", "torch.use_deterministic_algorithms(True)"),
-    ),
+    apis=(ApiEquivalent("torch.backends.cudnn.deterministic = True", "torch.use_deterministic_algorithms(True)"),),
 )
 FAMILY.rule(
     code="TPU603",
@@ -64,9 +62,7 @@ FAMILY.rule(
     after='torch.set_float32_matmul_precision("high")',
     references=(MATMUL_PRECISION,),
     since_torch="1.12",
-    apis=(
-        ApiEquivalent("torch.backends.cuda.matmul.allow_tf32", "torch.set_float32_matmul_precision(\"high\")"),
-    ),
+    apis=(ApiEquivalent("torch.backends.cuda.matmul.allow_tf32", 'torch.set_float32_matmul_precision("high")'),),
 )
 FAMILY.rule(
     code="TPU604",
@@ -133,7 +129,9 @@ def _literal_bool(node: cst.BaseExpression) -> bool | None:
 
 
 @FAMILY.leave(cst.Assign)
-def flag_assignment(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.BaseSmallStatement | cst.RemovalSentinel:
+def flag_assignment(
+    ctx: PyContext, original: cst.Assign, updated: cst.Assign
+) -> cst.BaseSmallStatement | cst.RemovalSentinel:
     if len(original.targets) != 1:
         return updated
     qualname = ctx.qualname(original.targets[0].target)
@@ -155,7 +153,12 @@ def flag_assignment(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -
         )
         return new if new is not None else updated
     if qualname == "torch.backends.cuda.matmul.allow_tf32":
-        new = ctx.fix("TPU603", original, lambda: _matmul_precision(ctx, updated.value, value), lambda n: f"`{shown}` -> `{source(n)}`")
+        new = ctx.fix(
+            "TPU603",
+            original,
+            lambda: _matmul_precision(ctx, updated.value, value),
+            lambda n: f"`{shown}` -> `{source(n)}`",
+        )
         return new if new is not None else updated
     ctx.report("TPU605", original, f"`{shown}`: CUDA library setting; remove it or guard it for CUDA runs")
     return updated
@@ -164,7 +167,9 @@ def flag_assignment(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -
 def _matmul_precision(ctx: PyContext, value: cst.BaseExpression, literal: bool | None) -> cst.Expr:
     fast = "medium" if ctx.target is Target.TPU else "high"
     if literal is None:
-        arg: cst.BaseExpression = cst.IfExp(test=value, body=string_like(None, fast), orelse=string_like(None, "highest"))
+        arg: cst.BaseExpression = cst.IfExp(
+            test=value, body=string_like(None, fast), orelse=string_like(None, "highest")
+        )
     else:
         arg = string_like(None, fast if literal else "highest")
     return cst.Expr(call(ctx.torch_attr("set_float32_matmul_precision"), [cst.Arg(arg)]))
@@ -185,11 +190,15 @@ def knob_call(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr
 
 
 @FAMILY.reference(*_PREFIXES)
-def backend_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def backend_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     if qualname in _REMOVE_CALLS:
         ctx.report("TPU604", original, f"{qualname}: NVIDIA kernel selection; remove it", fixable=False)
     elif qualname.endswith(("cudnn.is_available", "cudnn.version", "cuda.is_built")):
-        ctx.report("TPU208", original, f"{qualname}: a CUDA capability check; guard with DEVICE.type == 'cuda' or remove it")
+        ctx.report(
+            "TPU208", original, f"{qualname}: a CUDA capability check; guard with DEVICE.type == 'cuda' or remove it"
+        )
     elif qualname == "torch.backends.cuda.sdp_kernel":
         ctx.report("TPU605", original, "sdp_kernel: use torch.nn.attention.sdpa_kernel, or drop it on TPU")
     else:

@@ -35,8 +35,8 @@ FAMILY.rule(
     references=(COMPILE, TORCH_TPU),
     apis=(
         ApiEquivalent(
-            "torch.compile(model, mode=\"max-autotune\", options={...}, dynamic=True)",
-            "torch.compile(model) (--target tpu: backend=\"tpu\")",
+            'torch.compile(model, mode="max-autotune", options={...}, dynamic=True)',
+            'torch.compile(model) (--target tpu: backend="tpu")',
         ),
     ),
 )
@@ -53,7 +53,7 @@ FAMILY.rule(
     apis=(
         ApiEquivalent(
             "torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.make_graphed_callables",
-            "torch.compile(fn, backend=\"tpu\") over the captured region",
+            'torch.compile(fn, backend="tpu") over the captured region',
         ),
     ),
 )
@@ -70,7 +70,7 @@ FAMILY.rule(
     apis=(
         ApiEquivalent(
             "torch._inductor.config",
-            "no effect on TPU; TPU options go in torch.compile(..., backend=\"tpu\", options={...})",
+            'no effect on TPU; TPU options go in torch.compile(..., backend="tpu", options={...})',
         ),
     ),
 )
@@ -123,13 +123,17 @@ _GRAPHS = (
 
 
 @FAMILY.reference(*_GRAPHS)
-def cuda_graph_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def cuda_graph_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     ctx.report("TPU502", original, f"{qualname}: {_GRAPH_ADVICE}")
     return updated
 
 
 @FAMILY.reference("torch._inductor.config")
-def inductor_config_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def inductor_config_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     ctx.report("TPU503", original, f"{qualname} has no effect on TPU; remove it or guard it for CUDA runs")
     return updated
 

@@ -4,6 +4,10 @@ Matching is by qualified name (``import torch.cuda as tc; tc.synchronize()`` and
 ``from torch.cuda import synchronize`` are both found); a name is rewritten only when torch has a
 device-agnostic twin at the version given in ``since_torch``. Everything else under ``torch.cuda`` is
 reported, with what to do on TPU, so that no CUDA-only call survives silently.
+
+Why this module is long: it is one rule family (the ``torch.cuda`` module API). Each rule record sits
+next to the handler that applies it, and the handlers share the family's tables of CUDA calls; splitting it
+would separate records from their handlers, or the handlers from their tables.
 """
 
 from __future__ import annotations
@@ -85,7 +89,10 @@ MANUAL: dict[str, tuple[str, str]] = {
     "torch.cuda.nvtx.range_push": ("TPU207", "wrap the range in `with torch.profiler.record_function(name):`"),
     "torch.cuda.nvtx.range_pop": ("TPU207", "close the torch.profiler.record_function block that replaces the push"),
     "torch.cuda.nvtx.mark": ("TPU207", "use a short torch.profiler.record_function range"),
-    "torch.cuda.get_device_capability": ("TPU208", "no capability tuple on TPU; gate on an explicit option (bf16 is native on TPU)"),
+    "torch.cuda.get_device_capability": (
+        "TPU208",
+        "no capability tuple on TPU; gate on an explicit option (bf16 is native on TPU)",
+    ),
     "torch.cuda.is_bf16_supported": ("TPU208", "bf16 is always native on TPU; make the check an explicit option"),
     "torch.cuda.get_arch_list": ("TPU208", "CUDA architectures have no TPU meaning; remove the check"),
     "torch.version.cuda": ("TPU208", "guard CUDA-version logic with `if torch.version.cuda:` or remove it"),
@@ -95,12 +102,24 @@ MANUAL: dict[str, tuple[str, str]] = {
     "torch.cuda.memory._dump_snapshot": ("TPU209", _PROFILE),
     "torch.cuda.memory._snapshot": ("TPU209", _PROFILE),
     "torch.cuda._record_memory_history": ("TPU209", _PROFILE),
-    "torch.cuda.set_per_process_memory_fraction": ("TPU209", "no memory fraction on TPU; size the batch to HBM instead"),
+    "torch.cuda.set_per_process_memory_fraction": (
+        "TPU209",
+        "no memory fraction on TPU; size the batch to HBM instead",
+    ),
     "torch.cuda.list_gpu_processes": ("TPU209", _PROFILE),
-    "torch.cuda.ipc_collect": ("TPU210", "no CUDA IPC on TPU; remove it and share tensors through the host or torch.distributed"),
-    "torch.cuda.default_stream": ("TPU211", "TPU streams are placeholders; drop the stream handling or use torch.accelerator.current_stream()"),
+    "torch.cuda.ipc_collect": (
+        "TPU210",
+        "no CUDA IPC on TPU; remove it and share tensors through the host or torch.distributed",
+    ),
+    "torch.cuda.default_stream": (
+        "TPU211",
+        "TPU streams are placeholders; drop the stream handling or use torch.accelerator.current_stream()",
+    ),
     "torch.cuda.stream": ("TPU211", "use `with s:` on a torch.Stream, or drop the stream: XLA orders TPU work itself"),
-    "torch.cuda.get_rng_state": ("TPU211", "use torch.get_device_module(DEVICE).get_rng_state() (torch.accelerator.random is newer than 2.13)"),
+    "torch.cuda.get_rng_state": (
+        "TPU211",
+        "use torch.get_device_module(DEVICE).get_rng_state() (torch.accelerator.random is newer than 2.13)",
+    ),
     "torch.cuda.set_rng_state": ("TPU211", "use torch.get_device_module(DEVICE).set_rng_state(state)"),
     "torch.cuda.get_rng_state_all": ("TPU211", "use torch.get_device_module(DEVICE).get_rng_state_all()"),
     "torch.cuda.set_rng_state_all": ("TPU211", "use torch.get_device_module(DEVICE).set_rng_state_all(states)"),
@@ -342,7 +361,9 @@ def _lookup(table: dict[str, tuple[str, str]], qualname: str) -> tuple[str, str]
 
 
 @FAMILY.reference("torch.cuda", "torch.version.cuda")
-def cuda_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def cuda_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     rename = RENAMES.get(qualname)
     if rename is not None:
         code, path = rename
@@ -350,7 +371,9 @@ def cuda_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.Ba
         return keep_parens(original, new) if new is not None else updated
     function = DEVICE_MODULE.get(qualname)
     if function is not None:
-        new = ctx.fix("TPU201", original, lambda: _device_module_function(ctx, function), lambda n: f"{qualname} -> {source(n)}")
+        new = ctx.fix(
+            "TPU201", original, lambda: _device_module_function(ctx, function), lambda n: f"{qualname} -> {source(n)}"
+        )
         return keep_parens(original, new) if new is not None else updated
     manual = _lookup(MANUAL, qualname)
     if manual is not None:
@@ -400,7 +423,14 @@ def _interprocess_event(ctx: PyContext, node: cst.Call) -> None:
 # torch.accelerator calls raise where no accelerator exists; the accelerator target keeps such programs
 # running on CPU-only machines by guarding them (statements) or giving them their CPU value (expressions).
 _GUARDED_STATEMENTS = frozenset(
-    {"synchronize", "empty_cache", "set_device_index", "reset_peak_memory_stats", "reset_accumulated_memory_stats", "set_stream"}
+    {
+        "synchronize",
+        "empty_cache",
+        "set_device_index",
+        "reset_peak_memory_stats",
+        "reset_accumulated_memory_stats",
+        "set_stream",
+    }
 )
 _CPU_VALUES = {
     "memory_allocated": "0",
@@ -452,13 +482,19 @@ def is_availability_test(ctx: PyContext, node: cst.BaseExpression) -> bool:
 @FAMILY.visit(cst.Assign)
 def _availability_name(ctx: PyContext, node: cst.Assign) -> None:
     # use_cuda = torch.cuda.is_available(): `if use_cuda:` guards what it holds
-    if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and is_availability_test(ctx, node.value):
+    if (
+        len(node.targets) == 1
+        and isinstance(node.targets[0].target, cst.Name)
+        and is_availability_test(ctx, node.value)
+    ):
         ctx.available_names.add(node.targets[0].target.value)
 
 
 def _already_guarded(ctx: PyContext) -> bool:
     return any(
-        isinstance(statement, cst.If) and id(statement) not in ctx.in_orelse and is_availability_test(ctx, statement.test)
+        isinstance(statement, cst.If)
+        and id(statement) not in ctx.in_orelse
+        and is_availability_test(ctx, statement.test)
         for statement in ctx.stmt_stack
     )
 
@@ -506,7 +542,9 @@ def _header(comment: str | None) -> cst.TrailingWhitespace:
 
 
 @FAMILY.leave(cst.SimpleStatementLine)
-def guard_statement(ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+def guard_statement(
+    ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+) -> cst.BaseStatement:
     if ctx.target.value != "accelerator" or len(updated.body) != 1 or len(original.body) != 1:
         return updated
     small, before = updated.body[0], original.body[0]
@@ -523,7 +561,9 @@ def guard_statement(ctx: PyContext, original: cst.SimpleStatementLine, updated: 
     return _guarded(_available(ctx), updated)
 
 
-def _bind_per_rank(ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+def _bind_per_rank(
+    ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+) -> cst.BaseStatement:
     """``set_device_index(i)`` binds rank i's GPU on CUDA, but TorchTPU binds one device per process and
     rejects any other index: run it only off TPU, merging into an enclosing ``if`` that holds nothing else
     rather than nesting."""
@@ -570,7 +610,9 @@ def merge_test(ctx: PyContext, original: cst.If, updated: cst.If) -> cst.If:
         return updated
     condition, comment = extra
     test = updated.test
-    loose = isinstance(test, _LOOSE_TESTS) or (isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or))
+    loose = isinstance(test, _LOOSE_TESTS) or (
+        isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or)
+    )
     if loose and not test.lpar:
         test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     body = updated.body
@@ -668,4 +710,6 @@ class _DropFallbacks(cst.CSTTransformer):
 
 
 def _is_expression_statement(line: cst.CSTNode, call: cst.Call) -> bool:
-    return isinstance(line, cst.SimpleStatementLine) and any(isinstance(small, cst.Expr) and small.value is call for small in line.body)
+    return isinstance(line, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.Expr) and small.value is call for small in line.body
+    )

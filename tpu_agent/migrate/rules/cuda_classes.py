@@ -144,12 +144,12 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
 
             def build() -> cst.Call:
                 return cst.Call(
-                    func=updated.func.with_changes(attr=cst.Name("to")),  # type: ignore[attr-defined]
+                    func=updated.func.with_changes(attr=cst.Name("to")),
                     args=[kwarg("device", ctx.device_value()), kwarg("dtype", ctx.torch_attr(dtype))],
                 )
 
-            new = ctx.fix("TPU213", original, build, lambda n: f"{source(original)} -> {source(n)}")
-            return new if new is not None else updated
+            converted = ctx.fix("TPU213", original, build, lambda n: f"{source(original)} -> {source(n)}")
+            return converted if converted is not None else updated
     return updated
 
 

@@ -5,6 +5,9 @@ Strings are rewritten only in device positions (``torch.device(...)``, ``device=
 substring: a log line that mentions CUDA stays as it is. For the accelerator target, API positions get the
 module's resolver (``DEVICE``) and variables get its type string (``DEVICE.type``), which every API that
 took ``"cuda"`` also takes; for the TPU target both become ``"tpu"``.
+
+Why this module is long: it is one rule family (device strings, objects and moves). Its rules share the
+device-expression classifier and the resolver they all write, so they are kept with them in one module.
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ FAMILY.rule(
     since_torch="2.7",
     apis=(
         ApiEquivalent(
-            "torch.device(\"cuda\"), \"cuda\", \"cuda:N\" in a device position",
-            "DEVICE, the module's accelerator-or-CPU resolver (--target tpu: \"tpu\")",
+            'torch.device("cuda"), "cuda", "cuda:N" in a device position',
+            'DEVICE, the module\'s accelerator-or-CPU resolver (--target tpu: "tpu")',
         ),
     ),
 )
@@ -70,8 +73,8 @@ FAMILY.rule(
     since_torch="2.7",
     apis=(
         ApiEquivalent(
-            "f\"cuda:{rank}\", \"cuda:%d\" % rank, \"cuda:\" + str(rank)",
-            "DEVICE.type (--target tpu: \"tpu\")",
+            'f"cuda:{rank}", "cuda:%d" % rank, "cuda:" + str(rank)',
+            'DEVICE.type (--target tpu: "tpu")',
         ),
     ),
 )
@@ -85,9 +88,7 @@ FAMILY.rule(
     before="model = Net().cuda()\nx = x.cuda(non_blocking=True)",
     after="model = Net().to(DEVICE)\nx = x.to(DEVICE, non_blocking=True)",
     references=(DEVICE, ACCELERATOR),
-    apis=(
-        ApiEquivalent("tensor.cuda(), module.cuda()", ".to(DEVICE)"),
-    ),
+    apis=(ApiEquivalent("tensor.cuda(), module.cuda()", ".to(DEVICE)"),),
 )
 FAMILY.rule(
     code="TPU104",
@@ -97,13 +98,13 @@ FAMILY.rule(
     rationale="On TPU such checks are always False, silently skipping code meant for the accelerator. The fix asks "
     "'on the accelerator in use' (t.device.type == DEVICE.type != \"cpu\"): on a CUDA machine that is exactly "
     "'on CUDA', on a CPU-only machine it stays False as before, and on TPU it holds for TPU tensors. For the tpu "
-    "target it is t.device.type == \"tpu\". Chains of several comparisons are reported.",
+    'target it is t.device.type == "tpu". Chains of several comparisons are reported.',
     before="if x.is_cuda:\n    ...",
     after='if x.device.type == DEVICE.type != "cpu":\n    ...',
     references=(DEVICE, ACCELERATOR),
     apis=(
         ApiEquivalent("t.is_cuda", 't.device.type == DEVICE.type != "cpu"'),
-        ApiEquivalent("t.device.type == \"cuda\"", 't.device.type == DEVICE.type != "cpu"'),
+        ApiEquivalent('t.device.type == "cuda"', 't.device.type == DEVICE.type != "cpu"'),
     ),
 )
 FAMILY.rule(
@@ -118,8 +119,8 @@ FAMILY.rule(
     references=(DATA,),
     since_torch="2.5",
     apis=(
-        ApiEquivalent("DataLoader(..., pin_memory_device=\"cuda\")", "DataLoader(..., pin_memory=True)"),
-        ApiEquivalent("t.pin_memory(\"cuda\")", "t.pin_memory()"),
+        ApiEquivalent('DataLoader(..., pin_memory_device="cuda")', "DataLoader(..., pin_memory=True)"),
+        ApiEquivalent('t.pin_memory("cuda")', "t.pin_memory()"),
     ),
 )
 FAMILY.rule(
@@ -154,8 +155,9 @@ def cuda_device_code(ctx: PyContext, node: cst.CSTNode) -> str | None:
         return "TPU101" if _CUDA_DEVICE_RE.fullmatch(value) else None
     if isinstance(node, cst.FormattedString):
         parts = node.parts
-        if all(isinstance(p, cst.FormattedStringText) for p in parts):
-            return "TPU101" if _CUDA_DEVICE_RE.fullmatch("".join(p.value for p in parts)) else None  # type: ignore[union-attr]
+        texts = [p.value for p in parts if isinstance(p, cst.FormattedStringText)]
+        if len(texts) == len(parts):
+            return "TPU101" if _CUDA_DEVICE_RE.fullmatch("".join(texts)) else None
         if (
             len(parts) == 2
             and isinstance(parts[0], cst.FormattedStringText)
@@ -245,7 +247,9 @@ def rewrite_device(
     note = ""
     if found == "TPU102" or (string_value(template) or "").startswith("cuda:"):
         note = " (index dropped: one device per process)"
-    new = ctx.fix(code, original, lambda: build(template), lambda n: f"CUDA device {source(original)} -> {source(n)}{note}")
+    new = ctx.fix(
+        code, original, lambda: build(template), lambda n: f"CUDA device {source(original)} -> {source(n)}{note}"
+    )
     return keep_parens(original, new) if new is not None else None
 
 
@@ -278,8 +282,10 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             return _cuda_method(ctx, original, updated)
         if method in ("pin_memory", "is_pinned"):
             arg = positional(original, 0) or keyword(original, "device")
-            if arg is not None and cuda_device_code(ctx, arg.value) and ctx.report(
-                "TPU105", original, f".{method}({source(arg.value)}) -> .{method}()"
+            if (
+                arg is not None
+                and cuda_device_code(ctx, arg.value)
+                and ctx.report("TPU105", original, f".{method}({source(arg.value)}) -> .{method}()")
             ):
                 return drop_args(updated, lambda i, a: original.args[i] is arg)
             return updated
@@ -289,9 +295,13 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
     changed = False
     for i, arg in enumerate(original.args):
         name = arg.keyword.value if arg.keyword is not None else None
-        if name is None and i == 0 and (
-            (isinstance(func, cst.Attribute) and func.attr.value == "to" and qualname is None)
-            or qualname in _DEVICE_FIRST
+        if (
+            name is None
+            and i == 0
+            and (
+                (isinstance(func, cst.Attribute) and func.attr.value == "to" and qualname is None)
+                or qualname in _DEVICE_FIRST
+            )
         ):
             form = "value"
         elif name in ("device", "map_location"):
@@ -300,7 +310,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             form = "type"
         elif name == "pin_memory_device":
             if cuda_device_code(ctx, arg.value) and ctx.report("TPU105", arg, f"{arg_source(arg)} removed"):
-                return drop_args(updated, lambda j, a: j == i)
+                return drop_args(updated, lambda j, a: j == i)  # noqa: B023 - called before the loop moves on
             continue
         else:
             continue
@@ -322,7 +332,7 @@ def _cuda_method(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.B
     if device is None:
         return updated
     call = drop_args(updated, lambda i, a: original.args[i] is index) if index is not None else updated
-    call = call.with_changes(func=call.func.with_changes(attr=cst.Name("to")))  # type: ignore[attr-defined]
+    call = call.with_changes(func=call.func.with_changes(attr=cst.Name("to")))
     return prepend_args(call, [cst.Arg(device)])
 
 
@@ -417,14 +427,19 @@ def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cs
     if not (isinstance(original.left, cst.Attribute) and original.left.attr.value == "type"):
         return updated
     cuda = [
-        c for c in original.comparisons
+        c
+        for c in original.comparisons
         if isinstance(c.operator, (cst.Equal, cst.NotEqual)) and string_value(c.comparator) == "cuda"
     ]
     if not cuda:
         return updated
     if len(original.comparisons) != 1:
-        ctx.report("TPU104", original, f"{source(original)}: compare x.device.type with DEVICE.type (a chain of "
-                   "comparisons is left as it is)", fixable=False)
+        ctx.report(
+            "TPU104",
+            original,
+            f"{source(original)}: compare x.device.type with DEVICE.type (a chain of comparisons is left as it is)",
+            fixable=False,
+        )
         return updated
     negated = isinstance(cuda[0].operator, cst.NotEqual)
     new = ctx.fix(

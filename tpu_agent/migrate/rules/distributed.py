@@ -7,6 +7,7 @@ are needed); torch maps each device type to its default backend, so device-agnos
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,7 @@ FAMILY.rule(
     since_torch="2.6",
     apis=(
         ApiEquivalent(
-            "dist.init_process_group(\"nccl\")",
+            'dist.init_process_group("nccl")',
             "dist.init_process_group(torch.distributed.get_default_backend_for_device(DEVICE)) "
             '(--target tpu: "tpu_dist")',
         ),
@@ -67,7 +68,7 @@ FAMILY.rule(
     since_torch="2.6",
     apis=(
         ApiEquivalent(
-            "dist.get_backend() == \"nccl\", dist.is_nccl_available()",
+            'dist.get_backend() == "nccl", dist.is_nccl_available()',
             "dist.get_backend() == torch.distributed.get_default_backend_for_device(DEVICE)",
         ),
     ),
@@ -100,7 +101,7 @@ FAMILY.rule(
     references=(DEVICE_MESH,),
     apis=(
         ApiEquivalent(
-            "init_device_mesh(\"cuda\", shape), DeviceMesh(\"cuda\", ...)",
+            'init_device_mesh("cuda", shape), DeviceMesh("cuda", ...)',
             "init_device_mesh(DEVICE.type, shape)",
         ),
     ),
@@ -114,9 +115,7 @@ FAMILY.rule(
     before="dist.barrier(device_ids=[local_rank])",
     after="dist.barrier()",
     references=(DISTRIBUTED,),
-    apis=(
-        ApiEquivalent("dist.barrier(device_ids=[local_rank])", "dist.barrier()"),
-    ),
+    apis=(ApiEquivalent("dist.barrier(device_ids=[local_rank])", "dist.barrier()"),),
 )
 
 FAMILY.rule(
@@ -134,7 +133,11 @@ FAMILY.rule(
     ),
 )
 
-_DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel")
+_DATA_PARALLEL = (
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+)
 _INITS = frozenset(
     {
         "torch.distributed.init_process_group",
@@ -155,7 +158,9 @@ _MESHES = frozenset(
     }
 )
 _BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"})
-_NCCL_AVAILABLE = frozenset({"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"})
+_NCCL_AVAILABLE = frozenset(
+    {"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"}
+)
 _BACKEND_NCCL = ("torch.distributed.Backend.NCCL", "torch.distributed.distributed_c10d.Backend.NCCL")
 FAMILY.claim(*_INITS, *_DDPS, *_MESHES, *_BARRIERS)
 _MIXED_RE = re.compile(r"(?:\w+:\w+,)*cuda:nccl(?:,\w+:\w+)*")
@@ -223,7 +228,9 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
         new = ctx.fix(
             "TPU402",
             original,
-            lambda: cst.Call(func=ctx.torch_attr("distributed.is_backend_available"), args=[cst.Arg(ctx.default_backend())]),
+            lambda: cst.Call(
+                func=ctx.torch_attr("distributed.is_backend_available"), args=[cst.Arg(ctx.default_backend())]
+            ),
             lambda n: f"{source(original)} -> {source(n)}",
         )
         return new if new is not None else updated
@@ -271,7 +278,10 @@ def backend_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) 
     if string_value(original.value) != "nccl":
         return updated
     new = ctx.fix(
-        "TPU401", original.value, lambda: ctx.default_backend(original.value), lambda n: f'backend "nccl" -> {source(n)}'
+        "TPU401",
+        original.value,
+        lambda: ctx.default_backend(original.value),
+        lambda n: f'backend "nccl" -> {source(n)}',
     )
     return updated.with_changes(value=new) if new is not None else updated
 
@@ -293,28 +303,38 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
             continue
         value = comparison.comparator
         other = sides[i]
-        if _is_nccl(ctx, value) or (isinstance(value, (cst.List, cst.Tuple, cst.Set)) and any(_is_nccl(ctx, e.value) for e in value.elements)):
+        if _is_nccl(ctx, value) or (
+            isinstance(value, (cst.List, cst.Tuple, cst.Set)) and any(_is_nccl(ctx, e.value) for e in value.elements)
+        ):
             if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
                 elements = list(targets[i].comparator.elements)  # type: ignore[attr-defined]
 
-                def build_list(elements: list[cst.BaseElement] = elements, value: cst.BaseExpression = value) -> cst.BaseExpression:
+                def build_list(
+                    elements: list[cst.BaseElement] = elements, value: cst.BaseExpression = value
+                ) -> cst.BaseExpression:
                     out = [
                         el.with_changes(value=ctx.default_backend(el.value)) if _is_nccl(ctx, orig.value) else el
-                        for el, orig in zip(elements, value.elements)  # type: ignore[attr-defined]
+                        for el, orig in zip(elements, value.elements, strict=True)  # type: ignore[attr-defined]
                     ]
-                    return targets[i].comparator.with_changes(elements=out)  # type: ignore[attr-defined]
+                    return targets[i].comparator.with_changes(elements=out)  # noqa: B023 - ctx.fix calls it at once
 
                 new = ctx.fix("TPU402", value, build_list, lambda n: f"{source(original)}: nccl -> {source(n)}")
             else:
                 new = ctx.fix(
-                    "TPU402", value, lambda v=value: ctx.default_backend(v), lambda n: f"{source(original)}: nccl -> {source(n)}"
+                    "TPU402",
+                    value,
+                    functools.partial(ctx.default_backend, value),
+                    lambda n: f"{source(original)}: nccl -> {source(n)}",
                 )
             if new is not None:
                 targets[i] = targets[i].with_changes(comparator=new)
                 changed = True
         elif _is_nccl(ctx, other) and i == 0:
             new = ctx.fix(
-                "TPU402", other, lambda: ctx.default_backend(other), lambda n: f"{source(original)}: nccl -> {source(n)}"
+                "TPU402",
+                other,
+                functools.partial(ctx.default_backend, other),
+                lambda n: f"{source(original)}: nccl -> {source(n)}",
             )
             if new is not None:
                 return updated.with_changes(left=new, comparisons=targets)
@@ -322,7 +342,9 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
 
 
 @FAMILY.reference(*_BACKEND_NCCL)
-def backend_nccl_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def backend_nccl_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     new = ctx.fix("TPU402", original, lambda: ctx.default_backend(), lambda n: f"Backend.NCCL -> {source(n)}")
     return new if new is not None else updated
 
@@ -337,7 +359,9 @@ DATA_PARALLEL_RECIPE = (
 
 
 @FAMILY.reference(*_DATA_PARALLEL)
-def data_parallel_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def data_parallel_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     ctx.report("TPU406", original, DATA_PARALLEL_RECIPE)
     return updated
 
@@ -376,7 +400,7 @@ FAMILY.rule(
     rationale="torch raises 'Please use a device_id with index' for a device without an index, and under TorchTPU an "
     "integer or a CUDA index other than the bound one fails. The process's own device, with the index the "
     "process is bound to, is what every backend accepts (on CUDA it is the device set_device_index selected).",
-    before="dist.init_process_group(backend=\"nccl\", device_id=torch.device(f\"cuda:{local_rank}\"))",
+    before='dist.init_process_group(backend="nccl", device_id=torch.device(f"cuda:{local_rank}"))',
     after="dist.init_process_group(backend=..., "
     "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index()))",
     references=(f"{DISTRIBUTED}#torch.distributed.init_process_group",),

@@ -33,9 +33,7 @@ FAMILY.rule(
     before="CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
     after="TPU_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 train.py",
     references=(TORCH_TPU,),
-    apis=(
-        ApiEquivalent("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_DEVICES"),
-    ),
+    apis=(ApiEquivalent("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_DEVICES"),),
 )
 FAMILY.rule(
     code="TPU702",
@@ -47,9 +45,7 @@ FAMILY.rule(
     before="CUDA_LAUNCH_BLOCKING=1 python train.py",
     after="TORCH_TPU_LAUNCH_BLOCKING=1 python train.py",
     references=(TORCH_TPU,),
-    apis=(
-        ApiEquivalent("CUDA_LAUNCH_BLOCKING", "TORCH_TPU_LAUNCH_BLOCKING"),
-    ),
+    apis=(ApiEquivalent("CUDA_LAUNCH_BLOCKING", "TORCH_TPU_LAUNCH_BLOCKING"),),
 )
 FAMILY.rule(
     code="TPU703",
@@ -62,9 +58,7 @@ FAMILY.rule(
     before="export NCCL_DEBUG=INFO",
     after="",
     references=(DISTRIBUTED,),
-    apis=(
-        ApiEquivalent("NCCL_DEBUG, NCCL_DEBUG_SUBSYS, TORCH_NCCL_ASYNC_ERROR_HANDLING", "delete it"),
-    ),
+    apis=(ApiEquivalent("NCCL_DEBUG, NCCL_DEBUG_SUBSYS, TORCH_NCCL_ASYNC_ERROR_HANDLING", "delete it"),),
 )
 FAMILY.rule(
     code="TPU704",
@@ -94,9 +88,7 @@ FAMILY.rule(
     after="PYTORCH_ALLOC_CONF=expandable_segments:True",
     references=(ENV_VARS,),
     since_torch="2.9",
-    apis=(
-        ApiEquivalent("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),
-    ),
+    apis=(ApiEquivalent("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),),
 )
 FAMILY.rule(
     code="TPU706",
@@ -126,9 +118,7 @@ FAMILY.rule(
     before="torchrun --nproc-per-node=gpu train.py",
     after="torchrun --nproc-per-node=auto train.py",
     references=(TORCHRUN,),
-    apis=(
-        ApiEquivalent("torchrun --nproc-per-node=gpu", "torchrun --nproc-per-node=auto"),
-    ),
+    apis=(ApiEquivalent("torchrun --nproc-per-node=gpu", "torchrun --nproc-per-node=auto"),),
 )
 
 RENAMES = {
@@ -203,7 +193,9 @@ def _claim_nccl_setting(ctx: PyContext, node: cst.CSTNode) -> None:
         ctx.claim(name)
 
 
-def _remove_nccl_setting(ctx: PyContext, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
+def _remove_nccl_setting(
+    ctx: PyContext, original: cst.CSTNode, updated: cst.CSTNode
+) -> cst.CSTNode | cst.RemovalSentinel:
     name_node = _nccl_assignment(ctx, original)
     if name_node is None:
         return updated
@@ -229,8 +221,9 @@ def env_name_string(ctx: PyContext, original: cst.SimpleString, updated: cst.Sim
         code, new_name = rename
         new = ctx.fix(code, original, lambda: string_like(original, new_name), lambda n: f"{name} -> {new_name}")
         return new if new is not None else updated
-    code = nccl_code(name)
-    if code is not None:
+    nccl = nccl_code(name)
+    if nccl is not None:
+        code = nccl
         ctx.report(code, original, f"{name} only configures NCCL: no effect on TPU; drop its use", fixable=False)
     elif name in CUDA_TOOLKIT:
         ctx.report("TPU706", original, f"{name} configures the CUDA toolchain: remove it for TPU runs")

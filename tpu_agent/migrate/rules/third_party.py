@@ -75,9 +75,7 @@ FAMILY.rule(
     before="@triton.jit\ndef add_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr): ...",
     after="# TODO(tpu-agent TPU802): port to Pallas (torch.tpu.pallas.jax_op)",
     references=(TORCH_TPU,),
-    apis=(
-        ApiEquivalent("import triton, @triton.jit, @triton.autotune", _ADVICE["TPU802"]),
-    ),
+    apis=(ApiEquivalent("import triton, @triton.jit, @triton.autotune", _ADVICE["TPU802"]),),
 )
 FAMILY.rule(
     code="TPU803",
@@ -89,9 +87,7 @@ FAMILY.rule(
     after="out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "
     "is_causal=True).transpose(1, 2)",
     references=(SDPA,),
-    apis=(
-        ApiEquivalent("flash_attn.flash_attn_func, xformers.ops.memory_efficient_attention", _ADVICE["TPU803"]),
-    ),
+    apis=(ApiEquivalent("flash_attn.flash_attn_func, xformers.ops.memory_efficient_attention", _ADVICE["TPU803"]),),
 )
 FAMILY.rule(
     code="TPU804",
@@ -118,9 +114,7 @@ FAMILY.rule(
     before="import bitsandbytes as bnb",
     after="torch.optim.AdamW with bf16",
     references=(AMP,),
-    apis=(
-        ApiEquivalent("bitsandbytes optimizers and layers", _ADVICE["TPU805"]),
-    ),
+    apis=(ApiEquivalent("bitsandbytes optimizers and layers", _ADVICE["TPU805"]),),
 )
 FAMILY.rule(
     code="TPU806",
@@ -131,9 +125,7 @@ FAMILY.rule(
     before="import cupy as cp",
     after="torch ops on DEVICE",
     references=(ACCELERATOR,),
-    apis=(
-        ApiEquivalent("cupy, cupyx", _ADVICE["TPU806"]),
-    ),
+    apis=(ApiEquivalent("cupy, cupyx", _ADVICE["TPU806"]),),
 )
 FAMILY.rule(
     code="TPU807",
@@ -144,9 +136,7 @@ FAMILY.rule(
     before="import deepspeed",
     after="torch.distributed.fsdp.fully_shard",
     references=(FSDP2,),
-    apis=(
-        ApiEquivalent("deepspeed.initialize, DeepSpeed CUDA ops", _ADVICE["TPU807"]),
-    ),
+    apis=(ApiEquivalent("deepspeed.initialize, DeepSpeed CUDA ops", _ADVICE["TPU807"]),),
 )
 FAMILY.rule(
     code="TPU808",
@@ -157,9 +147,7 @@ FAMILY.rule(
     before="import pynvml",
     after="torch.accelerator.memory_stats()",
     references=(ACCELERATOR,),
-    apis=(
-        ApiEquivalent("pynvml, GPUtil, nvidia_smi, nvidia-smi", _ADVICE["TPU808"]),
-    ),
+    apis=(ApiEquivalent("pynvml, GPUtil, nvidia_smi, nvidia-smi", _ADVICE["TPU808"]),),
 )
 FAMILY.rule(
     code="TPU809",
@@ -170,9 +158,7 @@ FAMILY.rule(
     before="FROM nvidia/cuda:12.4.1-runtime-ubuntu22.04",
     after="# a TPU VM image with torch_tpu installed",
     references=(CLOUD_TPU_PYTORCH,),
-    apis=(
-        ApiEquivalent("FROM nvidia/cuda, docker --gpus, nvidia.com/gpu", _ADVICE["TPU809"]),
-    ),
+    apis=(ApiEquivalent("FROM nvidia/cuda, docker --gpus, nvidia.com/gpu", _ADVICE["TPU809"]),),
 )
 
 # top-level module (or dotted prefix) -> rule, for imports and call sites
@@ -234,7 +220,9 @@ _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics")
 
 
 @FAMILY.reference(*_MODULES, *_KERNEL_DECORATORS, "torch.ops.load_library")
-def third_party_reference(ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str) -> cst.BaseExpression:
+def third_party_reference(
+    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
+) -> cst.BaseExpression:
     # call sites and kernel decorators; other uses (attribute reads, tl.* inside kernels) would only repeat them
     is_kernel = qualname in _KERNEL_DECORATORS
     if qualname.startswith("triton.language"):

@@ -12,6 +12,7 @@ already rewritten by the call-site families; this module does not report them tw
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -140,7 +141,7 @@ def device_value_comparison(ctx: PyContext, original: cst.Comparison, updated: c
                 new_sides[literal] = ctx.fix(
                     "TPU101",
                     template,
-                    lambda t=template: ctx.device_type(t),
+                    functools.partial(ctx.device_type, template),
                     lambda n: f'"cuda" -> {source(n)} in {source(original)} (compared with a device value)',
                 )
     if not any(new_sides):
@@ -192,7 +193,7 @@ def _claim_backend_check(ctx: PyContext, node: cst.IfExp) -> None:
     # "nccl" if dist.is_nccl_available() else "gloo" is one backend expression: its check is not reported apart
     check, _ = _check_name(ctx, node.test)
     if check in _BACKEND_CHECKS and {string_value(node.body), string_value(node.orelse)} == {"nccl", "gloo"}:
-        inner = node.test.expression if isinstance(node.test, cst.UnaryOperation) else node.test  # type: ignore[attr-defined]
+        inner = node.test.expression if isinstance(node.test, cst.UnaryOperation) else node.test
         ctx.claim(inner)
         ctx.claim(inner.func)  # type: ignore[attr-defined]
 
@@ -328,11 +329,14 @@ def _device_choices(ctx: PyContext, original: cst.Call, updated: cst.Call, choic
     for j, el in enumerate(choices.value.elements):  # type: ignore[attr-defined]
         if string_value(el.value) == "cuda":
             new = ctx.fix(
-                "TPU101", el.value, lambda v=el.value: ctx.device_type(v), lambda n: f'choice "cuda" -> {source(n)}'
+                "TPU101",
+                el.value,
+                functools.partial(ctx.device_type, el.value),
+                lambda n: f'choice "cuda" -> {source(n)}',
             )
             if new is not None:
                 elements[j] = elements[j].with_changes(value=new)
                 changed = True
     if not changed:
         return updated
-    return replace_arg_value(updated, position, updated.args[position].value.with_changes(elements=elements))  # type: ignore[attr-defined]
+    return replace_arg_value(updated, position, updated.args[position].value.with_changes(elements=elements))

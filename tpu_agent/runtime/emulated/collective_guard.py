@@ -17,10 +17,11 @@ import atexit
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch._C._distributed_c10d import PrefixStore
 
 ASYMMETRIC_INPUT = "asymmetric input buffer sizes across ranks are not supported on TPU."
 
@@ -60,7 +61,7 @@ class CollectiveGuard:
         """Record that this rank is entering collective ``seq``."""
         self._progress.set(str(self._rank), f"{seq}:{op}")
 
-    def agree(self, gloo: ProcessGroupGloo, op: str, seq: int, signature: int) -> None:
+    def agree(self, gloo: Any, op: str, seq: int, signature: int) -> None:
         """All-gather (op, size, seq) so every rank sees a mismatch and raises the same error."""
         if self._size == 1:
             return

@@ -251,7 +251,7 @@ def _register() -> None:
             site = events.Site(stack[-1].filename, stack[-1].lineno or 0, stack[-1].name) if stack else None
             events.emit(events.GraphBreak, reason=reason.strip().splitlines()[0][:500] if reason else "unknown", site=site)
 
-    InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+    InstructionTranslatorBase.log_graph_break = log_graph_break
 
 
 def install() -> None:

@@ -14,6 +14,8 @@ Errors in recorded ops therefore surface at the flush, naming the op and the use
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import hashlib
 import threading
 import time
@@ -138,19 +140,15 @@ class CompileCache:
 
 
 cache = CompileCache()
-executor: Executor | None = None  # chosen at the first flush: the XLA executor under --compiler xla
+executor: Executor | None = None  # made by executor_factory at the first flush
+# What runs captured graphs. The runtime's activation installs the XLA executor here under --compiler xla; the
+# compiler stack sits above this module, so it is handed in rather than imported (no import circle).
+executor_factory: Callable[[], Executor] = CpuExecutor
 
 
 def _select_executor() -> Executor:
     global executor
-    from tpu_agent.runtime.xla import settings
-
-    if settings.deferred_uses_xla():
-        from tpu_agent.runtime.xla.executor import XlaExecutor
-
-        executor = XlaExecutor()
-    else:
-        executor = CpuExecutor()
+    executor = executor_factory()
     return executor
 
 

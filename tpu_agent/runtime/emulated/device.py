@@ -175,7 +175,7 @@ def _to_tpu(obj: Any) -> Any:
     if isinstance(obj, dict):
         moved = type(obj)((k, _to_tpu(v)) for k, v in obj.items())
         if hasattr(obj, "_metadata"):  # state_dict versions, read by load_state_dict
-            moved._metadata = obj._metadata
+            setattr(moved, "_metadata", obj._metadata)  # noqa: B010 - an attribute torch's state_dict adds
         return moved
     if isinstance(obj, list):
         return [_to_tpu(v) for v in obj]

@@ -20,6 +20,10 @@ collectives used by DTensor and FSDP2) reach its Python methods through the Proc
 
 Hangs and departures: when gloo times out, or a peer's process is gone, the guard's error names the op and the
 ranks that never reached it or that left. FSDP2's storage resizing is adapted in :mod:`fsdp_storage`.
+
+Why this module is long: it is one ``ProcessGroup`` backend. torch requires every collective as a method
+of that one class; each is a few lines over the same staging and guard helpers (the guard machinery and
+the FSDP2 storage patch live in their own modules).
 """
 
 from __future__ import annotations
@@ -175,7 +179,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
-        self._gloo = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
+        # typed Any: gloo's collectives are bound in C++ and absent from torch's type stubs
+        self._gloo: Any = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
         _GLOO_GROUPS.append(self._gloo)
         self._guard = CollectiveGuard(store, rank, size, timeout, self._global_ranks)
         self._seq = 0

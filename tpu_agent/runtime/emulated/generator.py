@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-_CGenerator = torch._C.Generator
+_CGenerator: Any = torch._C.Generator  # typed Any: torch ships no stub for subclassing it
 
 
 class _GeneratorType(type(_CGenerator)):  # type: ignore[misc]  # torch's opaque-object metaclass
@@ -37,7 +37,7 @@ class Generator(_CGenerator, metaclass=_GeneratorType):
         pass  # the C type initialises in __new__
 
     @property
-    def device(self) -> torch.device:  # type: ignore[override]  # a property on the C type as well
+    def device(self) -> torch.device:
         return torch.device("tpu", 0) if self._on_tpu else super().device
 
     def __reduce__(self) -> Any:
@@ -61,4 +61,4 @@ def _is_tpu(device: Any) -> bool:
 def install() -> None:
     """Make ``torch.Generator`` the emulation-aware subclass (once, at device registration)."""
     Generator.__doc__ = _CGenerator.__doc__
-    torch.Generator = Generator  # type: ignore[misc]  # torch.Generator is torch._C.Generator re-exported
+    torch.Generator = Generator

@@ -93,8 +93,8 @@ def install() -> None:
     """Route ``Tensor.pin_memory``/``is_pinned`` to the emulation (once, at device registration)."""
     pin_memory.__doc__ = torch.Tensor.pin_memory.__doc__
     is_pinned.__doc__ = torch.Tensor.is_pinned.__doc__
-    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]  # torch's needs a PrivateUse1 allocator
-    torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign]  # the same hook answers is_pinned
+    torch.Tensor.pin_memory = pin_memory
+    torch.Tensor.is_pinned = is_pinned
     # ``with torch.device(...)`` recognises factories by identity in a cached set: the wrappers call the
     # original builtins, which must stay in it however late the set is first built.
     device_constructors = torch.utils._device._device_constructors()

@@ -28,8 +28,8 @@ from tpu_agent.runtime.emulated import state, telemetry
 
 # TorchTPU 0.2.0's own text: its streams are placeholders, and these members raise it on a real TPU too.
 STREAMS_MESSAGE = "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
-_TorchEvent = torch.Event
-_TorchStream = torch.Stream
+_TorchEvent: Any = torch.Event  # typed Any: subclassed below, and torch.Event is replaced at activation
+_TorchStream: Any = torch.Stream
 _PRIVATEUSE1 = int(torch._C._autograd.DeviceType.PrivateUse1)
 
 
@@ -194,7 +194,7 @@ def _current_stream(device: Any = None, /) -> TpuStream:
 def install() -> None:
     """Route ``torch.Event``, ``torch.Stream`` and ``torch.accelerator.current_stream`` to the tpu classes
     (called once, from :func:`device.register`)."""
-    torch.Event = Event  # type: ignore[misc]
-    torch.Stream = Stream  # type: ignore[misc]
+    torch.Event = Event
+    torch.Stream = Stream
     _current_stream.__doc__ = torch.accelerator.current_stream.__doc__
     torch.accelerator.current_stream = _current_stream

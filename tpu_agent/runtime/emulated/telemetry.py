@@ -86,7 +86,7 @@ def install() -> None:
         step_boundary("profiler")
 
     step.__doc__ = original_step.__doc__
-    torch.profiler.profile.step = step  # type: ignore[method-assign]
+    torch.profiler.profile.step = step
     if log.enabled:
         log.step = 0
         events.emit(events.StepMarker, phase="begin", source="annotation")

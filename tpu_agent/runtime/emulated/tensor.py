@@ -14,6 +14,10 @@ host: the emulator's own CPU kernels, MXU rounding and bookkeeping beneath each 
 
 Views keep TorchTPU's aliasing: a view op returns a tpu tensor over a CPU view of the base's CPU tensor, so an
 in-place write through the view is visible in the base.
+
+Why this module is long: it holds the tensor subclass and the dispatch entry every op passes through.
+Wrapping, unwrapping, materialisation and the dispatch share the class's private state and are on the hot
+path of every op, so they stay together (MXU rounding, kernels and the recorder live in their own modules).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 from torch.autograd import profiler as _profiler
@@ -118,7 +122,7 @@ class TpuTensor(torch.Tensor):
             f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
         )
 
-    def __reduce_ex__(self, protocol: int) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         # Pickle as torch does for storage-less PrivateUse1 tensors: on torch.load's weights-only allow-list,
         # restorable with map_location="cpu" in a process without the emulation.
         cpu = _host_read(self, "save").detach().clone()

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from tpu_agent.runtime.emulated import memory, modes, state
+from tpu_agent.runtime.emulated import memory, modes, state, streams
 from tpu_agent.runtime.emulated.state import (
     EagerMode,
     Precision,
@@ -143,11 +143,11 @@ class TpuModule(types.ModuleType):
 
     # --- properties (module attributes in TorchTPU) ---
     @property
-    def eager_mode(self) -> EagerMode:
+    def eager_mode(self) -> state.EagerMode:
         return state.eager_mode
 
     @eager_mode.setter
-    def eager_mode(self, mode: EagerMode) -> None:
+    def eager_mode(self, mode: state.EagerMode) -> None:
         modes.apply_mode(state.parse_eager_mode(mode))
 
     @property
@@ -194,7 +194,7 @@ class TpuModule(types.ModuleType):
 
     @staticmethod
     @internal("torch.accelerator.current_stream")
-    def current_stream(device: Any = None) -> TpuStream:
+    def current_stream(device: Any = None) -> streams.TpuStream:
         return TpuStream(device)
 
     @staticmethod
@@ -230,7 +230,7 @@ class TpuModule(types.ModuleType):
     # --- experimental public API ---
     @staticmethod
     @experimental
-    def default_stream(device: Any = None) -> TpuStream:
+    def default_stream(device: Any = None) -> streams.TpuStream:
         return TpuStream(device, stream_id=0)
 
     @staticmethod
@@ -298,12 +298,12 @@ class TpuModule(types.ModuleType):
 
     @staticmethod
     @experimental
-    def set_eager_mode(mode: EagerMode) -> contextlib.AbstractContextManager[None]:
+    def set_eager_mode(mode: state.EagerMode) -> contextlib.AbstractContextManager[None]:
         return modes.set_eager_mode(mode)
 
     @staticmethod
     @experimental
-    def precision(mode: Precision) -> contextlib.AbstractContextManager[None]:
+    def precision(mode: state.Precision) -> contextlib.AbstractContextManager[None]:
         return modes.precision(mode)
 
     @staticmethod

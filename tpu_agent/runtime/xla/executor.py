@@ -33,8 +33,7 @@ from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import kernels, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
-from tpu_agent.runtime.xla import cache, decompositions
-from tpu_agent.runtime.xla import graphs
+from tpu_agent.runtime.xla import cache, decompositions, graphs
 from tpu_agent.runtime.xla.graphs import GraphRunner
 
 _CPU = torch.device("cpu")
@@ -377,7 +376,7 @@ class XlaExecutor:
             if key is not None:
                 self._remember(key, None)
             for observe in graphs.fallback_observers:
-                observe(f"deferred graph {graph.hash} ({len(graph.nodes)} ops)", error)
+                observe(f"deferred graph {graph.hash}", f"deferred graph {graph.hash} ({len(graph.nodes)} ops)", error)
             if state.log_enabled:
                 events.emit(
                     events.FallbackOp,
@@ -423,6 +422,7 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
             base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
             for view in _tensors_in(node.outputs):
                 if type(view) is tt.TpuTensor and view._elem is None:
+                    assert base._elem is not None  # the base was materialised before its views (graph order)
                     tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
 
 

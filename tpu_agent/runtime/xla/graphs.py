@@ -29,9 +29,9 @@ from tpu_agent.runtime.xla import cache, lowering
 # graphs of a step and the tensors they read. Empty unless an observer installed itself.
 graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], state.Precision], None]] = []
 
-# Called with (description, error) when a captured graph could not run through XLA and ran on the CPU path
-# instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
-fallback_observers: list[Callable[[str, BaseException], None]] = []
+# Called with (runner name, description, error) when a captured graph could not run through XLA and ran on the
+# CPU path instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
+fallback_observers: list[Callable[[str, str, BaseException], None]] = []
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -100,16 +100,16 @@ class GraphRunner:
         for node in missing:
             if state.log_enabled:
                 events.emit(events.FallbackOp, op=str(node.target), site=user_site(node) or self.site)
-        partition = {"id": 0, "eager": None}
+        partition_id, previous_eager = 0, None
         assignment: dict[torch.fx.Node, int] = {}
         for node in self.gm.graph.nodes:
             if node.op != "call_function":
                 continue
             eager = node in unsupported
-            if partition["eager"] is not None and (eager or partition["eager"]):
-                partition["id"] += 1
-            partition["eager"] = eager
-            assignment[node] = partition["id"]
+            if previous_eager is not None and (eager or previous_eager):
+                partition_id += 1
+            previous_eager = eager
+            assignment[node] = partition_id
         split = split_module(self.gm, None, lambda node: assignment[node], keep_original_order=True)
         eager_ids = {assignment[n] for n in missing}
         for name, sub in list(split.named_children()):

@@ -79,12 +79,13 @@ def _rounding(operator_entry: Any, positions: tuple[int, ...]) -> Any:
 
     def rounded(*args: Any, **kwargs: Any) -> Any:
         precision = _trace.precision
-        if precision is not state.Precision.HIGHEST:
-            args = list(args)
-            for p in positions:
-                if p < len(args):
-                    args[p] = mxu_round(args[p], precision) if is_jax else _round_torchax(args[p], precision)
-        return inner(*args, **kwargs)
+        if precision is state.Precision.HIGHEST:
+            return inner(*args, **kwargs)
+        values = list(args)
+        for p in positions:
+            if p < len(values):
+                values[p] = mxu_round(values[p], precision) if is_jax else _round_torchax(values[p], precision)
+        return inner(*values, **kwargs)
 
     return type(operator_entry)(
         operator_entry.torch_op,
@@ -139,21 +140,11 @@ _WRONG_LOWERINGS = frozenset(
 )
 
 
-class _Shapes:
-    """``shapes_only``: set by ``tpu-agent estimate``'s capture, which needs whole graphs compiled for a TPU and
-    only the values' shapes, so the lowerings above with wrong values but right shapes and cost are used."""
-
-    shapes_only = False
-
-
-shapes_only = _Shapes()
-
-
 def has_lowering(target: Any) -> bool:
     """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
     if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
-    if target.namespace in _COLLECTIVE_NAMESPACES or (target in _WRONG_LOWERINGS and not shapes_only.shapes_only):
+    if target.namespace in _COLLECTIVE_NAMESPACES or target in _WRONG_LOWERINGS:
         return False
     env = environment()
     try:
@@ -187,7 +178,9 @@ class Lowered:
         flat, mutated = self.executable(key, *arrays)
         _aliases.rotate()
         for index, value in zip(self.mutated_inputs, mutated, strict=True):
-            inputs[index].copy_(to_torch(value))
+            target = inputs[index]
+            assert isinstance(target, torch.Tensor)  # only tensor inputs are ever written (compile_graph)
+            target.copy_(to_torch(value))
         leaves = list(self.static_leaves)
         outputs = iter(flat)
         for i, leaf in enumerate(leaves):

@@ -37,3 +37,15 @@ XLA_DEFERRED_ENV = "TPU_AGENT_XLA_DEFERRED"
 def deferred_uses_xla() -> bool:
     """Whether DeferAndFuse graphs go to the XLA executor (``--compiler xla`` plus the experimental switch)."""
     return uses_xla() and os.environ.get(XLA_DEFERRED_ENV, "").strip() == "1"
+
+
+def install_deferred_executor() -> None:
+    """Hand DeferAndFuse graphs to the XLA executor when this run compiles them.
+
+    The compiler stack is built on the emulated device, so the device's recorder never imports it: whoever
+    activates the device (``tpu_agent.runtime.api.activate``) plugs it in here."""
+    if deferred_uses_xla():
+        from tpu_agent.runtime.emulated import deferred
+        from tpu_agent.runtime.xla.executor import XlaExecutor
+
+        deferred.executor_factory = XlaExecutor

@@ -71,7 +71,7 @@ def load() -> ModuleType:
                     return MissingOverload(self._qualified_op_name, key)
                 raise
 
-        packet_type.__getattr__ = _tolerant_getattr  # type: ignore[method-assign]  # restored below
+        packet_type.__getattr__ = _tolerant_getattr
         rename, register = torch.utils.rename_privateuse1_backend, torch._register_device_module
         torch.utils.rename_privateuse1_backend = _skip_device_claim
         torch._register_device_module = _skip_device_claim
@@ -83,7 +83,7 @@ def load() -> ModuleType:
             module.default_env()  # its op tables and decomposition lists load lazily, here, still patched
             return module
         finally:
-            packet_type.__getattr__ = original  # type: ignore[method-assign]  # the original method
+            packet_type.__getattr__ = original
             torch.utils.rename_privateuse1_backend, torch._register_device_module = rename, register
 
 
