@@ -33,15 +33,39 @@ def build(name: str):  # noqa: ANN201 - transformers is imported lazily, in the 
 
     small = {"vocab_size": VOCAB}
     if name == "llama":
-        config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **small)
+        config = tf.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            **small,
+        )
         return tf.LlamaForCausalLM(config)
     if name == "bert":
-        config = tf.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, **small)
+        config = tf.BertConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            **small,
+        )
         return tf.BertForMaskedLM(config)
     if name == "gpt2":
         return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64, **small))
     if name == "t5":
-        config = tf.T5Config(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, decoder_start_token_id=0, **small)
+        config = tf.T5Config(
+            d_model=64,
+            d_ff=128,
+            d_kv=16,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            decoder_start_token_id=0,
+            **small,
+        )
         return tf.T5ForConditionalGeneration(config)
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
@@ -95,10 +119,16 @@ def main() -> None:
         child(args.child[0], CONFIGS[args.child[1]], args.steps, args.warmup)
         return
     print(f"one intra-op thread; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'model':<7}" + "".join(f"{c + ' ms':>18}" for c in CONFIGS) + f"{'strict/cpu':>12}{'fused/strict':>14}{'fused/cpu':>11}")
+    print(
+        f"{'model':<7}"
+        + "".join(f"{c + ' ms':>18}" for c in CONFIGS)
+        + f"{'strict/cpu':>12}{'fused/strict':>14}{'fused/cpu':>11}"
+    )
     ratios: dict[str, list[float]] = {"strict/cpu": [], "fused/strict": [], "fused/cpu": []}
     for name in args.models.split(","):
-        runs = [{config: run_child(name, config, args.steps, args.warmup) for config in CONFIGS} for _ in range(args.rounds)]
+        runs = [
+            {config: run_child(name, config, args.steps, args.warmup) for config in CONFIGS} for _ in range(args.rounds)
+        ]
         best = {config: min(run[config]["min_s"] for run in runs) for config in CONFIGS}
         row = {
             "strict/cpu": best["strict"] / best["cpu"],
@@ -108,11 +138,16 @@ def main() -> None:
         for key, value in row.items():
             ratios[key].append(value)
         cells = "".join(f"{best[config] * 1e3:>18.1f}" for config in CONFIGS)
-        print(f"{name:<7}{cells}{row['strict/cpu']:>11.2f}x{row['fused/strict']:>13.2f}x{row['fused/cpu']:>10.2f}x", flush=True)
+        print(
+            f"{name:<7}{cells}{row['strict/cpu']:>11.2f}x{row['fused/strict']:>13.2f}x{row['fused/cpu']:>10.2f}x",
+            flush=True,
+        )
     medians = {key: statistics.median(values) for key, values in ratios.items()}
-    print(f"median over models: strict/cpu {medians['strict/cpu']:.2f}x (target <= 2.0x: {'met' if medians['strict/cpu'] <= 2.0 else 'MISSED'}), "
-          f"fused/strict {medians['fused/strict']:.2f}x (target <= 1.0x: {'met' if medians['fused/strict'] <= 1.0 else 'MISSED'}), "
-          f"fused/cpu {medians['fused/cpu']:.2f}x")
+    print(
+        f"median over models: strict/cpu {medians['strict/cpu']:.2f}x (target <= 2.0x: {'met' if medians['strict/cpu'] <= 2.0 else 'MISSED'}), "
+        f"fused/strict {medians['fused/strict']:.2f}x (target <= 1.0x: {'met' if medians['fused/strict'] <= 1.0 else 'MISSED'}), "
+        f"fused/cpu {medians['fused/cpu']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

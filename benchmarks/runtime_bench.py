@@ -38,7 +38,6 @@ import time
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class Config:
     """One column of the comparison: plain CPU, or the emulated device in an eager mode and matmul precision."""
@@ -78,10 +77,19 @@ def build_hf(model_name: str, device: str):  # noqa: ANN201 - torch is imported 
         config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
         model = transformers.GPT2LMHeadModel(config)
     elif model_name == "hf-llama":
-        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **TINY)
+        config = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            **TINY,
+        )
         model = transformers.LlamaForCausalLM(config)
     else:
-        config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **TINY)
+        config = transformers.BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **TINY
+        )
         model = transformers.BertForMaskedLM(config)
     model.config.use_cache = False
     tokens = torch.randint(0, 256, (4, 32))
@@ -220,7 +228,9 @@ def run_child(model_name: str, config: Config, steps: int, warmup: int, threads:
     )  # fmt: skip
     if result.returncode != 0:
         # one failing configuration is reported, not fatal: the others still give their figures
-        print(f"{model_name}/{config.name} failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}")
+        print(
+            f"{model_name}/{config.name} failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}"
+        )
         return {"median_s": float("nan"), "min_s": float("nan"), "failed": True}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -232,20 +242,29 @@ def main() -> None:
     parser.add_argument("--models", default="mlp,gpt")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every configuration")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads in every configuration (same for all)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {', '.join(CONFIGS)}; cpu is the baseline")
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"subset of {', '.join(CONFIGS)}; cpu is the baseline"
+    )
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], CONFIGS[args.child[1]], args.steps, args.warmup, args.threads)
         return
-    print(f"{args.threads} intra-op thread(s) everywhere; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'model':<9} {'config':<19} {'best step':>10} {'vs cpu':>7} {'median':>10} {'vs cpu':>7}  target (on best) / XLA cache")
+    print(
+        f"{args.threads} intra-op thread(s) everywhere; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up"
+    )
+    print(
+        f"{'model':<9} {'config':<19} {'best step':>10} {'vs cpu':>7} {'median':>10} {'vs cpu':>7}  target (on best) / XLA cache"
+    )
     names = ["cpu", *(name for name in args.configs.split(",") if name != "cpu")]
     models = list(SMALL_MODELS) if args.models == "small" else args.models.split(",")
     suite_ratios: dict[str, list[float]] = {name: [] for name in names}
     for model_name in models:
         # Rounds interleave the configurations, so a burst of load from other processes hits all of them.
-        runs = [[run_child(model_name, CONFIGS[name], args.steps, args.warmup, args.threads) for name in names] for _ in range(args.rounds)]
+        runs = [
+            [run_child(model_name, CONFIGS[name], args.steps, args.warmup, args.threads) for name in names]
+            for _ in range(args.rounds)
+        ]
         best = {name: min(r[i]["min_s"] for r in runs) for i, name in enumerate(names)}
         median = {name: sorted(r[i]["median_s"] for r in runs)[len(runs) // 2] for i, name in enumerate(names)}
         for i, name in enumerate(names):
@@ -268,7 +287,11 @@ def main() -> None:
     if len(models) > 1:
         for name in names[1:]:
             ratios = sorted(suite_ratios[name])
-            median_ratio = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+            median_ratio = (
+                ratios[len(ratios) // 2]
+                if len(ratios) % 2
+                else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+            )
             target = SUITE_TARGET.get(name)
             verdict = "" if target is None else f"<= {target}x {'met' if median_ratio <= target else 'MISSED'}"
             print(f"{'median':<9} {name:<19} {'':>10} {median_ratio:>6.2f}x over {', '.join(models)}  {verdict}")

@@ -32,4 +32,8 @@ def test_coverage_sweep_writes_the_markdown_table(tmp_path: Path) -> None:
     assert "| strict | 1 | 0 | 0 | 100.0% | >= 98% |" in page
     assert "| image-classification | strict | 1 | 0 | 0 | 100.0% |" in page
     [report] = json.loads(raw.read_text(encoding="utf-8"))
-    assert report["case"] == {"model_type": "vit", "task": "image-classification", "class_name": "ViTForImageClassification"}
+    assert report["case"] == {
+        "model_type": "vit",
+        "task": "image-classification",
+        "class_name": "ViTForImageClassification",
+    }

@@ -343,7 +343,9 @@ async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_c
     from tpu_agent.estimate.compiler import compiler_status
 
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
-    job = (await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50})).structured_content
+    job = (
+        await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50})
+    ).structured_content
     for _ in range(12):  # a compile for the slice takes minutes on a loaded 2-core machine
         if job["state"] != "running":
             break

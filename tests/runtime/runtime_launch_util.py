@@ -19,7 +19,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def tpu_agent(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def tpu_agent(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """``python -m tpu_agent ARGS`` with captured text output."""
     return subprocess.run(
         [sys.executable, "-m", "tpu_agent", *args],

@@ -14,7 +14,22 @@ ECHO = "import os, sys\nprint(sys.argv[1:], os.environ.get('EXTRA'), os.environ.
 def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
     # "--" ends tpu-agent's options; everything after SCRIPT, options and "--" included, is the script's
-    result = tpu_agent("run", "--backend", "emulated", "--env", "EXTRA=yes", "--chip", "v5p", "--", "echo.py", "--nproc", "4", "--", "-x", cwd=tmp_path)
+    result = tpu_agent(
+        "run",
+        "--backend",
+        "emulated",
+        "--env",
+        "EXTRA=yes",
+        "--chip",
+        "v5p",
+        "--",
+        "echo.py",
+        "--nproc",
+        "4",
+        "--",
+        "-x",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "['--nproc', '4', '--', '-x'] yes v5p"
 
@@ -49,7 +64,19 @@ def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
 def test_help_documents_the_launcher() -> None:
     result = tpu_agent("run", "--help", env=None)
     text = flat(result.stdout)
-    for option in ("--nproc", "--backend", "--chip", "--eager-mode", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-backend", "--master-port", "--timeout", "-m"):
+    for option in (
+        "--nproc",
+        "--backend",
+        "--chip",
+        "--eager-mode",
+        "--nnodes",
+        "--node-rank",
+        "--rdzv-endpoint",
+        "--rdzv-backend",
+        "--master-port",
+        "--timeout",
+        "-m",
+    ):
         assert option in text
     assert "tpu-agent run --nproc 2" in text
 
@@ -60,12 +87,19 @@ def test_rendezvous_options_reach_torchrun_unchanged() -> None:
     from tpu_agent.runtime.launcher import command
     from tpu_agent.runtime.options import LaunchTarget, RunOptions
 
-    options = RunOptions(nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host0:29400", rdzv_backend="c10d", master_port=29555)
+    options = RunOptions(
+        nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host0:29400", rdzv_backend="c10d", master_port=29555
+    )
     argv = command(LaunchTarget("train.py", ["--lr", "1"]), options)
     assert argv[1:3] == ["-m", "tpu_agent.runtime.elastic"]
     parsed = parse_args(argv[3:])  # torchrun's own parser, as the agent process uses it
     assert (parsed.nproc_per_node, parsed.nnodes, parsed.node_rank) == ("4", "2", 1)
-    assert (parsed.rdzv_endpoint, parsed.rdzv_backend, parsed.master_port, parsed.max_restarts) == ("host0:29400", "c10d", 29555, 0)
+    assert (parsed.rdzv_endpoint, parsed.rdzv_backend, parsed.master_port, parsed.max_restarts) == (
+        "host0:29400",
+        "c10d",
+        29555,
+        0,
+    )
     assert parsed.module and parsed.training_script == "tpu_agent.runtime.bootstrap"
     assert parsed.training_script_args == ["train.py", "--lr", "1"]
     single = command(LaunchTarget("pkg.train", ["-x"], is_module=True), RunOptions())

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow  # every test launches fresh torch processes
 
 
 def _results(out_dir: Path) -> dict[int, dict]:
-    return {int(p.stem.removeprefix("results-rank")): json.loads(p.read_text()) for p in out_dir.glob("results-rank*.json")}
+    return {
+        int(p.stem.removeprefix("results-rank")): json.loads(p.read_text()) for p in out_dir.glob("results-rank*.json")
+    }
 
 
 def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Path) -> None:
@@ -33,8 +35,23 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         "import os\nfrom pathlib import Path\ndef mark():\n    Path(os.environ['HOOK_OUT'], 'hook-rank' + os.environ['RANK']).write_text('ok')\n"
     )
     events_dir = tmp_path / "events"
-    env = clean_env(PYTHONPATH=str(hooks), HOOK_OUT=str(tmp_path), TPU_AGENT_HOOKS="rankhook:mark", TPU_AGENT_EVENTS_DIR=str(events_dir))
-    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_ddp.py"), str(tmp_path), env=env, timeout=240)
+    env = clean_env(
+        PYTHONPATH=str(hooks),
+        HOOK_OUT=str(tmp_path),
+        TPU_AGENT_HOOKS="rankhook:mark",
+        TPU_AGENT_EVENTS_DIR=str(events_dir),
+    )
+    result = tpu_agent(
+        "run",
+        "--nproc",
+        "2",
+        "--backend",
+        "emulated",
+        str(SCRIPTS / "dist_ddp.py"),
+        str(tmp_path),
+        env=env,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr
     ranks = _results(tmp_path)
     assert sorted(ranks) == [0, 1]
@@ -57,8 +74,8 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         assert (tmp_path / f"hook-rank{rank}").read_text() == "ok"
     # identical on both ranks, and equal to the mean of the per-rank CPU gradients (so they were all-reduced)
     assert ranks[0]["ddp_grads"] == ranks[1]["ddp_grads"]
-    for ddp, g0, g1 in zip(ranks[0]["ddp_grads"], ranks[0]["local_grads"], ranks[1]["local_grads"]):
-        assert ddp == pytest.approx([(a + b) / 2 for a, b in zip(g0, g1)], rel=1e-5, abs=1e-6)
+    for ddp, g0, g1 in zip(ranks[0]["ddp_grads"], ranks[0]["local_grads"], ranks[1]["local_grads"], strict=True):
+        assert ddp == pytest.approx([(a + b) / 2 for a, b in zip(g0, g1, strict=True)], rel=1e-5, abs=1e-6)
     assert ranks[0]["local_grads"] != ranks[1]["local_grads"]
     events = read_events(events_dir)
     for rank in (0, 1):
@@ -150,6 +167,9 @@ def test_a_rank_that_returns_early_is_named_by_the_peer_waiting_in_a_collective(
     result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", str(SCRIPTS / "dist_early_exit.py"), timeout=120)
     assert result.returncode == 1, result.stderr
     text = flat(result.stderr)
-    assert re.search(r"tpu_dist: all_reduce \(collective #2 of group \S+, ranks \[0, 1\]\) on rank 0 failed: rank 1 exited while", text)
+    assert re.search(
+        r"tpu_dist: all_reduce \(collective #2 of group \S+, ranks \[0, 1\]\) on rank 0 failed: rank 1 exited while",
+        text,
+    )
     assert "Connection closed by peer" in text  # the transport's own words are kept, after the explanation
     assert re.search(r"rank 0 \(local rank 0, pid \d+\) failed with exit code 1", text)

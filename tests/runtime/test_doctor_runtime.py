@@ -16,10 +16,17 @@ def test_doctor_json_reports_versions_backend_chip_and_eager_mode() -> None:
     assert report["versions"]["jax"] == importlib.metadata.version("jax")
     assert report["versions"]["torch_tpu"] == "not installed"
     assert report["versions"]["libtpu"] == "not installed"
-    assert report["backend"] == {"name": "emulated", "reason": "torch_tpu is not installed; using the CPU emulation of the 'tpu' device"}
+    assert report["backend"] == {
+        "name": "emulated",
+        "reason": "torch_tpu is not installed; using the CPU emulation of the 'tpu' device",
+    }
     assert report["tpu_devices"] == []
     assert report["chip"] == "v7" and report["chip_source"] == "TPU_AGENT_CHIP=v7"
-    assert report["eager_mode"] == {"name": "DEFER_AND_FUSE", "doc_name": "Fused Eager", "source": "TORCH_TPU_DEFER_AND_FUSE=1"}
+    assert report["eager_mode"] == {
+        "name": "DEFER_AND_FUSE",
+        "doc_name": "Fused Eager",
+        "source": "TORCH_TPU_DEFER_AND_FUSE=1",
+    }
     assert report["env"]["TORCH_TPU_DEFER_AND_FUSE"] == "1"
 
 

@@ -32,7 +32,12 @@ def run_script(name: str, *args: str, env: dict[str, str] | None = None, expect_
     full_env["PYTHONPATH"] = str(REPO)
     full_env.update(env or {})
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, env=full_env, timeout=240, cwd=SCRIPTS
+        [sys.executable, str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=240,
+        cwd=SCRIPTS,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -119,7 +124,10 @@ def test_precision_remap_and_unsupported_ops(basics: tuple[dict, Path]) -> None:
         "type": "NotImplementedError",
         "message": "'aten::linalg_eig' is not implemented for TPU. Please file a feature request",
     }
-    assert out["complex32"] == {"type": "NotImplementedError", "message": "TorchTPU does not yet support dtype complex32"}
+    assert out["complex32"] == {
+        "type": "NotImplementedError",
+        "message": "TorchTPU does not yet support dtype complex32",
+    }
 
 
 def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None:
@@ -129,8 +137,8 @@ def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None
     assert out["load_cpu_ckpt_to_tpu"] == "tpu:0"
     # A CPU-only process without the emulation restores the same checkpoint with weights_only defaults.
     code = (
-        "import torch, json; d = torch.load(r'%s', map_location='cpu');"
-        "print(json.dumps([str(d['model']['weight'].device), list(d['model']['weight'].shape), d['step']]))" % checkpoint
+        f"import torch, json; d = torch.load(r'{checkpoint}', map_location='cpu');"
+        "print(json.dumps([str(d['model']['weight'].device), list(d['model']['weight'].shape), d['step']]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -217,7 +225,10 @@ def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
     out = run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
     assert out["result"] == ["tpu:0", True, [4], "tpu:0"]
     assert out["grad"] == "tpu:0"
-    assert out["dynamic"][0] == "NotImplementedError" and "does not support torch.compile(..., dynamic=True" in out["dynamic"][1]
+    assert (
+        out["dynamic"][0] == "NotImplementedError"
+        and "does not support torch.compile(..., dynamic=True" in out["dynamic"][1]
+    )
     assert out["mode"] == ["TypeError", "Unexpected keyword arguments: {'mode': 'max-autotune'}"]
     assert out["options"] == ["TypeError", "Unexpected keyword arguments: {'triton.cudagraphs': True}"]
     assert "backend='inductor') on TPU is experimental" in out["inductor"][1]
@@ -238,8 +249,14 @@ def test_events_and_streams_are_host_timed_flush_triggers(tmp_path: Path) -> Non
     assert out["recorded_work_ran"] is True and out["end_work_ran"] is True
     assert isinstance(out["elapsed"], float) and 50.0 <= out["elapsed"] < 10_000.0  # a 50 ms host sleep lies between
     assert out["query"] is True
-    assert out["untimed"] == {"type": "ValueError", "message": "Both events must be created with argument 'enable_timing=True'."}
-    assert out["unrecorded"] == {"type": "ValueError", "message": "Both events must be recorded before calculating elapsed time."}
+    assert out["untimed"] == {
+        "type": "ValueError",
+        "message": "Both events must be created with argument 'enable_timing=True'.",
+    }
+    assert out["unrecorded"] == {
+        "type": "ValueError",
+        "message": "Both events must be recorded before calculating elapsed time.",
+    }
     assert out["other_index"]["type"] == "ValueError" and "bound to device index 0" in out["other_index"]["message"]
     assert out["inside"] == "<torch.tpu.TpuStream>"
     assert out["streams"] == {
@@ -264,7 +281,14 @@ def test_torch_profiler_sees_the_dispatched_ops_not_the_emulators_own() -> None:
     aten::_to_copy for the bf16 rounding of its inputs, in Strict and in DeferAndFuse (whose graph runs at
     the flush); recording works as usual around it."""
     out = run_script("emulated_profiler.py")
-    once = {"aten::mm": 1, "aten::relu": 1, "aten::_to_copy": 0, "aten::add": 1, "aten::sum": 1, "aten::_local_scalar_dense": 1}
+    once = {
+        "aten::mm": 1,
+        "aten::relu": 1,
+        "aten::_to_copy": 0,
+        "aten::add": 1,
+        "aten::sum": 1,
+        "aten::_local_scalar_dense": 1,
+    }
     assert out["strict"] == once
     assert out["fused"] == once
     assert out["after"] == once

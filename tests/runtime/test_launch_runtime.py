@@ -41,7 +41,21 @@ def test_script_sees_plain_python_argv_main_path_and_cwd(tmp_path: Path) -> None
     _write(tmp_path / "sub" / "probe.py", PROBE)
     workdir = tmp_path / "work"
     workdir.mkdir()
-    result = tpu_agent("run", "--backend", "emulated", "--eager-mode", "debug", "--chip", "v5e", "../sub/probe.py", "--lr", "3", "-m", "x", cwd=workdir)
+    result = tpu_agent(
+        "run",
+        "--backend",
+        "emulated",
+        "--eager-mode",
+        "debug",
+        "--chip",
+        "v5e",
+        "../sub/probe.py",
+        "--lr",
+        "3",
+        "-m",
+        "x",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["argv"] == ["../sub/probe.py", "--lr", "3", "-m", "x"]
@@ -123,15 +137,22 @@ def test_hooks_run_before_user_code_and_their_callables_at_exit_even_on_error(tm
             """
         ),
     )
-    _write(tmp_path / "script.py", "import os\nfrom pathlib import Path\nassert Path(os.environ['HOOK_OUT'], 'setup').exists()\nraise SystemExit(5)\n")
-    env = clean_env(PYTHONPATH=str(tmp_path / "hooks"), HOOK_OUT=str(tmp_path), TPU_AGENT_HOOKS="myhooks:setup, myhooks:second")
+    _write(
+        tmp_path / "script.py",
+        "import os\nfrom pathlib import Path\nassert Path(os.environ['HOOK_OUT'], 'setup').exists()\nraise SystemExit(5)\n",
+    )
+    env = clean_env(
+        PYTHONPATH=str(tmp_path / "hooks"), HOOK_OUT=str(tmp_path), TPU_AGENT_HOOKS="myhooks:setup, myhooks:second"
+    )
     result = tpu_agent("run", "--backend", "emulated", "script.py", cwd=tmp_path, env=env)
     assert result.returncode == 5, result.stderr
     assert (tmp_path / "setup").read_text() == "tpu:0"  # activation happened before the hook
     assert (tmp_path / "order").read_text() == "second after setup: True"
     assert (tmp_path / "teardown").read_text() == "ran"
 
-    broken = tpu_agent("run", "--backend", "emulated", "script.py", cwd=tmp_path, env=clean_env(TPU_AGENT_HOOKS="nomodule_xyz:setup"))
+    broken = tpu_agent(
+        "run", "--backend", "emulated", "script.py", cwd=tmp_path, env=clean_env(TPU_AGENT_HOOKS="nomodule_xyz:setup")
+    )
     assert broken.returncode == 2 and "nomodule_xyz:setup" in flat(broken.stderr)
 
 
@@ -139,7 +160,9 @@ def test_second_privateuse1_backend_is_refused(tmp_path: Path) -> None:
     # sitecustomize runs before the bootstrap: it claims PrivateUse1 the way another accelerator plugin would
     _write(tmp_path / "site" / "sitecustomize.py", "import torch\ntorch.utils.rename_privateuse1_backend('npu')\n")
     _write(tmp_path / "script.py", "print('user code ran')\n")
-    result = tpu_agent("run", "--backend", "emulated", "script.py", cwd=tmp_path, env=clean_env(PYTHONPATH=str(tmp_path / "site")))
+    result = tpu_agent(
+        "run", "--backend", "emulated", "script.py", cwd=tmp_path, env=clean_env(PYTHONPATH=str(tmp_path / "site"))
+    )
     assert result.returncode == 3
     assert "'npu'" in flat(result.stderr) and "PrivateUse1" in flat(result.stderr)
     assert "user code ran" not in result.stdout

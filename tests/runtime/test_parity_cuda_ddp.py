@@ -33,10 +33,22 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path, 
     original = tmp_path_factory.mktemp("original")
     for name in ("train.py", "model.py", "data.py"):
         shutil.copy(EXAMPLE / name, original / name)
-    cpu = subprocess.run([sys.executable, "train.py", *TRAIN_ARGS], cwd=original, env=clean_env(), capture_output=True, text=True, timeout=120)
+    cpu = subprocess.run(
+        [sys.executable, "train.py", *TRAIN_ARGS],
+        cwd=original,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cpu.returncode == 0, cpu.stderr
     out = tmp_path_factory.mktemp("migrated")
-    apply(plan([original / name for name in ("train.py", "model.py", "data.py")], MigrateOptions(unsafe_fixes=True, jobs=1)), output_dir=out)
+    apply(
+        plan(
+            [original / name for name in ("train.py", "model.py", "data.py")], MigrateOptions(unsafe_fixes=True, jobs=1)
+        ),
+        output_dir=out,
+    )
     train = (out / "train.py").read_text()
     assert "torch.cuda.amp" not in train and ".cuda()" not in train and "nccl" not in train
     return _losses(cpu.stdout), out / "train.py", train
@@ -46,7 +58,9 @@ def test_migrated_example_matches_cpu_losses_exactly_in_f32(example: tuple[list[
     cpu_losses, train_path, train = example
     # The example turns TF32 on, which migrate maps to "high" (bf16 x 3 on the MXU); exact parity needs "highest".
     assert 'torch.set_float32_matmul_precision("high")' in train
-    train_path.write_text(train.replace('set_float32_matmul_precision("high")', 'set_float32_matmul_precision("highest")'))
+    train_path.write_text(
+        train.replace('set_float32_matmul_precision("high")', 'set_float32_matmul_precision("highest")')
+    )
     tpu = tpu_agent("run", "--backend", "emulated", "train.py", *TRAIN_ARGS, cwd=train_path.parent, timeout=180)
     assert tpu.returncode == 0, tpu.stderr
     assert re.search(r"^model: .+ on (tpu|TPU v6e)$", tpu.stdout, re.MULTILINE)  # it really ran on the tpu device
@@ -57,7 +71,9 @@ def test_migrated_example_matches_cpu_losses_exactly_in_f32(example: tuple[list[
 def test_migrated_example_under_bf16_autocast_stays_within_bf16_tolerance(example: tuple[list[str], Path, str]) -> None:
     cpu_losses, train_path, train = example
     train_path.write_text(train)
-    tpu = tpu_agent("run", "--backend", "emulated", "train.py", *TRAIN_ARGS, "--amp", cwd=train_path.parent, timeout=180)
+    tpu = tpu_agent(
+        "run", "--backend", "emulated", "train.py", *TRAIN_ARGS, "--amp", cwd=train_path.parent, timeout=180
+    )
     assert tpu.returncode == 0, tpu.stderr
     expected = [float(v) for v in cpu_losses]
     got = [float(v) for v in _losses(tpu.stdout)]

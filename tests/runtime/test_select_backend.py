@@ -51,7 +51,9 @@ def torch_tpu_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     if install.returncode != 0:
-        pytest.skip(f"could not install {TORCH_TPU_WHEEL} from PyPI here (no network?): {install.stderr.strip()[-300:]}")
+        pytest.skip(
+            f"could not install {TORCH_TPU_WHEEL} from PyPI here (no network?): {install.stderr.strip()[-300:]}"
+        )
     return target
 
 
@@ -92,7 +94,9 @@ def _select_in_subprocess(torch_tpu_dir: Path, requested: str, root: Path) -> di
     return json.loads(result.stdout)
 
 
-def test_real_torch_tpu_wheel_without_a_tpu_falls_back_to_the_emulation(torch_tpu_dir: Path, tmp_path: Path, host_with_tpu: Path) -> None:
+def test_real_torch_tpu_wheel_without_a_tpu_falls_back_to_the_emulation(
+    torch_tpu_dir: Path, tmp_path: Path, host_with_tpu: Path
+) -> None:
     fallback = _select_in_subprocess(torch_tpu_dir, "auto", tmp_path / "empty-root")
     assert fallback["name"] == "emulated"
     assert "torch_tpu 0.2.0 is installed but no TPU device is visible" in fallback["reason"]
@@ -104,7 +108,9 @@ def test_real_torch_tpu_wheel_without_a_tpu_falls_back_to_the_emulation(torch_tp
 
     # end to end: the run says why, keeps the wheel's autoload out of the process (on a host without libtpu
     # it aborts the interpreter), and the script gets the emulated device
-    (tmp_path / "probe.py").write_text("import torch\nprint(torch.ones(2, device='tpu').device, 'torch_tpu' in __import__('sys').modules)\n")
+    (tmp_path / "probe.py").write_text(
+        "import torch\nprint(torch.ones(2, device='tpu').device, 'torch_tpu' in __import__('sys').modules)\n"
+    )
     run = tpu_agent("run", "probe.py", cwd=tmp_path, env=clean_env(PYTHONPATH=str(torch_tpu_dir)))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1].split() == ["tpu:0", "False"]

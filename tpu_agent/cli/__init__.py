@@ -65,7 +65,15 @@ def _one_line_summaries(typer_app: typer.Typer) -> None:
             _one_line_summaries(group.typer_instance)
 
 
-for _module in (migrate_commands, rules_commands, runtime_commands, profile_commands, estimate_commands, check_commands, plugin_commands):
+for _module in (
+    migrate_commands,
+    rules_commands,
+    runtime_commands,
+    profile_commands,
+    estimate_commands,
+    check_commands,
+    plugin_commands,
+):
     _module.register(app)
 _one_line_summaries(app)
 

@@ -55,29 +55,43 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise TpuAgentError("bad-env", f"--env {pair!r} is not of the form NAME=VALUE", "e.g. --env TORCH_TPU_ENABLE_DEBUG_CHECKS=1")
+            raise TpuAgentError(
+                "bad-env", f"--env {pair!r} is not of the form NAME=VALUE", "e.g. --env TORCH_TPU_ENABLE_DEBUG_CHECKS=1"
+            )
         env[name] = value
     return env
 
 
 def run(
-    command: list[str] = typer.Argument(..., metavar="SCRIPT [ARGS]...", help="Script path (or module name with -m) and its arguments."),
+    command: list[str] = typer.Argument(
+        ..., metavar="SCRIPT [ARGS]...", help="Script path (or module name with -m) and its arguments."
+    ),
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
-    nproc: int = typer.Option(1, "--nproc", "--nproc-per-node", min=1, help="Ranks on this host (torchrun --nproc-per-node)."),
-    backend: Backend = typer.Option("auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."),
+    nproc: int = typer.Option(
+        1, "--nproc", "--nproc-per-node", min=1, help="Ranks on this host (torchrun --nproc-per-node)."
+    ),
+    backend: Backend = typer.Option(
+        "auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."
+    ),
     chip: str = chip_option(),
     eager_mode: EagerModeChoice | None = typer.Option(
-        None, "--eager-mode", help="strict | debug | defer-and-fuse; sets TORCH_TPU_LAUNCH_BLOCKING / TORCH_TPU_DEFER_AND_FUSE."
+        None,
+        "--eager-mode",
+        help="strict | debug | defer-and-fuse; sets TORCH_TPU_LAUNCH_BLOCKING / TORCH_TPU_DEFER_AND_FUSE.",
     ),
     nnodes: str = typer.Option("1", "--nnodes", help="Number of hosts, or MIN:MAX (torchrun)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This host's rank (torchrun)."),
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (torchrun)."),
-    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="Rendezvous backend, e.g. c10d or static (torchrun)."),
+    rdzv_backend: str | None = typer.Option(
+        None, "--rdzv-backend", help="Rendezvous backend, e.g. c10d or static (torchrun)."
+    ),
     master_port: int | None = typer.Option(None, "--master-port", help="Port for the static rendezvous (torchrun)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra NAME=VALUE for every rank (repeatable)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop every rank after this many seconds (exit 124)."),
     compiler: Compiler | None = typer.Option(
-        None, "--compiler", help="Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA; eager runs them op by op."
+        None,
+        "--compiler",
+        help="Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA; eager runs them op by op.",
     ),
 ) -> None:
     from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
@@ -110,7 +124,9 @@ def doctor(
     from tpu_agent.runtime.api import doctor as run_doctor
 
     if output_format not in (OutputFormat.text, OutputFormat.json):
-        raise TpuAgentError("bad-format", f"doctor prints text or json, not {output_format.value}", "use --format text or --format json")
+        raise TpuAgentError(
+            "bad-format", f"doctor prints text or json, not {output_format.value}", "use --format text or --format json"
+        )
     report = run_doctor()
     if output_format == OutputFormat.json:
         print_json(report.to_dict())
@@ -122,10 +138,15 @@ def doctor(
     console.print(f"  backend     [bold]{report.backend.name}[/]: {report.backend.reason}", highlight=False)
     console.print(f"  TPU devices {', '.join(report.tpu_devices) or 'none'}", highlight=False)
     console.print(f"  chip        {report.chip} ({report.chip_source})", highlight=False)
-    console.print(f"  eager mode  {report.eager_mode} / {report.eager_mode_doc_name} ({report.eager_mode_source})", highlight=False)
+    console.print(
+        f"  eager mode  {report.eager_mode} / {report.eager_mode_doc_name} ({report.eager_mode_source})",
+        highlight=False,
+    )
     compiler = report.tpu_compiler
     hint = f"; {compiler['hint']}" if compiler.get("hint") else ""
-    console.print(f"  compiler    {escape(compiler['reason'] + ' (for estimate' + hint + ')')}", highlight=False, soft_wrap=True)
+    console.print(
+        f"  compiler    {escape(compiler['reason'] + ' (for estimate' + hint + ')')}", highlight=False, soft_wrap=True
+    )
     for name, value in report.env.items():
         console.print(f"  env         {name}={value}", highlight=False)
 

@@ -94,7 +94,9 @@ class CancelResult(BaseModel):
 class DiagnosticItem(BaseModel):
     rule: str = Field(description="Stable diagnostic id.")
     name: str
-    category: str = Field(description="capture | host sync | eager-mode | compile | shapes | precision | input pipeline | sharding")
+    category: str = Field(
+        description="capture | host sync | eager-mode | compile | shapes | precision | input pipeline | sharding"
+    )
     severity: str
     title: str
     suggested_change: str = Field(description="The code or configuration change that addresses the finding.")

@@ -101,7 +101,9 @@ def _prepare(argv: list[str]) -> tuple[str, bool, list[str]]:
     from tpu_agent.runtime.options import LaunchTarget
 
     if not argv or argv == ["-m"]:
-        raise TpuAgentError("no-target", "no script or module to run", "usage: python -m tpu_agent.runtime SCRIPT [ARGS...]")
+        raise TpuAgentError(
+            "no-target", "no script or module to run", "usage: python -m tpu_agent.runtime SCRIPT [ARGS...]"
+        )
     is_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
     check_target(LaunchTarget(target, args, is_module), Path.cwd())
@@ -142,7 +144,9 @@ def _run_user_code(target: str, is_module: bool) -> None:
     with io.open_code(path) as handle:
         code = compile(handle.read(), path, "exec", dont_inherit=True)
     main = _fresh_main()
-    main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path), __spec__=None, __package__=None)
+    main.__dict__.update(
+        __file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path), __spec__=None, __package__=None
+    )
     exec(code, main.__dict__)
 
 

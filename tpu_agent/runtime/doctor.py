@@ -49,7 +49,11 @@ class DoctorReport:
             "tpu_devices": list(self.tpu_devices),
             "chip": self.chip,
             "chip_source": self.chip_source,
-            "eager_mode": {"name": self.eager_mode, "doc_name": self.eager_mode_doc_name, "source": self.eager_mode_source},
+            "eager_mode": {
+                "name": self.eager_mode,
+                "doc_name": self.eager_mode_doc_name,
+                "source": self.eager_mode_source,
+            },
             "env": dict(self.env),
             "tpu_compiler": dict(self.tpu_compiler),
         }
@@ -61,7 +65,10 @@ def doctor() -> DoctorReport:
     choice = select_backend("auto")
     devices = scan_tpu_devices()
     if choice.name == "torch_tpu" and devices:
-        chip, chip_source = devices[0].chip.key, f"detected {devices[0].chip.device_name} at PCI {devices[0].pci_address}"
+        chip, chip_source = (
+            devices[0].chip.key,
+            f"detected {devices[0].chip.device_name} at PCI {devices[0].pci_address}",
+        )
     elif CHIP_ENV in os.environ:
         chip, chip_source = get_chip(os.environ[CHIP_ENV]).key, f"{CHIP_ENV}={os.environ[CHIP_ENV]}"
     else:

@@ -160,7 +160,19 @@ class Collective(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (RunInfo, StepMarker, OpBatch, Flush, HostSync, Compile, GraphBreak, FallbackOp, MemorySample, Collective)
+    cls.kind: cls
+    for cls in (
+        RunInfo,
+        StepMarker,
+        OpBatch,
+        Flush,
+        HostSync,
+        Compile,
+        GraphBreak,
+        FallbackOp,
+        MemorySample,
+        Collective,
+    )
 }
 
 # Frames from these roots are library code; the first frame outside them is the user's line.

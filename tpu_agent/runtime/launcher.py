@@ -60,7 +60,9 @@ def validate(target: LaunchTarget, options: RunOptions) -> None:
             f"use one of: {', '.join(EAGER_MODES)}",
         )
     if options.timeout_s is not None and options.timeout_s <= 0:
-        raise TpuAgentError("bad-timeout", f"--timeout must be positive, got {options.timeout_s}", "give seconds, e.g. --timeout 600")
+        raise TpuAgentError(
+            "bad-timeout", f"--timeout must be positive, got {options.timeout_s}", "give seconds, e.g. --timeout 600"
+        )
     check_target(target, Path.cwd())
 
 

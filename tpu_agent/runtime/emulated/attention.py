@@ -36,7 +36,16 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad)
 
 
-def flash_chosen(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> bool:
+def flash_chosen(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> bool:
     """Whether the CPU's SDPA would run the fused flash kernel for inputs laid out like these."""
     signature = (
         _layout(query),
@@ -53,7 +62,14 @@ def flash_chosen(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: fl
     if choice is None:
         mask = _stand_in(attn_mask) if attn_mask is not None else None
         choice = aten._fused_sdp_choice(
-            _stand_in(query), _stand_in(key), _stand_in(value), mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+            _stand_in(query),
+            _stand_in(key),
+            _stand_in(value),
+            mask,
+            dropout_p,
+            is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
         )
         if len(_choices) >= _MAX_CHOICES:
             _choices.clear()
@@ -65,14 +81,25 @@ def _additive_mask(attn_mask: Any, dtype: torch.dtype) -> Any:
     """SDPA's boolean-mask conversion: True keeps a position (0), False removes it (-inf)."""
     if attn_mask is None or attn_mask.dtype is not torch.bool:
         return attn_mask
-    return torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill_(attn_mask.logical_not(), float("-inf"))
+    return torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill_(
+        attn_mask.logical_not(), float("-inf")
+    )
 
 
 def install() -> None:
     original = torch.nn.functional.scaled_dot_product_attention
 
     @functools.wraps(original)
-    def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    def scaled_dot_product_attention(
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
         if (
             type(query) is TpuTensor
             and type(key) is TpuTensor
@@ -82,7 +109,18 @@ def install() -> None:
             and flash_chosen(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         ):
             mask = _additive_mask(attn_mask, query.dtype)
-            return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale)[0]
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            return aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale
+            )[0]
+        return original(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
 
     torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention

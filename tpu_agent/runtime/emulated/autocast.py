@@ -70,7 +70,9 @@ def _lower_precision(op: Any) -> Callable[..., Any]:
 def _fp32(op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         with torch._C._ExcludeDispatchKeyGuard(_KEYSET):
-            return op(*[_cast(a, torch.float32) for a in args], **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+            return op(
+                *[_cast(a, torch.float32) for a in args], **{k: _cast(v, torch.float32) for k, v in kwargs.items()}
+            )
 
     return kernel
 
@@ -85,7 +87,9 @@ def _fp32_set_opt_dtype(op: Any) -> Callable[..., Any]:
     return kernel
 
 
-def _register_policy(lib: torch.library.Library, names: tuple[str, ...], make: Callable[[Any], Callable[..., Any]]) -> None:
+def _register_policy(
+    lib: torch.library.Library, names: tuple[str, ...], make: Callable[[Any], Callable[..., Any]]
+) -> None:
     for name in names:
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:

@@ -42,7 +42,9 @@ _DEPARTURE_WAIT_S = 2.0  # a leaving rank writes its marker at exit; its socket 
 class CollectiveGuard:
     """Agreement, progress and departure bookkeeping for one process group (rank ``rank`` of ``size``)."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, global_ranks: Callable[[], list[int]]) -> None:
+    def __init__(
+        self, store: dist.Store, rank: int, size: int, timeout: timedelta, global_ranks: Callable[[], list[int]]
+    ) -> None:
         self._progress = PrefixStore("tpu_dist_progress", store)
         self._rank = rank
         self._size = size
@@ -98,7 +100,11 @@ class CollectiveGuard:
         ranks = self._global_ranks()
         deadline = time.monotonic() + _DEPARTURE_WAIT_S
         while True:
-            gone = [ranks[r] for r in range(self._size) if r != self._rank and self._progress.check([_DEPARTED_KEY.format(rank=r)])]
+            gone = [
+                ranks[r]
+                for r in range(self._size)
+                if r != self._rank and self._progress.check([_DEPARTED_KEY.format(rank=r)])
+            ]
             if gone or time.monotonic() >= deadline:
                 return gone
             time.sleep(0.05)

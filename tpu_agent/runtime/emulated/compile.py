@@ -25,7 +25,17 @@ import torch
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import state
 
-OPTION_KEYS = frozenset({"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "custom_module_name", "name"})
+OPTION_KEYS = frozenset(
+    {
+        "async_compile",
+        "num_dynamic_buckets",
+        "bucket_size",
+        "serializable",
+        "debug_callback",
+        "custom_module_name",
+        "name",
+    }
+)
 # TorchTPU's backend raises NotImplementedError with this text for dynamic=True (reference §3.3); we mirror it.
 DYNAMIC_MESSAGE = (
     "TPU backend does not support torch.compile(..., dynamic=True, ...). Please run torch.compile() with "
@@ -114,7 +124,9 @@ def _run_materialised(forward: Callable[..., Any]) -> Callable[..., Any]:
     return compiled
 
 
-def _graph_callable(gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None) -> Callable[..., Any]:
+def _graph_callable(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None
+) -> Callable[..., Any]:
     from tpu_agent.runtime.xla import settings
 
     if settings.uses_xla():
@@ -129,7 +141,9 @@ class TpuBackend:
 
     __name__ = "tpu"
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None, **kwargs: Any) -> Callable[..., Any]:
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Callable[..., Any]:
         if kwargs:
             raise _unexpected(kwargs)
         validate_options(options)
@@ -138,7 +152,11 @@ class TpuBackend:
         start = time.perf_counter_ns()
         code = _current_code()
         graph_id, is_recompile, reason = _log.record(code)
-        site = events.Site(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else events.user_call_site(2)
+        site = (
+            events.Site(code.co_filename, code.co_firstlineno, code.co_name)
+            if code is not None
+            else events.user_call_site(2)
+        )
         name = code.co_name if code is not None else gm.__class__.__name__
         compiled = _run_materialised(_graph_callable(gm, example_inputs, name, site))
         if state.log_enabled:
@@ -214,7 +232,9 @@ def _skip_emulation_frames() -> None:
     for name in _EMULATION_MODULES:
         module = importlib.import_module(f"tpu_agent.runtime.emulated.{name}")
         for value in vars(module).values():
-            members = vars(value).values() if isinstance(value, type) and value.__module__ == module.__name__ else [value]
+            members = (
+                vars(value).values() if isinstance(value, type) and value.__module__ == module.__name__ else [value]
+            )
             for member in members:
                 func = getattr(member, "__func__", member)
                 func = getattr(func, "__wrapped__", func)
@@ -249,7 +269,9 @@ def _register() -> None:
         if state.log_enabled and not already:
             stack = getattr(exc, "real_stack", None) or torch._guards.TracingContext.extract_stack()
             site = events.Site(stack[-1].filename, stack[-1].lineno or 0, stack[-1].name) if stack else None
-            events.emit(events.GraphBreak, reason=reason.strip().splitlines()[0][:500] if reason else "unknown", site=site)
+            events.emit(
+                events.GraphBreak, reason=reason.strip().splitlines()[0][:500] if reason else "unknown", site=site
+            )
 
     InstructionTranslatorBase.log_graph_break = log_graph_break
 
@@ -265,7 +287,9 @@ def install() -> None:
         if backend is None:
             backend = kwargs["backend"] = _select_backend()
         elif backend == "inductor":
-            inner = torch._TorchCompileInductorWrapper(kwargs.pop("mode", None), kwargs.pop("options", None), kwargs.get("dynamic"), None)
+            inner = torch._TorchCompileInductorWrapper(
+                kwargs.pop("mode", None), kwargs.pop("options", None), kwargs.get("dynamic"), None
+            )
             kwargs["backend"] = _guard_inductor(inner)
         if _is_tpu_backend(backend):
             if kwargs.get("dynamic") is True:

@@ -46,7 +46,9 @@ def check(func: Any, cargs: list, ckwargs: dict, out: Any) -> None:
     if not bad:
         return
     inputs = _tensors(cargs) + _tensors(list(ckwargs.values()))
-    if any((t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()) for t in inputs):
+    if any(
+        (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()) for t in inputs
+    ):
         return
     if _has_nonfinite_scalar(cargs) or _has_nonfinite_scalar(ckwargs.values()):
         return

@@ -14,11 +14,10 @@ Errors in recorded ops therefore surface at the flush, naming the op and the use
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 

@@ -75,11 +75,20 @@ def _factory(op: Any) -> Callable[..., Any]:
     return kernel
 
 
-def _empty_memory_format(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> Any:
+def _empty_memory_format(
+    size: Any,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> Any:
     return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format))
 
 
-def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
+def _empty_strided(
+    size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> Any:
     return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype))
 
 

@@ -66,7 +66,13 @@ class Restriction:
 RESTRICTIONS: dict[str, Restriction] = {
     r.code: r
     for r in (
-        Restriction("reduce", "dist.reduce", "Backend tpu_dist does not support reduce", "all_reduce, then use the result on the destination rank", "torchtpu_api.md §4.3"),
+        Restriction(
+            "reduce",
+            "dist.reduce",
+            "Backend tpu_dist does not support reduce",
+            "all_reduce, then use the result on the destination rank",
+            "torchtpu_api.md §4.3",
+        ),
         Restriction(
             "monitored_barrier",
             "ProcessGroup.monitored_barrier",
@@ -74,12 +80,48 @@ RESTRICTIONS: dict[str, Restriction] = {
             "use a gloo group (dist.new_group(backend='gloo')) for monitored_barrier",
             "torchtpu_api.md §4.3, §8.2",
         ),
-        Restriction("premul_sum", "ReduceOp.PREMUL_SUM", "BuildReduceBody: 'premul_sum' reduction is not supported", "scale the tensor, then all_reduce with SUM", "torchtpu_api.md §4.3, §8.2"),
-        Restriction("asymmetric_input", "tensor sizes that differ across ranks", ASYMMETRIC_INPUT, "pad to equal sizes; give DTensor explicit shape/stride", "torchtpu_api.md §4.3, §8.2"),
-        Restriction("asymmetric_output", "output buffers of unequal size", ASYMMETRIC_OUTPUT, "pad to equal sizes", "torchtpu_api.md §4.3, §8.2"),
-        Restriction("barrier_timeout", "dist.barrier(timeout=...)", "timeout in barrier options is not supported", "drop the timeout argument", "torchtpu_api.md §8.2"),
-        Restriction("barrier_device_ids", "dist.barrier(device_ids=[i]), i != 0", "device_ids in barrier options is not supported except device_ids=[0]", "drop device_ids (each rank sees its device as tpu:0)", "torchtpu_api.md §8.2"),
-        Restriction("recv_anysource", "recv without src", "recvAnysource is not supported on TPU", "pass src= to recv", "torchtpu_api.md §4.3"),
+        Restriction(
+            "premul_sum",
+            "ReduceOp.PREMUL_SUM",
+            "BuildReduceBody: 'premul_sum' reduction is not supported",
+            "scale the tensor, then all_reduce with SUM",
+            "torchtpu_api.md §4.3, §8.2",
+        ),
+        Restriction(
+            "asymmetric_input",
+            "tensor sizes that differ across ranks",
+            ASYMMETRIC_INPUT,
+            "pad to equal sizes; give DTensor explicit shape/stride",
+            "torchtpu_api.md §4.3, §8.2",
+        ),
+        Restriction(
+            "asymmetric_output",
+            "output buffers of unequal size",
+            ASYMMETRIC_OUTPUT,
+            "pad to equal sizes",
+            "torchtpu_api.md §4.3, §8.2",
+        ),
+        Restriction(
+            "barrier_timeout",
+            "dist.barrier(timeout=...)",
+            "timeout in barrier options is not supported",
+            "drop the timeout argument",
+            "torchtpu_api.md §8.2",
+        ),
+        Restriction(
+            "barrier_device_ids",
+            "dist.barrier(device_ids=[i]), i != 0",
+            "device_ids in barrier options is not supported except device_ids=[0]",
+            "drop device_ids (each rank sees its device as tpu:0)",
+            "torchtpu_api.md §8.2",
+        ),
+        Restriction(
+            "recv_anysource",
+            "recv without src",
+            "recvAnysource is not supported on TPU",
+            "pass src= to recv",
+            "torchtpu_api.md §4.3",
+        ),
     )
 }
 
@@ -316,7 +358,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
         return self._run("broadcast", tensors, sum(t.numel() for t in tensors), body)
 
-    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def allgather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _DoneWork:
         for outputs, tensor in zip(output_lists, inputs, strict=True):
             if not _same_shapes(outputs, tensor):
                 raise _restricted("asymmetric_output")
@@ -332,7 +376,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
         return self._gather_into("all_gather_into_tensor", [output], [tensor])
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _DoneWork:
         return self._gather_into("all_gather_into_tensor_coalesced", outputs, inputs)
 
     # torch < 2.13 and the C++ trampoline's fallback names for the same two operations.
@@ -351,7 +397,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
         return self._run(op, [*inputs, *outputs], sum(t.numel() for t in inputs), body)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _DoneWork:
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> _DoneWork:
         opts = opts or dist.ReduceScatterOptions()
         red, average = self._reduce_op(opts)
         for output, inputs in zip(outputs, input_lists, strict=True):
@@ -373,7 +421,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
         return self._scatter_from("reduce_scatter_tensor", [output], [tensor], opts)
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _DoneWork:
         return self._scatter_from("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -401,7 +451,12 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return self._run(op, [*outputs, *inputs], sum(t.numel() for t in outputs), body)
 
     def all_to_all_single(
-        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], opts: Any = None
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any = None,
     ) -> _DoneWork:
         def body(staged: _Staged) -> list[torch.Tensor]:
             self._gloo.alltoall_base(staged.cpu(output), staged.cpu(tensor), output_splits, input_splits).wait()
@@ -416,7 +471,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
             # gloo has no list all_to_all: one all_to_all_single per peer pair, through flat buffers.
             flat_in = torch.cat([staged.cpu(t).reshape(-1) for t in inputs])
             flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype)
-            self._gloo.alltoall_base(flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]).wait()
+            self._gloo.alltoall_base(
+                flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]
+            ).wait()
             for t, piece in zip(outputs, flat_out.split([o.numel() for o in outputs]), strict=True):
                 staged.cpu(t).copy_(piece.view(t.shape))
             return outputs
@@ -438,7 +495,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for o in output_lists for t in o]
         return self._run("gather", [*inputs, *flat], sum(t.numel() for t in inputs), body)
 
-    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _DoneWork:
+    def scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> _DoneWork:
         opts = opts or dist.ScatterOptions()
         for inputs in input_lists:
             if not _same_shapes(inputs, outputs[0]):

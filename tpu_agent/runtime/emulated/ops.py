@@ -61,6 +61,7 @@ MIXED_DEVICE_OK = frozenset(
     }
 )
 
+
 def _all_overloads(*names: str) -> frozenset:
     return frozenset(getattr(getattr(aten, n), o) for n in names for o in getattr(aten, n).overloads())
 

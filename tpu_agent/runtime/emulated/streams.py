@@ -27,7 +27,9 @@ import torch
 from tpu_agent.runtime.emulated import state, telemetry
 
 # TorchTPU 0.2.0's own text: its streams are placeholders, and these members raise it on a real TPU too.
-STREAMS_MESSAGE = "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
+STREAMS_MESSAGE = (
+    "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
+)
 _TorchEvent: Any = torch.Event  # typed Any: subclassed below, and torch.Event is replaced at activation
 _TorchStream: Any = torch.Stream
 _PRIVATEUSE1 = int(torch._C._autograd.DeviceType.PrivateUse1)
@@ -165,7 +167,9 @@ class Event(_TorchEvent, metaclass=_AnswersForTorchClass):
 
     _torch_class = _TorchEvent
 
-    def __new__(cls, device: Any = None, *, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Any:
+    def __new__(
+        cls, device: Any = None, *, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> Any:
         if _targets_tpu(device):
             return TpuEvent(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess, device=device)
         return _TorchEvent(device, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)

@@ -75,7 +75,9 @@ class TpuTensor(torch.Tensor):
         return ["_elem"], None
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> torch.Tensor:
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any
+    ) -> torch.Tensor:
         return wrap(inner["_elem"])
 
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the method
@@ -126,7 +128,10 @@ class TpuTensor(torch.Tensor):
         # Pickle as torch does for storage-less PrivateUse1 tensors: on torch.load's weights-only allow-list,
         # restorable with map_location="cpu" in a process without the emulation.
         cpu = _host_read(self, "save").detach().clone()
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad))
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (cpu, self.dtype, str(self.device), self.requires_grad),
+        )
 
 
 # Errors reach the user as the device's: no CPU kernel names, no emulator frames beneath this dispatcher.
@@ -273,7 +278,9 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
 
 def wrap_pending_layout(shape: Any, stride: Any, offset: int, dtype: torch.dtype, conj: bool, neg: bool) -> TpuTensor:
     """A deferred tpu tensor with this layout (its meta tensor is made when an uncached recording needs it)."""
-    r = _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE, requires_grad=False)
+    r = _make_wrapper(
+        TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE, requires_grad=False
+    )
     r._elem = None
     if conj:
         torch._C._set_conj(r, True)
@@ -308,7 +315,9 @@ def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
         flush_pending(cause)
         elem = t._elem
         if elem is None:
-            raise RuntimeError("this tpu tensor has no data: the deferred computation that produced it failed at an earlier flush")
+            raise RuntimeError(
+                "this tpu tensor has no data: the deferred computation that produced it failed at an earlier flush"
+            )
     return elem
 
 
@@ -435,7 +444,9 @@ def sync_metadata(t: Any, source: torch.Tensor) -> None:
 
     A wrapper's own storage is a size record, not memory, and cannot grow: when the op grew the data this
     raises :class:`WrapperTooSmall`, which :meth:`TpuTensor.resize_` turns into a rebuilt tensor."""
-    if type(t) is not TpuTensor or (t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()):
+    if type(t) is not TpuTensor or (
+        t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()
+    ):
         return
     try:
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):

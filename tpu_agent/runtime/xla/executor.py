@@ -430,7 +430,9 @@ def _with_layout(value: torch.Tensor, wrapper: Any) -> torch.Tensor:
     """``value`` with the strides and offset the deferred tensor's metadata promised (views are cut from it)."""
     if value.stride() == wrapper.stride() and value.storage_offset() == wrapper.storage_offset():
         return value
-    extent = wrapper.storage_offset() + sum((n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride(), strict=True)) + 1
+    extent = (
+        wrapper.storage_offset() + sum((n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride(), strict=True)) + 1
+    )
     buffer = torch.empty(max(extent, 1), dtype=value.dtype)
     out = buffer.as_strided(wrapper.shape, wrapper.stride(), wrapper.storage_offset())
     out.copy_(value)
