@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REGEN, FixtureCase, finding_rows, fixture_cases, migrate_one, regenerate
+from conftest import FIXTURES, REGEN, FixtureCase, finding_rows, fixture_cases, migrate_one, regenerate
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.migrate.model import Safety
@@ -129,7 +129,6 @@ def test_family_order_does_not_change_any_result() -> None:
 
 def test_no_two_fixture_inputs_are_copies() -> None:
     """A variant (other options, same input) is a set of expected files next to the one input, never a copy."""
-    from conftest import FIXTURES
 
     seen: dict[bytes, str] = {}
     for path in sorted(FIXTURES.glob("*.in.*")):

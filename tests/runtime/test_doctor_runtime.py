@@ -8,6 +8,13 @@ import json
 from runtime_launch_util import clean_env, flat, tpu_agent
 
 
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def test_doctor_json_reports_versions_backend_chip_and_eager_mode() -> None:
     result = tpu_agent("doctor", "--format", "json", env=clean_env(TORCH_TPU_DEFER_AND_FUSE="1", TPU_AGENT_CHIP="v7"))
     assert result.returncode == 0, result.stderr
@@ -15,7 +22,7 @@ def test_doctor_json_reports_versions_backend_chip_and_eager_mode() -> None:
     assert report["versions"]["torch"] == importlib.metadata.version("torch")
     assert report["versions"]["jax"] == importlib.metadata.version("jax")
     assert report["versions"]["torch_tpu"] == "not installed"
-    assert report["versions"]["libtpu"] == "not installed"
+    assert report["versions"]["libtpu"] == _installed_version("libtpu")
     assert report["backend"] == {
         "name": "emulated",
         "reason": "torch_tpu is not installed; using the CPU emulation of the 'tpu' device",
