@@ -17,6 +17,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from tpu_agent.plugins.server import TOOL_MODULES
+
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test starts a server process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +100,7 @@ def test_stdout_is_only_protocol_and_exit_kills_jobs(example: Path) -> None:
         assert init["result"]["serverInfo"]["name"] == "tpu-agent"
         server.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         tools = server.request("tools/list", {})["result"]["tools"]
-        assert len(tools) == 11
+        assert {tool["name"] for tool in tools} == {spec.name for module in TOOL_MODULES for spec in module.TOOLS}
         assert server.call("tpu_lookup_api", {"query": "nccl"})["isError"] is False
         bad = server.call("tpu_run", {"entrypoint": 7})
         assert bad["isError"] is True
