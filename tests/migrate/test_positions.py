@@ -63,6 +63,8 @@ def test_statement_positions_of_findings_match(name: str, source: str) -> None:
     begins = statement_map(result.module, source).begins
     placed = layout(result.module, source, begins) if begins is not None else None
     if placed is None or not result.ctx.findings:
+        # Some generated sources have no statement with a finding (or no statement layout), so the shortcut
+        # computes no positions for them and there is nothing to compare; hypothesis draws the rest.
         pytest.skip("no layout or no findings")
     found, _ = statement_positions(result.module, placed, result.ctx.findings)
     expected = _public_positions(result.module)
