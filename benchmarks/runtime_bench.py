@@ -37,6 +37,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from hf_step_bench import build as build_tiny_hf  # a sibling script: benchmarks/ is sys.path[0]
+
 
 @dataclass(frozen=True)
 class Config:
@@ -64,33 +66,14 @@ CONFIGS = {
 TARGET = {("gpt", "strict"): 1.25, ("gpt", "compile-xla"): 1.3, ("gpt", "defer-and-fuse-xla"): 1.3}
 SUITE_TARGET = {"compile-xla": 1.3, "defer-and-fuse-xla": 1.3}  # on the median over the small models
 SMALL_MODELS = ("mlp", "hf-gpt2", "hf-llama", "hf-bert")
-TINY = {"vocab_size": 256, "max_position_embeddings": 64}
 
 
 def build_hf(model_name: str, device: str):  # noqa: ANN201 - torch is imported lazily, in the child
     """A tiny Hugging Face model from its config (random weights, nothing downloaded) and a token batch."""
     import torch
-    import transformers
 
     torch.manual_seed(0)
-    if model_name == "hf-gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
-        model = transformers.GPT2LMHeadModel(config)
-    elif model_name == "hf-llama":
-        config = transformers.LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            **TINY,
-        )
-        model = transformers.LlamaForCausalLM(config)
-    else:
-        config = transformers.BertConfig(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **TINY
-        )
-        model = transformers.BertForMaskedLM(config)
+    model = build_tiny_hf(model_name.removeprefix("hf-"))  # the same tiny models hf_step_bench measures
     model.config.use_cache = False
     tokens = torch.randint(0, 256, (4, 32))
     return model.to(device), tokens.to(device), tokens.to(device), lambda m, a: m(input_ids=a).logits.flatten(0, 1)
