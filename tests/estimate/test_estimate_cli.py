@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from tpu_compiler import needs_tpu_compiler
 
-from tpu_agent.estimate.compiler import compiler_status
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -42,14 +41,47 @@ def test_missing_script_is_named() -> None:
     assert json.loads(result.stdout)["error"]["code"] == "script-not-found"
 
 
+# Runs the CLI in a Python where libtpu is absent whatever this environment has: its distribution metadata is not
+# found (what compiler_status reads) and importing it fails, as on a machine without the [estimate] extra.
+_WITHOUT_LIBTPU = """
+import importlib.abc, importlib.metadata, runpy, sys
+
+_version = importlib.metadata.version
+
+def version(name):
+    if name.lower().startswith("libtpu"):
+        raise importlib.metadata.PackageNotFoundError(name)
+    return _version(name)
+
+class BlockLibtpu(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "libtpu":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+importlib.metadata.version = version
+sys.meta_path.insert(0, BlockLibtpu())
+sys.argv = ["tpu-agent", *sys.argv[1:]]
+runpy.run_module("tpu_agent", run_name="__main__", alter_sys=True)
+"""
+
+
+def run_cli_without_libtpu(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("TPU_AGENT_HOOKS", None)
+    command = [sys.executable, "-c", _WITHOUT_LIBTPU, *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
 @pytest.mark.slow  # two CLI subprocesses
-@pytest.mark.skipif(compiler_status().available, reason="libtpu is installed here")
 def test_without_libtpu_the_error_says_what_to_install() -> None:
-    result = run_cli("estimate", "--chip", "v5e-4", str(MLP))
-    assert result.returncode == 2
+    result = run_cli_without_libtpu("estimate", "--chip", "v5e-4", str(MLP))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "the TPU compiler is not available: libtpu" in result.stderr
     assert 'pip install "tpu-agent[estimate]"' in result.stderr  # the extra's name survives rich's markup
-    doctor = run_cli("doctor", "--format", "json")
-    assert json.loads(doctor.stdout)["tpu_compiler"]["available"] is False
+    doctor = run_cli_without_libtpu("doctor", "--format", "json")
+    status = json.loads(doctor.stdout)["tpu_compiler"]
+    assert status["available"] is False and "libtpu" in status["reason"]
 
 
 @needs_tpu_compiler
