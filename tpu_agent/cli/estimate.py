@@ -31,6 +31,12 @@ The script runs for --steps optimizer steps on the emulated 'tpu' device (DeferA
 stops; the graphs of its last full step are compiled for --chip. Everything after SCRIPT belongs to the script.
 Needs the compiler: pip install "tpu-agent[estimate]" (Linux x86_64).
 
+--capture-only estimates models bigger than this machine (a 7B model on a laptop): the script runs with tensors
+that hold shapes but no data, so nothing is computed and no parameter is allocated on the host. Create the model
+on the device (with torch.device("tpu"): ...) or on meta and move it with to_empty(device="tpu"); a model built on
+the host is allocated there first. loss.item() and print see zeros (one warning per line); code that branches on
+a tensor's value, or an op whose output shape depends on values, stops with an error naming the line.
+
 Exit codes: 0 fits, 1 does not fit or the script failed, 2 bad usage or no compiler, 4 internal error.
 
 Examples:
@@ -40,6 +46,8 @@ Examples:
   tpu-agent estimate --chip v5e --format json train.py --batch-size 32
 
   tpu-agent estimate --chip v6e-8 --strategy fsdp --format markdown --output estimate.md train.py
+
+  tpu-agent estimate --chip v5e-8 --strategy fsdp --capture-only train_7b.py
 """
 
 ESTIMATE_FORMATS = (OutputFormat.text, OutputFormat.json, OutputFormat.markdown)
@@ -94,6 +102,12 @@ def estimate(
         3, "--steps", help="Optimizer steps to run before capturing (2 to 100); the last is compiled."
     ),
     suggest: bool = typer.Option(True, "--suggest/--no-suggest", help="When it does not fit, compile the fixes."),
+    capture_only: bool = typer.Option(
+        False,
+        "--capture-only",
+        help="Record the step from shapes without computing anything, for models bigger than this machine "
+        "(tensors hold no data; loss.item() and print see zeros; a branch on a tensor value is an error).",
+    ),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
@@ -105,7 +119,9 @@ def estimate(
         raise TpuAgentError(
             "bad-format", f"estimates are text, json or markdown, not {output_format.value}", "use --format json"
         )
-    options = EstimateOptions(target=chip, strategy=strategy, steps=steps, suggest=suggest, timeout_s=timeout)
+    options = EstimateOptions(
+        target=chip, strategy=strategy, steps=steps, suggest=suggest, timeout_s=timeout, capture_only=capture_only
+    )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     from tpu_agent.cli.profile import _script_output_to_stderr
 

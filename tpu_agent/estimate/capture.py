@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from tpu_agent.estimate import capture_only
+from tpu_agent.estimate.capture_only import storage_identity
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
 
 ESTIMATE_DIR_ENV = "TPU_AGENT_ESTIMATE_DIR"
@@ -33,6 +35,7 @@ HOOK_SPEC = "tpu_agent.estimate.capture:install"
 OPTIONS_FILE = "options.json"
 RESULT_FILE = "estimate.json"
 _DONATED_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
+_OWNERS = (torch.nn.Module, torch.optim.Optimizer)
 
 
 class CaptureComplete(SystemExit):
@@ -52,14 +55,9 @@ class ObservedGraph:
     calls: int = 1
 
 
-def _storage_key(t: torch.Tensor) -> int | None:
-    data = getattr(t, "_elem", t)  # a tpu tensor's CPU data; graph inputs already are CPU tensors
-    if not isinstance(data, torch.Tensor) or data.device.type == "meta":
-        return None
-    try:
-        return data.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return None
+def _is_fsdp_param(item: object) -> bool:
+    """FSDP2's per-parameter state (by class name: importing FSDP2 to check would load it in every capture)."""
+    return type(item).__name__ == "FSDPParam"
 
 
 @dataclass
@@ -82,13 +80,13 @@ class _Watcher:
         roles: dict[int, ArgRole] = {}
 
         def put(tensor: Any, role: ArgRole) -> None:
-            key = _storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
+            key = storage_identity(tensor) if isinstance(tensor, torch.Tensor) else None
             if key is not None:
                 roles.setdefault(key, role)
 
         with warnings.catch_warnings():  # isinstance on every live object trips modules' deprecated attributes
             warnings.simplefilter("ignore")
-            live = [item for item in gc.get_objects() if isinstance(item, torch.nn.Module | torch.optim.Optimizer)]
+            live = [item for item in gc.get_objects() if isinstance(item, _OWNERS) or _is_fsdp_param(item)]
         for optimizer in (item for item in live if isinstance(item, torch.optim.Optimizer)):
             for group in optimizer.param_groups:
                 for parameter in group["params"]:
@@ -97,6 +95,10 @@ class _Watcher:
             for per_parameter in optimizer.state.values():
                 for value in per_parameter.values():
                     put(value, ArgRole.OPTIMIZER_STATE)
+        for fsdp_param in (item for item in live if _is_fsdp_param(item)):
+            # FSDP2 runs forward and backward on unsharded copies (all-gather outputs) of its sharded parameters
+            for tensor in [getattr(fsdp_param, "_unsharded_param", None), *fsdp_param.all_gather_outputs]:
+                put(tensor, ArgRole.PARAMETER)
         for module in (item for item in live if isinstance(item, torch.nn.Module)):
             for parameter in module.parameters(recurse=False):
                 put(parameter, ArgRole.PARAMETER)
@@ -119,7 +121,7 @@ class _Watcher:
         # roles are resolved at the end: while a step is in flight, DeferAndFuse leaves tensors written in place
         # without data, so only their storages (stable across in-place updates) are recorded here
         described = [
-            (tuple(t.shape), t.dtype, _storage_key(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs
+            (tuple(t.shape), t.dtype, storage_identity(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs
         ]
         self.current[key] = ObservedGraph(runner, precision, described)
 
@@ -199,6 +201,8 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
     graphs = watcher.graphs()
     result: dict[str, Any]
     try:
+        if capture_only.reads.stopped is not None:
+            raise capture_only.reads.stopped
         missing = list(watcher.fallbacks.values())
         if not graphs and missing:
             raise TpuAgentError(
@@ -225,12 +229,17 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
             "its batch is the global batch, split over the chips",
             "data-parallel and FSDP gradients are reduced inside the compiled programs (the compiler partitions the "
             "step as one program), not by the script's own all-reduce calls",
-            "ops without an XLA lowering ran on the CPU during capture and are not in the estimate",
+            "graphs the XLA lowering cannot take are not in the estimate (each is named below)",
         ]
-        estimate.assumptions += [f"NOT in the estimate (ran on the CPU path, not XLA): {item}" for item in missing]
+        if options.get("capture_only"):
+            estimate.assumptions.append(
+                "capture-only: the step's graphs were recorded from shapes without computing any value; host reads "
+                "(loss.item(), print) saw zeros"
+            )
+        estimate.assumptions += [f"NOT in the estimate (no XLA program): {item}" for item in missing]
         result = {"ok": True, "estimate": estimate.to_dict(), "steps_watched": watcher.step}
     except TpuAgentError as error:
-        result = {"ok": False, "error": {"code": error.code, "message": error.message, "hint": error.hint}}
+        result = {"ok": False, "error": {**error.to_dict(), "exit_code": int(error.exit_code)}}
     atomic_write_text(directory / RESULT_FILE, json.dumps(result, indent=2))
 
 
@@ -245,6 +254,8 @@ def install() -> Callable[[], None] | None:
 
     from tpu_agent.runtime.xla import graphs
 
+    if options.get("capture_only"):
+        capture_only.install()
     watcher = _Watcher(steps=max(2, int(options.get("steps", 3))))
     graphs.graph_observers.append(watcher.observe)
     graphs.fallback_observers.append(watcher.fell_back)

@@ -39,6 +39,7 @@ class EstimateOptions:
     steps: int = DEFAULT_STEPS
     suggest: bool = True
     timeout_s: float | None = None
+    capture_only: bool = False  # record the step from shapes without computing it (tpu_agent.estimate.capture_only)
 
     def resolved_strategy(self) -> str:
         if self.strategy is not None:
@@ -97,7 +98,13 @@ def estimate_script(
     strategy = options.resolved_strategy()
     with tempfile.TemporaryDirectory(prefix="tpu-agent-estimate-") as scratch:
         directory = Path(scratch)
-        settings = {"target": options.target, "strategy": strategy, "steps": options.steps, "suggest": options.suggest}
+        settings = {
+            "target": options.target,
+            "strategy": strategy,
+            "steps": options.steps,
+            "suggest": options.suggest,
+            "capture_only": options.capture_only,
+        }
         atomic_write_text(directory / OPTIONS_FILE, json.dumps(settings))
         hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
         env = {
@@ -107,6 +114,14 @@ def estimate_script(
             "TPU_SKIP_MDS_QUERY": "1",
             ESTIMATE_DIR_ENV: str(directory),
             HOOKS_ENV: hooks,
+            # one rank, as torchrun starts it: scripts that init a process group (DDP, FSDP2) run unchanged; the
+            # store binds a free port itself (port 0), since no other rank ever connects
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "0",
         }
         if progress:
             progress(f"running {target.target} for {options.steps} steps and compiling for {options.target}")
@@ -125,15 +140,18 @@ def estimate_script(
         result = json.loads(result_path.read_text())
     if not result.get("ok"):
         error = result.get("error", {})
+        exit_code = error.get("exit_code")
         raise TpuAgentError(
             str(error.get("code", "estimate-failed")),
             str(error.get("message", "no estimate")),
             str(error.get("hint", "")),
+            ExitCode(exit_code) if exit_code in set(ExitCode) else ExitCode.USAGE,
         )
     document = {
         "schema_version": SCHEMA_VERSION,
         "script": target.target,
         "steps_watched": result.get("steps_watched"),
+        "capture_only": options.capture_only,
         "libtpu_version": status.libtpu_version,
         "estimate": result["estimate"],
     }

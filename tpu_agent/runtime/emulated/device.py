@@ -35,7 +35,6 @@ from tpu_agent.runtime.emulated import (
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive for the process
-_CPU = torch.device("cpu")
 
 # Factory overloads whose composite kernels create an empty tensor and resize it in an ``out=`` call; a wrapper
 # tensor cannot be resized, so these build the CPU result first and wrap it.
@@ -69,7 +68,7 @@ def refuse_foreign_backend() -> None:
 
 def _factory(op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        kwargs["device"] = _CPU
+        kwargs["device"] = tensor.DATA_DEVICE
         return tensor.wrap(op(*args, **kwargs))
 
     return kernel
@@ -83,19 +82,20 @@ def _empty_memory_format(
     pin_memory: Any = None,
     memory_format: Any = None,
 ) -> Any:
-    return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format))
+    memory_format = memory_format or torch.contiguous_format
+    return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format, device=tensor.DATA_DEVICE))
 
 
 def _empty_strided(
     size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
 ) -> Any:
-    return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype))
+    return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype, device=tensor.DATA_DEVICE))
 
 
 def _zeros(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
     """``_efficientzerotensor`` (autograd's zero gradients): real zeros, since the emulator's CPU kernels run with
     the ZeroTensor dispatch key off and would read a storage-less tensor."""
-    return tensor.wrap(torch.zeros(size, dtype=dtype))
+    return tensor.wrap(torch.zeros(size, dtype=dtype, device=tensor.DATA_DEVICE))
 
 
 def _copy_from(src: Any, dst: Any, non_blocking: bool = False) -> Any:

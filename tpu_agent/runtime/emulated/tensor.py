@@ -47,6 +47,10 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 _CPU = torch.device("cpu")
 DEVICE: torch.device | None = None  # torch.device("tpu", 0), set by device.register()
 MIXED_DEVICE_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
+# Where new tpu tensors keep their data, and who answers host reads instead of the data: the CPU and nobody, except
+# in estimate's capture-only mode (tpu_agent.estimate.capture_only), where data is meta and reads get placeholders.
+DATA_DEVICE = _CPU
+host_read_override: Callable[[torch.Tensor, str], torch.Tensor] | None = None
 
 
 class TpuTensor(torch.Tensor):
@@ -349,6 +353,8 @@ def flush_pending(cause: str, site: Any = None) -> None:
 
 
 def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
+    if host_read_override is not None:
+        return host_read_override(t, cause)
     telemetry.host_sync(cause)
     try:
         return unwrap(t, cause)
@@ -411,7 +417,7 @@ def unwrap_kwargs(func: Any, kwargs: dict) -> tuple[dict, bool]:
             if dev.type == "cpu":
                 to_host = True
             else:
-                out[k] = _CPU
+                out[k] = DATA_DEVICE
         elif t is list or t is tuple or isinstance(v, _Tensor):
             out[k] = _unwrap_leaf(func, v)
     return out, to_host

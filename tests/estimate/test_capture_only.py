@@ -1,0 +1,94 @@
+"""`tpu-agent estimate --capture-only`: a script's step recorded from shapes, never computed, for models bigger than
+the machine. A real-shaped script (transformers' LlamaForCausalLM, FSDP2 fully_shard, AdamW) is estimated end to end
+through the CLI; the mode's refusals name the user's line.
+
+The 7B configuration on v5e-8 takes minutes on two cores: it is ``benchmarks/estimate_7b_bench.py``."""
+
+from __future__ import annotations
+
+import json
+import resource
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_estimate_cli import SCRIPTS, run_cli
+from tpu_compiler import needs_tpu_compiler
+
+LLAMA = SCRIPTS / "llama_fsdp_train.py"
+# the "1b" preset of the script: TinyLlama-1.1B's shapes with 24 layers
+HIDDEN, INTERMEDIATE, LAYERS, KV_HEADS, HEADS, VOCAB = 2048, 5632, 24, 4, 32, 32000
+
+
+def llama_parameters() -> int:
+    head = HIDDEN // HEADS
+    attention = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV_HEADS * head
+    layer = attention + 3 * HIDDEN * INTERMEDIATE + 2 * HIDDEN  # + two RMSNorm weights
+    return LAYERS * layer + 2 * VOCAB * HIDDEN + HIDDEN  # embedding, untied LM head, final norm
+
+
+def _estimate(*options: str) -> tuple[dict[str, Any], str]:
+    result = run_cli(
+        "estimate", "--capture-only", "--format", "json", *options, str(LLAMA),
+        "--preset", "1b", "--batch", "2", "--seq", "128", "--steps", "3", "--attention", "eager",
+    )  # fmt: skip
+    assert result.stdout, result.stderr[-3000:]
+    return json.loads(result.stdout), result.stderr
+
+
+@needs_tpu_compiler
+@pytest.mark.slow  # two estimates of a 1.2B-parameter Llama: the script runs on meta data, the TPU compiler compiles
+def test_model_too_big_for_one_v5e_does_not_fit_and_fits_with_fsdp_over_four() -> None:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    one_chip, stderr = _estimate("--chip", "v5e")
+    estimate = one_chip["estimate"]
+    assert one_chip["capture_only"] is True and estimate["verdict"] == "does not fit", stderr[-3000:]
+    parameters = llama_parameters()
+    assert estimate["peak_hbm_bytes_per_chip"] >= 4 * parameters * 4  # f32 weights, gradients, two moments
+    # the fix is checked by compiling it: FSDP over the smallest slice that fits
+    fixes = {(s["change"], s["target"]): s for s in estimate["suggestions"]}
+    sharded = fixes[("FSDP over a v5e-4 slice", "v5e-4")]
+    assert sharded["fits"] and sharded["peak_hbm_bytes_per_chip"] < 16 * 1024**3
+    # loss.item() saw a placeholder, once warned for its line
+    assert stderr.count("capture-only: Tensor.item() at ") == 1 and "llama_fsdp_train.py:" in stderr
+
+    four_chips, stderr = _estimate("--chip", "v5e-4", "--strategy", "fsdp")
+    estimate = four_chips["estimate"]
+    assert estimate["verdict"] == "fits" and estimate["chips"] == 4, stderr[-3000:]
+    peak = max(estimate["programs"], key=lambda program: program["memory"]["total"])
+    # the optimizer's graph: the sharded parameters and AdamW's two moments, a quarter on each chip
+    assert peak["memory"]["parameters"] == pytest.approx(parameters * 4 / 4, rel=0.01)
+    assert peak["memory"]["optimizer_state"] == pytest.approx(2 * parameters * 4 / 4, rel=0.01)
+    assert any("capture-only" in line for line in estimate["assumptions"])
+    # nothing the size of the model was ever on the host: the script's process stayed far below its 4.8 GB
+    peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    assert max(peak_rss, before) < parameters * 4 / 2
+
+
+BRANCHING = """
+import torch
+
+model = torch.nn.Linear(8, 8, device="tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(4, 8, device="tpu")).square().mean()
+    loss.backward()
+    optimizer.step()
+    print(f"loss {loss.item():.3f}")
+    if loss < 1.0:  # stops early on a value
+        break
+"""
+
+
+@needs_tpu_compiler  # estimate refuses to start without the compiler
+@pytest.mark.slow  # a CLI subprocess
+def test_a_branch_on_a_tensor_value_is_reported_with_its_line(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(BRANCHING))
+    result = run_cli("estimate", "--capture-only", "--chip", "v5e", "--format", "json", str(script))
+    error = json.loads(result.stdout)["error"]
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert error["code"] == "capture-only-needs-values"
+    assert error["message"].startswith(f"{script}:11: a branch on a tensor (bool(tensor)) needs a tensor's value")
+    assert "capture-only: Tensor.item() at" in result.stderr  # the print before it got a placeholder
