@@ -89,20 +89,7 @@ def test_compiler_switch_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "compile",
-        pytest.param(
-            "defer",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="XLA DeferAndFuse executor: a graph split around the CPU flash-attention ops that also updates"
-                " parameters in place gives wrong gradients (the CPU deferred executor is exact)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("mode", ["compile", "defer"])
 def test_training_through_xla_matches_cpu_and_compiles_once(mode: str, tmp_path: Path) -> None:
     out = run_xla_script("xla_train.py", mode, "highest", "5", events_dir=tmp_path)
     np.testing.assert_allclose(out["tpu"], out["cpu"], rtol=2e-6, atol=2e-6)

@@ -130,21 +130,11 @@ def environment() -> Any:
 _COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
 
 
-# torchax's lowering of CPU flash attention returns its logsumexp in another layout than torch's kernel, which
-# the backward op then misreads: these run on the CPU path between compiled pieces until that is fixed.
-_WRONG_LOWERINGS = frozenset(
-    {
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-    }
-)
-
-
 def has_lowering(target: Any) -> bool:
     """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
     if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
-    if target.namespace in _COLLECTIVE_NAMESPACES or target in _WRONG_LOWERINGS:
+    if target.namespace in _COLLECTIVE_NAMESPACES:
         return False
     env = environment()
     try:
