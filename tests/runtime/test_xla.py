@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.xla import extra_ops, settings
 from tpu_agent.runtime.xla.decompositions import table
 
@@ -84,8 +85,33 @@ def test_compiler_switch_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(settings.COMPILER_ENV, "XLA")
     assert settings.uses_xla()
     monkeypatch.setenv(settings.COMPILER_ENV, "tvm")
-    with pytest.raises(ValueError, match="TPU_AGENT_COMPILER='tvm' is not a compiler; use one of xla, eager"):
+    with pytest.raises(TpuAgentError, match="TPU_AGENT_COMPILER='tvm' is not a compiler") as refused:
         settings.compiler()
+    assert refused.value.hint.startswith("use one of xla, eager")
+
+
+@pytest.mark.parametrize("python", [(3, 10, 14), (3, 12, 1)])
+def test_xla_without_torchax_is_refused_with_what_to_do(
+    python: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Python 3.10 cannot install torchax: ``run --compiler xla`` says so before any rank starts, no traceback."""
+    from typer.testing import CliRunner
+
+    from tpu_agent.cli import app
+
+    monkeypatch.setitem(sys.modules, "torchax", None)  # Python's own "this import is blocked"
+    monkeypatch.setattr(sys, "version_info", python)
+    monkeypatch.delenv(settings.COMPILER_ENV, raising=False)
+    assert settings.missing_xla_packages() == ["torchax"]
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never launched')\n")
+    result = CliRunner().invoke(app, ["run", "--backend", "emulated", "--compiler", "xla", str(script)])
+    assert result.exit_code == 2, result.output
+    assert "--compiler xla selects the XLA compiler, but torchax cannot be imported" in result.output
+    expected_hint = "needs Python >= 3.11" if python < (3, 11) else "pip install 'torchax>=0.0.13'"
+    assert expected_hint in result.output and "--compiler eager" in result.output
+    assert "Traceback" not in result.output and "never launched" not in result.output
+    assert settings.compiler() == settings.EAGER  # without an explicit choice: the op-by-op path, no error
 
 
 @pytest.mark.slow
@@ -143,3 +169,50 @@ def test_two_ranks_train_a_compiled_model_with_tpu_dist_collectives(tmp_path: Pa
         assert result["grad_diff"] < 1e-6  # averaged shard gradients equal the full-batch CPU gradients
         assert result["collective_in_graph"] == 4 * 1 + 4 * 4 + 1  # both ranks' sums, reduced, then + 1
         assert result["compiles"] >= 2  # forward and backward executables, at least
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "causal", "masked"),
+    [(4, 4, True, False), (4, 2, False, True), (2, 2, False, False)],
+)
+def test_fused_cpu_attention_lowers_to_the_kernels_outputs_and_gradients(
+    heads: int, kv_heads: int, causal: bool, masked: bool
+) -> None:
+    """The forward returns the kernel's logsumexp (not attention weights, as torch's decomposition does), so the
+    backward op of the same graph computes the kernel's gradients (the DeferAndFuse training regression)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, grad = (
+        torch.randn(2, h, 8 if name != "kv" else 6, 16, generator=generator)
+        for h, name in ((heads, "q"), (kv_heads, "kv"), (kv_heads, "kv"), (heads, "q"))
+    )
+    q_len, kv_len = q.shape[2], k.shape[2]
+    mask = torch.randn(q_len, kv_len, generator=generator) if masked else None
+    extra = {"attn_mask": mask} if mask is not None else {}
+    aten = torch.ops.aten
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, **extra)
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, causal, **extra)
+
+    def jax_of(t: torch.Tensor | None) -> jnp.ndarray | None:
+        return None if t is None else jnp.asarray(t.numpy())
+
+    j_out, j_lse = extra_ops.flash_attention(jax_of(q), jax_of(k), jax_of(v), 0.0, causal, attn_mask=jax_of(mask))
+    np.testing.assert_allclose(np.asarray(j_out), out.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(j_lse), lse.numpy(), rtol=1e-5, atol=1e-5)
+    j_grads = extra_ops.flash_attention_backward(
+        *(jax_of(t) for t in (grad, q, k, v, out, lse)), 0.0, causal, attn_mask=jax_of(mask)
+    )
+    for got, want in zip(j_grads, grads, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_decompositions_keep_the_fused_attention_whole() -> None:
+    """torch's rule for the CPU flash kernel returns (N, H, L, S) weights where the kernel's logsumexp is
+    (N, H, L); applied before lowering it fed the backward op the wrong tensor."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def attention(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True)
+
+    gm = make_fx(attention, decomposition_table=table(), tracing_mode="fake")(torch.randn(2, 3, 5, 4))
+    _, logsumexp = gm(torch.randn(2, 3, 5, 4))
+    assert logsumexp.shape == (2, 3, 5)
