@@ -124,7 +124,7 @@ def test_training_through_xla_matches_cpu_and_compiles_once(mode: str, tmp_path:
     assert out["compile_events"] == out["cache"]["compiles"] > 0
     # the first steps compile (optimizer state appears in step 1); the steady loop only hits the cache
     assert out["compiles_after_step"][-1] == out["compiles_after_step"][2]
-    assert out["cache"]["hits"] >= 2
+    assert out["cache_hit_events"] == out["cache"]["hits"] >= 2
 
 
 @pytest.mark.slow
@@ -151,6 +151,15 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
         i for i, t in enumerate((SCRIPTS / "xla_semantics.py").read_text().splitlines(), 1) if "# LINE poisson" in t
     )
     assert ["aten.poisson.default", "xla_semantics.py", poisson_line] in out["fallbacks"]
+    (cpu_loss, cpu_grad), (tpu_loss, tpu_grad) = out["data_dependent_in_graph"]
+    assert tpu_loss == pytest.approx(cpu_loss, rel=1e-6)
+    np.testing.assert_allclose(tpu_grad, cpu_grad, rtol=1e-6, atol=1e-7)
+    masked_line = next(
+        i
+        for i, t in enumerate((SCRIPTS / "xla_semantics.py").read_text().splitlines(), 1)
+        if "# LINE masked_select" in t
+    )
+    assert ["aten.masked_select.default", "xla_semantics.py", masked_line] in out["fallbacks"]
     assert not [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]  # every deferred graph compiled
 
 
@@ -216,3 +225,32 @@ def test_decompositions_keep_the_fused_attention_whole() -> None:
     gm = make_fx(attention, decomposition_table=table(), tracing_mode="fake")(torch.randn(2, 3, 5, 4))
     _, logsumexp = gm(torch.randn(2, 3, 5, 4))
     assert logsumexp.shape == (2, 3, 5)
+
+
+def test_the_executable_cache_logs_compiles_with_their_time_and_every_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpu_agent.runtime import events
+    from tpu_agent.runtime.emulated import state
+    from tpu_agent.runtime.xla.cache import ExecutableCache
+
+    monkeypatch.setattr(events, "_log", events.EventLog(path=tmp_path / "events-rank0.jsonl", rank=0))
+    monkeypatch.setattr(state, "log_enabled", True)
+    cache, site = ExecutableCache(capacity=2), events.Site("train.py", 7, "step")
+    built: list[str] = []
+
+    def get(shape: tuple[int, ...]) -> str:
+        return cache.get_or_compile(
+            "g", (shape,), lambda: built.append(str(shape)) or str(shape), "step", site, lambda: 3
+        )
+
+    assert [get((2,)), get((2,)), get((3,)), get((2,))] == ["(2,)", "(2,)", "(3,)", "(2,)"]
+    assert built == ["(2,)", "(3,)"] and (cache.stats.hits, cache.stats.compiles) == (2, 2)
+    events.get_log().flush()
+    log = events.read_events(tmp_path)[0]
+    assert [type(e).__name__ for e in log] == ["Compile", "CacheHit", "Compile", "CacheHit"]
+    first, recompile = log[0], log[2]
+    assert isinstance(first, events.Compile) and isinstance(recompile, events.Compile)
+    assert (first.is_recompile, recompile.is_recompile, first.graph_ops, first.site) == (False, True, 3, site)
+    assert first.duration_ns > 0 and "(3,)" in recompile.reason
+    assert all(e.function == "step" for e in log if isinstance(e, events.CacheHit))

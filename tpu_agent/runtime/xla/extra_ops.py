@@ -89,7 +89,9 @@ def _attention_scores(
     scores = jnp.einsum("...le,...se->...ls", query.astype(jnp.float32), key.astype(jnp.float32)) * factor
     if attn_mask is not None:
         scores = (
-            jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask.astype(jnp.float32)
+            jnp.where(attn_mask, scores, -jnp.inf)
+            if attn_mask.dtype == jnp.bool_
+            else scores + attn_mask.astype(jnp.float32)
         )
     if is_causal:
         scores = jnp.where(jnp.tril(jnp.ones((length, source), dtype=jnp.bool_)), scores, -jnp.inf)
