@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
     env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TPU_AGENT_EVENTS_DIR=str(events_dir))
-    env[settings.XLA_DEFERRED_ENV] = "1"
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / name), *args],
         capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,

@@ -83,14 +83,14 @@ def uses_xla() -> bool:
     return compiler() == XLA
 
 
-# DeferAndFuse graphs through XLA are experimental: a separate opt-in until they pass the training test again
-# (tests/runtime/test_xla.py: the attention graphs of the restructured recorder give wrong losses).
+# DeferAndFuse graphs go through XLA with the compiler; ``TPU_AGENT_XLA_DEFERRED=0`` keeps them on the op-by-op
+# executor while torch.compile graphs still compile (to tell the two apart when something differs).
 XLA_DEFERRED_ENV = "TPU_AGENT_XLA_DEFERRED"
 
 
 def deferred_uses_xla() -> bool:
-    """Whether DeferAndFuse graphs go to the XLA executor (``--compiler xla`` plus the experimental switch)."""
-    return uses_xla() and os.environ.get(XLA_DEFERRED_ENV, "").strip() == "1"
+    """Whether DeferAndFuse graphs go to the XLA executor: with ``--compiler xla``, unless switched off."""
+    return uses_xla() and os.environ.get(XLA_DEFERRED_ENV, "").strip() != "0"
 
 
 def install_deferred_executor() -> None:
