@@ -108,17 +108,28 @@ def _register_definition(family: Family, rewrite: DefinitionRewrite) -> None:
     family.leave(cst.AnnAssign)(annotated)
 
 
-def _holds_string(node: cst.CSTNode, text: str) -> bool:
-    """Some string literal inside ``node`` contains ``text`` (a walk: far cheaper than generating its code)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if type(current) is cst.SimpleString:
-            if text in current.value:
-                return True
-        else:
-            stack.extend(current.children)
-    return False
+class _StringSearch(cst.CSTVisitor):
+    """Finds a string literal holding a text; stops descending once it has (generating the code of every
+    assigned value to search it costs far more)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.found = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if type(node) is cst.SimpleString and self.text in node.value:
+            self.found = True
+        return not self.found
+
+
+def _holds_string(ctx: PyContext, node: cst.CSTNode, text: str) -> bool:
+    """Some string literal inside ``node`` contains ``text``."""
+    if text not in ctx.source:
+        return False
+    search = _StringSearch(text)
+    node.visit(search)
+    return search.found
 
 
 def _lines(flow: KeyFlow) -> str:
@@ -229,7 +240,7 @@ def _backend_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
 ) -> cst.BaseExpression | None:
     key = _key_of(target)
-    if key is None or not _holds_string(original, "nccl"):
+    if key is None or not _holds_string(ctx, original, "nccl"):
         return None
     if not updated.deep_equals(original):
         return None  # the name-based rule already rewrote it
