@@ -144,8 +144,8 @@ class GraphRunner:
             )
         except Exception as error:  # noqa: BLE001 - a lowering that fails to trace: op by op, never a crash
             self.compile_failed = True
-            for observe in fallback_observers:
-                observe(self.name, f"{self.name} ({_op_count(self.gm)} ops)", error)
+            for report_fallback in fallback_observers:
+                report_fallback(self.name, f"{self.name} ({_op_count(self.gm)} ops)", error)
             if state.log_enabled:
                 events.emit(
                     events.FallbackOp, op=f"{self.name} ({type(error).__name__}: {error})"[:300], site=self.site
