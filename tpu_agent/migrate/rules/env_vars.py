@@ -11,6 +11,7 @@ with ``--unsafe-fixes`` too: they do nothing on TPU, but the CUDA run they were 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -297,6 +298,11 @@ def _drop(ctx: TextContext, match: re.Match[str]) -> str | None:
     return ""
 
 
+def _removed(what: str) -> Callable[[TextContext, re.Match[str]], str]:
+    """The finding message of a dropped launch-script setting."""
+    return lambda ctx, m: f"removed `{m.group(0).strip()}`: {what}, no effect on TPU"
+
+
 for _code, _names, _what in (
     ("TPU703", "|".join(sorted(NCCL_DIAGNOSTIC)), "NCCL-only setting"),
     ("TPU704", r"(?:TORCH_)?NCCL_[A-Z0-9_]+", "NCCL-only setting"),
@@ -308,7 +314,7 @@ for _code, _names, _what in (
             kinds=frozenset({FileKind.SHELL, FileKind.ENV, FileKind.DOCKERFILE}),
             pattern=re.compile(rf"{_ASSIGN_PREFIX}\b(?:{_names})={_VALUE}[ \t]*"),
             replace=_drop,
-            message=lambda ctx, m, what=_what: f"removed `{m.group(0).strip()}`: {what}, no effect on TPU",
+            message=_removed(_what),
             drop_line=True,
         )
     )
@@ -327,8 +333,9 @@ FAMILY.text(
         kinds=frozenset({FileKind.YAML}),
         pattern=re.compile(rf"\b(?:{'|'.join(sorted(CUDA_NUMERICS))})\b"),
         replace=lambda ctx, m: None,
-        message=lambda ctx, m: f"{m.group(0)} only configures cuBLAS/TF32 numerics on NVIDIA GPUs: remove it from "
-        "the TPU job config",
+        message=lambda ctx, m: (
+            f"{m.group(0)} only configures cuBLAS/TF32 numerics on NVIDIA GPUs: remove it from the TPU job config"
+        ),
     )
 )
 FAMILY.text(
