@@ -23,10 +23,11 @@ import json
 import re
 import statistics
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_agent.check import MODES, CheckOptions, CheckReport, ModelSpec, check_model
+from tpu_agent.check.pool import ServingWorker
 from tpu_agent.check.spec import HF_TYPE
 from tpu_agent.check.tiny import TASK_MAPPINGS, model_class_name
 from tpu_agent.errors import TpuAgentError
@@ -90,12 +92,13 @@ def cause(mode: dict[str, Any]) -> str:
     return text[:160]
 
 
-def run_case(case: Case, options: CheckOptions) -> dict[str, Any]:
-    started = time.perf_counter()
-    try:
-        report: CheckReport = check_model(ModelSpec(HF_TYPE, case.model_type, case.task), options)
+def _as_result(
+    case: Case, report: CheckReport | None, error: TpuAgentError | None, modes: tuple[str, ...]
+) -> dict[str, Any]:
+    if report is not None:
         data = report.to_dict()
-    except TpuAgentError as error:  # transformers lacks something for this type: counts as not buildable
+    else:  # transformers lacks something for this type: counts as not buildable
+        assert error is not None
         data = {
             "modes": [
                 {
@@ -103,12 +106,40 @@ def run_case(case: Case, options: CheckOptions) -> dict[str, Any]:
                     "status": "error",
                     "error": {"stage": "build", "type": "TpuAgentError", "message": error.message, "location": ""},
                 }
-                for m in options.modes
+                for m in modes
             ]
         }
     data["case"] = case.__dict__
+    return data
+
+
+def run_case(case: Case, options: CheckOptions, worker: ServingWorker | None = None) -> dict[str, Any]:
+    """Check one architecture: in ``worker`` (a serving process shared with other models) when given, else in
+    fresh processes per mode (:func:`check_model` with the options as they are)."""
+    started = time.perf_counter()
+    spec = ModelSpec(HF_TYPE, case.model_type, case.task)
+    try:
+        report = worker.check(spec) if worker is not None else check_model(spec, options)
+        data = _as_result(case, report, None, options.modes)
+    except TpuAgentError as error:
+        data = _as_result(case, None, error, options.modes)
     data["wall_s"] = round(time.perf_counter() - started, 1)
     return data
+
+
+def failed_on_device(result: dict[str, Any]) -> bool:
+    return any(verdict(m) in ("mismatch", "error") for m in result["modes"])
+
+
+def confirm_in_isolation(result: dict[str, Any], options: CheckOptions) -> dict[str, Any]:
+    """Re-check a failure found in a shared serving process with one fresh process per mode; the isolated
+    verdict is the one reported (a failure that only the shared process showed is counted separately)."""
+    case = Case(**result["case"])
+    isolated = run_case(case, replace(options, process_per_mode=True))
+    isolated["wall_s"] = round(isolated["wall_s"] + result["wall_s"], 1)
+    isolated["confirmed_in_isolation"] = True
+    isolated["shared_process_failures"] = [m["mode"] for m in result["modes"] if verdict(m) in ("mismatch", "error")]
+    return isolated
 
 
 def _rate(count: int, total: int) -> str:
@@ -254,12 +285,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--localise-errors", action="store_true", help="also localise errors (mismatches always are; slower)"
     )
-    parser.add_argument("--process-per-mode", action="store_true", help="one process per mode (slower, fully isolated)")
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="a fresh worker process for every model (default: one serving process per job, failures re-checked "
+        "in fresh processes)",
+    )
+    parser.add_argument("--process-per-mode", action="store_true", help="with --isolated: one process per mode")
+    parser.add_argument("--no-confirm", action="store_true", help="do not re-check failures in fresh processes")
+    parser.add_argument("--resume", action="store_true", help="keep the results already in --json, check the rest")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "model-coverage.md")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw reports here")
     args = parser.parse_args(argv)
     import torch
     import transformers
+
+    from tpu_agent.runtime.select import select_backend
 
     modes = tuple(m for m in args.modes.split(",") if m)
     every = architectures()
@@ -288,21 +329,46 @@ def main(argv: list[str] | None = None) -> int:
         "subset_note": f" (a subset: {' '.join(argv if argv is not None else sys.argv[1:])})" if subset else "",
     }
     results: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_case, case, options): case for case in cases}
-        for future in as_completed(futures):
-            result = future.result()
-            results.append(result)
-            marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
-            print(
-                f"[{len(results)}/{len(cases)}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-            # rewritten after every model, so an interrupted sweep still leaves a consistent report
-            atomic_write_text(args.output, render_markdown(results, modes, meta))
-            if args.json:
-                atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
+    if args.resume and args.json and args.json.is_file():
+        wanted_names = {case.class_name for case in cases}
+        results = [r for r in json.loads(args.json.read_text()) if r["case"]["class_name"] in wanted_names]
+        done = {r["case"]["class_name"] for r in results}
+        cases = [case for case in cases if case.class_name not in done]
+    backend = select_backend(options.backend).name
+    local = threading.local()
+    workers: list[ServingWorker] = []
+
+    def check(case: Case) -> dict[str, Any]:
+        if args.isolated:
+            return run_case(case, options)
+        if getattr(local, "worker", None) is None:
+            local.worker = ServingWorker(options, backend)
+            workers.append(local.worker)
+        result = run_case(case, options, local.worker)
+        if failed_on_device(result) and not args.no_confirm:
+            result = confirm_in_isolation(result, options)
+        return result
+
+    total = len(results) + len(cases)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = {pool.submit(check, case): case for case in cases}
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
+                print(
+                    f"[{len(results)}/{total}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # rewritten after every model, so an interrupted sweep still leaves a consistent report
+                atomic_write_text(args.output, render_markdown(results, modes, meta))
+                if args.json:
+                    atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
+    finally:
+        for worker in workers:
+            worker.close()
     for mode in modes:
         counts = Counter(verdict(m) for r in results for m in r["modes"] if m["mode"] == mode)
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]

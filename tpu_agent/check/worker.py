@@ -1,4 +1,5 @@
-"""The check worker: ``python -m tpu_agent.check.worker REQUEST.json RESULT.json``.
+"""The check worker: ``python -m tpu_agent.check.worker REQUEST.json RESULT.json`` (one request), or
+``python -m tpu_agent.check.worker --serve`` (many, for sweeps: see :mod:`tpu_agent.check.pool`).
 
 It builds the model on CPU, activates the runtime exactly as ``tpu-agent run`` does (the eager mode comes from
 TorchTPU's own environment switches, set by the parent), runs the CPU reference (CPU tensors never enter the
@@ -148,7 +149,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     results = []
     for mode in modes:
         try:
-            if len(modes) > 1:  # one process for several modes (the sweep's cheaper layout): switch in-process
+            if len(modes) > 1 or request.get("switch_modes"):  # one process, several modes: switch in-process
                 _set_mode(mode)
             results.append(run_mode(mode, built, reference, request).to_dict())
         except Exception as error:  # a failure outside the model's own run: report it against this mode only
@@ -156,8 +157,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     return {"model": built.info.to_dict(), "modes": results}
 
 
-def main(argv: list[str]) -> int:
-    request_path, result_path = Path(argv[0]), Path(argv[1])
+def answer(request_path: Path, result_path: Path) -> None:
+    """Run the request in ``request_path`` and write its result to ``result_path`` (never raises)."""
     request = json.loads(request_path.read_text(encoding="utf-8"))
     try:
         result = run_request(request)
@@ -167,6 +168,42 @@ def main(argv: list[str]) -> int:
             "modes": [ModeResult(m, ERROR, error=error_info("worker", error)).to_dict() for m in request["modes"]],
         }
     atomic_write_text(result_path, json.dumps(result, default=str))
+
+
+def _forget_model_state() -> None:
+    """Between two models in one serving process: drop Dynamo's caches (a later model must trace afresh, not
+    hit a recompile limit reached by an earlier one) and collect the previous model's tensors."""
+    import gc
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+    gc.collect()
+
+
+def serve() -> int:
+    """Answer requests until stdin closes: each stdin line is ``REQUEST.json<TAB>RESULT.json``; the answer is
+    the line ``done`` on the original stdout once the result is written. The model's own prints go to stderr,
+    so that nothing it writes can be taken for an answer. Imports (torch, transformers, Dynamo) are paid once
+    per process instead of once per model, which is what makes a sweep of hundreds of models affordable."""
+    import os
+
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        request_path, _, result_path = line.rstrip("\n").partition("\t")
+        answer(Path(request_path), Path(result_path))
+        _forget_model_state()
+        answers.write("done\n")
+        answers.flush()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        return serve()
+    answer(Path(argv[0]), Path(argv[1]))
     return 0
 
 
@@ -174,4 +211,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["main", "run_mode", "run_request"]
+__all__ = ["answer", "main", "run_mode", "run_request", "serve"]
