@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stride", type=int, default=1, help="check every Nth architecture (a spread over all tasks)")
     parser.add_argument("--only", default="", help="comma-separated model types to check (e.g. llama,bert,vit)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    parser.add_argument(
+        "--max-memory-mb", type=int, default=6000, help="per worker process; more is an allocation error"
+    )
     parser.add_argument("--timing", action="store_true", help="also time one repeated step per mode on CPU and tpu")
     parser.add_argument(
         "--localise-errors", action="store_true", help="also localise errors (mismatches always are; slower)"
@@ -318,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         process_per_mode=args.process_per_mode,
         localise_errors=args.localise_errors,
         measure_steps=2 if args.timing else 0,
+        max_memory_mb=args.max_memory_mb,
     )
     subset = len(cases) < len(every)
     meta = {

@@ -56,6 +56,7 @@ class CheckOptions:
     process_per_mode: bool = True
     matmul_precision: str = "highest"
     env: dict[str, str] = field(default_factory=dict)
+    max_memory_mb: int | None = None  # a worker allocating more fails with an error instead of exhausting the host
 
 
 def _validate(options: CheckOptions) -> None:
@@ -120,6 +121,22 @@ def read_worker_result(result: dict[str, Any]) -> tuple[ModelInfo | None, list[M
     return model, [ModeResult.from_dict(item) for item in result["modes"]]
 
 
+def memory_limit(max_memory_mb: int | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` capping the worker's data segment (heap and anonymous mappings, where tensors live) at
+    ``max_memory_mb``: a model too large for it fails with an allocation error, reported like any other, instead
+    of pushing the machine into its OOM killer (sweeps run many models side by side)."""
+    if not max_memory_mb:
+        return None
+    limit = max_memory_mb * 1024 * 1024
+
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return apply
+
+
 def _run_worker(
     spec: ModelSpec, modes: list[str], options: CheckOptions, backend: str
 ) -> tuple[ModelInfo | None, list[ModeResult]]:
@@ -129,6 +146,7 @@ def _run_worker(
         process = subprocess.Popen(
             [sys.executable, "-m", "tpu_agent.check.worker", str(request_path), str(result_path)],
             env=worker_env(options, backend, modes[0]),
+            preexec_fn=memory_limit(options.max_memory_mb),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,

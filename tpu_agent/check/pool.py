@@ -3,7 +3,8 @@
 A fresh worker per model spends most of its time importing torch, transformers and Dynamo (tens of seconds on
 a loaded machine, against a few seconds to check a tiny model). :class:`ServingWorker` keeps one process
 (``python -m tpu_agent.check.worker --serve``) and sends it one model after another; between models the
-worker drops Dynamo's caches and collects garbage. A worker that dies (a crash in native code) or runs past
+worker drops Dynamo's caches and collects garbage, and a process that has grown past ``recycle_mb`` is
+replaced. A worker that dies (a crash in native code) or runs past
 the per-model timeout is killed and its model gets the same ``WorkerDied`` / ``Timeout`` verdict that
 :func:`tpu_agent.check.check_model` gives; the next model starts a fresh process.
 
@@ -24,17 +25,38 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from tpu_agent.check.api import CheckOptions, died, read_worker_result, timed_out, worker_env, worker_request
+from tpu_agent.check.api import (
+    CheckOptions,
+    died,
+    memory_limit,
+    read_worker_result,
+    timed_out,
+    worker_env,
+    worker_request,
+)
 from tpu_agent.check.model import CheckReport, ModelInfo
 from tpu_agent.check.spec import ModelSpec
+
+
+def _resident_mb(pid: int) -> int:
+    """Resident memory of process ``pid`` in MiB (0 where /proc cannot tell)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
 
 
 class ServingWorker:
     """One serving worker process, started on first use and restarted after a crash or a timeout."""
 
-    def __init__(self, options: CheckOptions, backend: str) -> None:
+    def __init__(self, options: CheckOptions, backend: str, recycle_mb: int = 3000) -> None:
         self.options = options
         self.backend = backend
+        self.recycle_mb = recycle_mb  # restart the process once it holds more than this after a model
         self._scratch = tempfile.TemporaryDirectory(prefix="tpu-agent-check-pool-")
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
@@ -48,6 +70,7 @@ class ServingWorker:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tpu_agent.check.worker", "--serve"],
             env=worker_env(self.options, self.backend, self.options.modes[0]),
+            preexec_fn=memory_limit(self.options.max_memory_mb),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -115,6 +138,8 @@ class ServingWorker:
             self._stop()
         for path in (request_path, result_path):
             path.unlink(missing_ok=True)
+        if self._process is not None and _resident_mb(self._process.pid) > self.recycle_mb:
+            self._stop()  # freed tensors stay in the allocator's arenas: a fresh process is smaller
         info = model or ModelInfo(spec=spec.target, kind=spec.kind, task=spec.task or "")
         return CheckReport(info, results, backend=self.backend, matmul_precision=self.options.matmul_precision)
 
