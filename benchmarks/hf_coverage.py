@@ -14,6 +14,8 @@ Target (issue 10): >= 98% of the CPU-runnable architectures pass in Strict and i
 
     python benchmarks/hf_coverage.py [--jobs 2] [--timeout 300] [--limit 20] [--stride 5] [--only llama,bert]
         [--modes strict,defer-and-fuse,compile] [--timing] [--output docs/model-coverage.md] [--json out.json]
+        [--resume] [--isolated] [--max-memory-mb 6000]
+    python benchmarks/hf_coverage.py --merge eager.json compile.json --note "..."   # one page from several runs
 """
 
 from __future__ import annotations
@@ -162,14 +164,18 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         f"Run: {meta['date']}, transformers {meta['transformers']}, torch {meta['torch']}, "
         f"{len(results)} of {meta['selected']} selected architectures checked ({meta['available']} in the mappings)"
         f"{meta['subset_note']}.",
+        *([meta["note"], ""] if meta.get("note") else [""]),
+        "Models are checked one after another in long-lived worker processes (imports paid once per process);",
+        "every failure found there is re-checked with one fresh process per mode, and that verdict is the one",
+        f"reported{_recheck_summary(results)}.",
         "",
         "A model that does not build or run on plain CPU from its tiny config is listed under *not runnable on CPU*",
         "and left out of the rates: it says nothing about the device.",
         "",
         "## Summary",
         "",
-        "| mode | pass | mismatch | error | pass rate (of CPU-runnable) | target |",
-        "|---|---|---|---|---|---|",
+        "| mode | architectures | pass | mismatch | error | not runnable on CPU | pass rate (of CPU-runnable) | target |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     verdicts = {mode: [verdict(m) for r in results for m in r["modes"] if m["mode"] == mode] for mode in modes}
     for mode in modes:
@@ -177,7 +183,8 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]
         target = f">= {TARGET:.0%}" if mode in ("strict", "defer-and-fuse") else ""
         lines.append(
-            f"| {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} | {target} |"
+            f"| {mode} | {len(verdicts[mode])} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | "
+            f"{counts[NOT_ON_CPU]} | {_rate(counts['pass'], runnable)} | {target} |"
         )
     not_on_cpu = [r for r in results if all(verdict(m) == NOT_ON_CPU for m in r["modes"])]
     lines += ["", f"Not runnable on CPU from a tiny config: {len(not_on_cpu)} of {len(results)}.", ""]
@@ -215,8 +222,9 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         "|---|---|---|" + "---|" * len(modes) + "---|",
     ]
     for result in sorted(results, key=lambda r: r["case"]["class_name"]):
-        marks = [verdict(m) for m in result["modes"]]
-        if all(mark in ("pass", NOT_ON_CPU) for mark in marks):
+        by_mode = {m["mode"]: verdict(m) for m in result["modes"]}
+        marks = [by_mode.get(mode, "—") for mode in modes]  # a mode checked on a sample only
+        if all(mark in ("pass", NOT_ON_CPU, "—") for mark in marks):
             continue
         first = next(m for m in result["modes"] if verdict(m) in ("mismatch", "error"))
         lines.append(
@@ -231,6 +239,34 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
             f"| {result['case']['class_name']} | {result['case']['model_type']} | {_cell(error['type'] + ': ' + error['message'].splitlines()[0] if error['message'] else error['type'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _recheck_summary(results: list[dict[str, Any]]) -> str:
+    rechecked = [r for r in results if r.get("confirmed_in_isolation")]
+    if not rechecked:
+        return " (none needed it in this run)"
+    passed = [r for r in rechecked if not failed_on_device(r)]
+    names = f": {', '.join(sorted(r['case']['class_name'] for r in passed))}" if passed else ""
+    return f" ({len(rechecked)} re-checked, {len(passed)} of them passed in fresh processes{names})"
+
+
+def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Results of several sweeps over the same architectures (say, eager modes over all of them and compile over
+    a sample) as one list: one entry per architecture, its modes from every run."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for result in run:
+            name = result["case"]["class_name"]
+            if name not in merged:
+                merged[name] = {**result, "modes": list(result["modes"])}
+                continue
+            entry = merged[name]
+            entry["modes"] += result["modes"]
+            entry["wall_s"] = round(entry.get("wall_s", 0) + result.get("wall_s", 0), 1)
+            entry["confirmed_in_isolation"] = entry.get("confirmed_in_isolation") or result.get(
+                "confirmed_in_isolation"
+            )
+    return list(merged.values())
 
 
 def _where(mode: dict[str, Any]) -> str:
@@ -299,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the results already in --json, check the rest")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "model-coverage.md")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw reports here")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=[], help="check nothing: write --output from these --json files"
+    )
+    parser.add_argument("--note", default="", help="a sentence for the page, e.g. how a merged run was selected")
     args = parser.parse_args(argv)
-    import torch
-    import transformers
-
+    if args.merge:
+        return write_merged(args.merge, args.output, args.note)
     from tpu_agent.runtime.select import select_backend
 
     modes = tuple(m for m in args.modes.split(",") if m)
@@ -325,12 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     subset = len(cases) < len(every)
     meta = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
+        **_versions(),
         "selected": len(cases),
         "available": len(every),
         "subset_note": f" (a subset: {' '.join(argv if argv is not None else sys.argv[1:])})" if subset else "",
+        "note": args.note,
     }
     results: list[dict[str, Any]] = []
     if args.resume and args.json and args.json.is_file():
@@ -373,6 +411,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for worker in workers:
             worker.close()
+    _print_totals(results, modes, args.output)
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def _print_totals(results: list[dict[str, Any]], modes: tuple[str, ...], output: Path) -> None:
     for mode in modes:
         counts = Counter(verdict(m) for r in results for m in r["modes"] if m["mode"] == mode)
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]
@@ -380,7 +434,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{mode}: {counts['pass']}/{runnable} pass ({_rate(counts['pass'], runnable)}), {counts['mismatch']} mismatch, "
             f"{counts['error']} error, {counts[NOT_ON_CPU]} not runnable on CPU"
         )
-    print(f"wrote {args.output}")
+    print(f"wrote {output}")
+
+
+def write_merged(paths: list[Path], output: Path, note: str) -> int:
+    """``--merge``: one page from several sweeps' ``--json`` files (e.g. eager modes over every architecture,
+    compile over a sample), each architecture's modes taken from every file."""
+    results = merge_results([json.loads(path.read_text(encoding="utf-8")) for path in paths])
+    present = {m["mode"] for r in results for m in r["modes"]}
+    modes = tuple(mode for mode in MODES if mode in present)
+    available = len(architectures())
+    meta = {**_versions(), "selected": len(results), "available": available, "subset_note": "", "note": note}
+    atomic_write_text(output, render_markdown(results, modes, meta))
+    _print_totals(results, modes, output)
     return 0
 
 

@@ -6,6 +6,8 @@ layer (as a device-specific kernel bug would), so the localiser has a known righ
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -71,3 +73,7 @@ def not_a_pair() -> nn.Module:
 
 def raises() -> tuple[nn.Module, torch.Tensor]:
     raise ValueError("factory failed on purpose")
+
+
+def crashes() -> tuple[nn.Module, torch.Tensor]:
+    os.abort()  # a native crash, as a faulting kernel would: the worker process dies without a result

@@ -29,7 +29,7 @@ def test_coverage_sweep_writes_the_markdown_table(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "strict: 1/1 pass (100.0%)" in result.stdout
     page = output.read_text(encoding="utf-8")
-    assert "| strict | 1 | 0 | 0 | 100.0% | >= 98% |" in page
+    assert "| strict | 1 | 1 | 0 | 0 | 0 | 100.0% | >= 98% |" in page
     assert "| image-classification | strict | 1 | 0 | 0 | 100.0% |" in page
     [report] = json.loads(raw.read_text(encoding="utf-8"))
     assert report["case"] == {

@@ -109,9 +109,9 @@ class ServingWorker:
         self._stderr.seek(0)
         return self._stderr.read().decode("utf-8", "replace")
 
-    def check(self, spec: ModelSpec) -> CheckReport:
-        """Check ``spec`` in every mode of the options, in this worker's process (started if needed)."""
-        modes = list(self.options.modes)
+    def check(self, spec: ModelSpec, modes: tuple[str, ...] | None = None) -> CheckReport:
+        """Check ``spec`` in ``modes`` (default: the options'), in this worker's process (started if needed)."""
+        modes = list(modes or self.options.modes)
         process = self._start()
         assert process.stdin is not None and self._stderr is not None
         self._stderr.truncate(0)
