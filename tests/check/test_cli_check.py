@@ -168,7 +168,10 @@ def test_bad_model_argument_exits_2_with_the_reason() -> None:
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("missing_function", "has no function 'missing_function'"), ("not_a_pair", "not a (torch.nn.Module, inputs) pair")],
+    [
+        ("missing_function", "has no function 'missing_function'"),
+        ("not_a_pair", "not a (torch.nn.Module, inputs) pair"),
+    ],
 )
 def test_bad_factories_are_usage_errors(served: dict[str, Any], name: str, message: str) -> None:
     error = served[name]
