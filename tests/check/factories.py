@@ -67,6 +67,24 @@ def wrong_backward() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), BadGradient(), nn.Linear(32, 8)), torch.randn(4, 16)
 
 
+class KeepsItsLastOutput(nn.Module):
+    """Stores a non-leaf tensor from its forward (as recurrent models keep a state): such a module cannot be
+    deep-copied after a forward, so the check must copy it before the CPU reference runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = self.proj(x)
+        return torch.tanh(self.last)
+
+
+def keeps_state() -> tuple[nn.Module, torch.Tensor]:
+    return KeepsItsLastOutput(), torch.randn(2, 8)
+
+
 def not_a_pair() -> nn.Module:
     return nn.Linear(2, 2)
 

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 SERVED_FACTORIES: dict[str, tuple[str, ...] | None] = {
     "good_mlp": None,
     "keyword_inputs": ("strict",),
+    "keeps_state": ("strict",),
     "wrong_forward": ("strict", "defer-and-fuse"),
     "wrong_backward": ("strict",),
     "raises": ("strict", "compile"),
@@ -128,6 +129,10 @@ def test_keyword_inputs_and_integer_outputs(served: dict[str, Any]) -> None:
     assert report["status"] == "pass", report
     mode = report["modes"][0]
     assert mode["outputs_checked"] == 2 and mode["gradients_checked"] == 4  # weight, bias, x, scale
+
+
+def test_a_model_that_keeps_a_non_leaf_tensor_from_its_forward(served: dict[str, Any]) -> None:
+    assert _report(served, "keeps_state")["status"] == "pass"  # copied for the device before the reference ran
 
 
 def test_forward_bug_is_localised_to_its_layer_and_op(served: dict[str, Any]) -> None:

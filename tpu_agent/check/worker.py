@@ -80,8 +80,13 @@ def _set_mode(mode: str) -> None:
         tpu.eager_mode = tpu.EagerMode[MODE_ENUM[mode]]
 
 
-def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, Any]) -> ModeResult:
-    """Run ``built`` on the tpu device in ``mode`` and compare with ``reference``; localise any divergence."""
+def run_mode(
+    mode: str, built: Built, reference: StepResult, request: dict[str, Any], pristine: Any | None = None
+) -> ModeResult:
+    """Run ``built`` on the tpu device in ``mode`` and compare with ``reference``; localise any divergence.
+
+    The device copy is made from ``pristine``, a copy of the model taken before any forward ran (default: the
+    model as it is now)."""
     import torch
 
     started = time.perf_counter()
@@ -91,7 +96,7 @@ def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, 
         return torch.compile(module, backend="tpu") if compiled else module
 
     try:
-        tpu_model = copy.deepcopy(built.model).to(DEVICE)
+        tpu_model = copy.deepcopy(built.model if pristine is None else pristine).to(DEVICE)
     except Exception as error:  # moving the model is the first thing the device must do right
         return ModeResult(mode, ERROR, error=error_info("tpu-forward", error), seconds=time.perf_counter() - started)
     # the weights are on the device before the first step: under DeferAndFuse their copies are deferred, and a
@@ -142,6 +147,12 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     # first backward, so a device registered after that fails every later backward on it.
     activate()
     torch.set_float32_matmul_precision(request.get("matmul_precision", "highest"))
+    # Copied before the reference's forward: a model that keeps non-leaf tensors from its forward (a recurrent
+    # state, a cache) cannot be deep-copied after one, and every mode should start from the same fresh state.
+    try:
+        pristine = copy.deepcopy(built.model)
+    except Exception:  # a model that cannot be copied at all: each mode then tries the model as it is
+        pristine = None
     reference = run_step(built.model, built.invocation, "cpu", "cpu")
     if reference.error is not None:
         failed = [ModeResult(mode, ERROR, error=reference.error).to_dict() for mode in modes]
@@ -151,7 +162,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         try:
             if len(modes) > 1 or request.get("switch_modes"):  # one process, several modes: switch in-process
                 _set_mode(mode)
-            results.append(run_mode(mode, built, reference, request).to_dict())
+            results.append(run_mode(mode, built, reference, request, pristine).to_dict())
         except Exception as error:  # a failure outside the model's own run: report it against this mode only
             results.append(ModeResult(mode, ERROR, error=error_info("worker", error)).to_dict())
     return {"model": built.info.to_dict(), "modes": results}
