@@ -121,6 +121,16 @@ class Compile(Event):
 
 
 @dataclass(frozen=True)
+class CacheHit(Event):
+    """A compiled graph served from the XLA executable cache (no compile): with :class:`Compile` records, the
+    cache's hit rate, and proof that a steady loop compiles nothing new."""
+
+    kind: ClassVar[str] = "cache_hit"
+    function: str
+    site: Site | None
+
+
+@dataclass(frozen=True)
 class GraphBreak(Event):
     """A Dynamo graph break under ``torch.compile``."""
 
@@ -168,6 +178,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Flush,
         HostSync,
         Compile,
+        CacheHit,
         GraphBreak,
         FallbackOp,
         MemorySample,
