@@ -201,9 +201,6 @@ def is_library_file(filename: str) -> bool:
     return os.path.realpath(filename).startswith(_LIBRARY_ROOTS)
 
 
-_is_library_file = is_library_file  # the name tpu_agent.profile.capture imports
-
-
 def user_call_site(skip: int = 1) -> Site | None:
     """The first stack frame outside the standard library, site-packages and tpu_agent, or ``None``.
 

@@ -39,7 +39,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 def user_site(node: torch.fx.Node) -> events.Site | None:
     """The user line a graph node came from, read from the stack trace Dynamo keeps in its metadata."""
     trace = node.meta.get("stack_trace") or ""
-    frames = [f for f in _FRAME.findall(trace) if not events._is_library_file(f[0])]
+    frames = [f for f in _FRAME.findall(trace) if not events.is_library_file(f[0])]
     if not frames:
         return None
     file, line, function = frames[-1]
