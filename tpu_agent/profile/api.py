@@ -21,6 +21,7 @@ from typing import Any
 
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.profile import kineto, xplane
 from tpu_agent.profile.estimate import attach_compiler_estimate, estimate
@@ -268,11 +269,12 @@ def _compiler_estimate(
 
     Returns the estimate document (``tpu-agent estimate``'s JSON), or None and why there is none (never fails
     the profile)."""
-    from tpu_agent.estimate.compiler import compiler_status
-    from tpu_agent.estimate.script import EstimateOptions, estimate_script
-
     if not options.tpu_compiler or not compiler_status().available:
         return None, ""
+    # Imported only when the pass runs: the estimate's script module loads torch, seconds of CPU that this
+    # process (which only launches and reads files) would otherwise spend on every profile.
+    from tpu_agent.estimate.script import EstimateOptions, estimate_script
+
     if progress:
         progress(f"compiling the step for {options.chip} with the TPU compiler")
     try:
