@@ -12,7 +12,7 @@
    libtpu compile), an estimate rather than profiling; ``--compiler-pass`` times that default too, in the
    same alternation, and prints its ratio beside the target's (it has no target of its own).
 2. Analysis: a synthetic capture of 1,000 steps (``tpu_agent.profile.synthetic``, the on-disk format of a
-   real capture) is diagnosed in-process (load, 21 rules, estimate, XSpace, json/md/html reports).
+   real capture) is diagnosed in-process (load, every rule, estimate, XSpace, json/md/html reports).
    Target: < 10 s.
 
     python benchmarks/profile_bench.py [--repeats 5] [--train-steps 60] [--profile-steps 10] [--compiler-pass]

@@ -78,7 +78,13 @@ def test_diagnose_reads_the_compiled_step_kept_with_the_capture(too_big: dict[st
 
 @pytest.mark.parametrize(
     ("path", "value"),
-    [(("estimate", "programs"), "many"), (("estimate", "target"), "v99x"), (("estimate", "chips"), 0)],
+    [
+        (("estimate", "programs"), "many"),
+        (("estimate", "target"), "v99x"),
+        (("estimate", "chips"), 0),
+        (("estimate", "mfu"), "high"),
+        (("estimate", "verdict"), "<script>"),
+    ],
 )
 def test_a_crafted_compiled_step_is_refused_naming_the_file(
     too_big: dict[str, Any], tmp_path: Path, path: tuple[str, str], value: object

@@ -67,7 +67,8 @@ class CompiledSuggestion:
 class CompiledStep:
     """The step as compiled for one TPU target (``v5e``, ``v5e-8``): per-chip HBM, programs, checked fixes.
 
-    ``document`` is the estimate document itself, shown as it is in the reports' compiler section."""
+    ``document`` is the estimate document itself, shown in the reports' compiler section; every field of it
+    that section prints is one of the checked fields here."""
 
     target: str
     chips: int
@@ -75,6 +76,8 @@ class CompiledStep:
     hbm_bytes_per_chip: int
     peak_hbm_bytes: int
     fits: bool
+    step_seconds: float
+    mfu: float | None
     programs: tuple[CompiledProgram, ...]
     suggestions: tuple[CompiledSuggestion, ...]
     document: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
@@ -119,6 +122,8 @@ def compiled_step(document: dict[str, Any]) -> CompiledStep:
         hbm_bytes_per_chip=estimate["hbm_bytes_per_chip"],
         peak_hbm_bytes=estimate["peak_hbm_bytes_per_chip"],
         fits=estimate["verdict"] == "fits",
+        step_seconds=estimate["step_seconds"],
+        mfu=estimate["mfu"],
         programs=tuple(_program(program) for program in estimate["programs"]),
         suggestions=tuple(
             CompiledSuggestion(s["change"], s["target"], s["fits"], s["peak_hbm_bytes"])
@@ -133,6 +138,8 @@ def compiled_step(document: dict[str, Any]) -> CompiledStep:
         raise TypeError(f"a {type(wrong).__name__} with a value of the wrong type: {wrong!r:.200}")
     for target in (step.target, *(s.target for s in step.suggestions)):
         parse_target(target)  # an unknown target is refused here, with the list of known ones
+    if estimate["verdict"] not in ("fits", "does not fit"):
+        raise ValueError(f"verdict {estimate['verdict']!r}")
     if step.hbm_bytes_per_chip <= 0 or step.chips < 1:
         raise ValueError(f"target {step.target!r}: {step.chips} chips with {step.hbm_bytes_per_chip} bytes of HBM")
     return step
