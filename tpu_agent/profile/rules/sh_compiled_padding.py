@@ -13,7 +13,7 @@ import math
 from tpu_agent.profile.compiled import CompiledMatmul, CompiledProgram, CompiledStep
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity, Weight
 from tpu_agent.profile.rules._base import COMPILED, DiagnosticRule
-from tpu_agent.profile.rules.sh_mxu_alignment import padded_dim, percent_text, waste
+from tpu_agent.profile.rules.sh_mxu_alignment import matmul_weights, padded_dim, percent_text, waste
 
 PADDING_THRESHOLD = 0.09  # share of the program's array bytes that is layout padding
 WARN_SAVING = 5.0
@@ -41,12 +41,8 @@ def _weights_with(weights: list[Weight], dims: list[int]) -> list[Weight]:
     """Weights of matmul layers (one per definition line) that have one of ``dims``: where the sizes are chosen."""
     wanted = set(dims)
     chosen: dict[object, Weight] = {}
-    for weight in weights:
-        if (
-            len(weight.shape) >= 2
-            and weight.module_type not in ("Embedding", "EmbeddingBag")
-            and wanted & set(weight.shape)
-        ):
+    for weight in matmul_weights(weights):
+        if wanted & set(weight.shape):
             chosen.setdefault(weight.site or weight.module, weight)
     return sorted(chosen.values(), key=lambda w: -math.prod(w.shape))
 

@@ -33,7 +33,8 @@ def percent_text(fraction: float) -> str:
     return f"{tenths / 10:g}%" if tenths < 1000 else "100%"
 
 
-def _matmul_weights(weights: list[Weight]) -> list[Weight]:
+def matmul_weights(weights: list[Weight]) -> list[Weight]:
+    """The weights that feed matmuls (embedding tables are looked up, not multiplied)."""
     return [w for w in weights if w.module_type not in ("Embedding", "EmbeddingBag") and len(w.shape) >= 2]
 
 
@@ -41,7 +42,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     chip = model.config.chip
     tile = chip.mxu_tile
-    weights = _matmul_weights(rank.weights)
+    weights = matmul_weights(rank.weights)
     total = sum(math.prod(w.shape) for w in weights)
     if not total:
         return []
