@@ -92,6 +92,7 @@ print(
                 for e in log
                 if isinstance(e, events.Compile) and ("[xla" in e.function or e.function.startswith("deferred"))
             ),
+            "cache_hit_events": sum(1 for e in log if isinstance(e, events.CacheHit)),
             "fallbacks": [e.op for e in log if isinstance(e, events.FallbackOp)],
             "cache": {"requests": stats.requests, "hits": stats.hits, "compiles": stats.compiles},
         }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -21,6 +22,7 @@ import libcst as cst
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
+from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.devices import cuda_device_code, rewrite_device
 from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
@@ -81,6 +83,55 @@ def _key_of(target: cst.BaseExpression) -> tuple[str, str] | None:
     return None
 
 
+DefinitionRewrite = Callable[
+    ["PyContext", cst.BaseExpression, cst.BaseExpression, cst.BaseExpression], cst.BaseExpression | None
+]
+
+
+def _register_definition(family: Family, rewrite: DefinitionRewrite) -> None:
+    """Run ``rewrite(ctx, target, original value, updated value)`` on every single-target ``x = ...`` and
+    ``x: T = ...`` of ``family``: device and backend definitions are found the same way."""
+
+    def assign(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if len(original.targets) != 1:
+            return updated
+        new = rewrite(ctx, original.targets[0].target, original.value, updated.value)
+        return updated.with_changes(value=new) if new is not None else updated
+
+    def annotated(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+        if original.value is None or updated.value is None:
+            return updated
+        new = rewrite(ctx, original.target, original.value, updated.value)
+        return updated.with_changes(value=new) if new is not None else updated
+
+    family.leave(cst.Assign)(assign)
+    family.leave(cst.AnnAssign)(annotated)
+
+
+class _StringSearch(cst.CSTVisitor):
+    """Finds a string literal holding a text; stops descending once it has (generating the code of every
+    assigned value to search it costs far more)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.found = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if type(node) is cst.SimpleString and self.text in node.value:
+            self.found = True
+        return not self.found
+
+
+def _holds_string(ctx: PyContext, node: cst.CSTNode, text: str) -> bool:
+    """Some string literal inside ``node`` contains ``text``."""
+    if text not in ctx.source:
+        return False
+    search = _StringSearch(text)
+    node.visit(search)
+    return search.found
+
+
 def _lines(flow: KeyFlow) -> str:
     shown = ", ".join(str(n) for n in flow.other_lines[:8])
     return f"line{'s' if len(flow.other_lines) > 1 else ''} {shown}" if shown else "other uses"
@@ -99,22 +150,6 @@ def _device_definition(
     if flow.verdict is Verdict.MIXED:
         ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {_lines(flow)}")
     return None
-
-
-@devices.FAMILY.leave(cst.Assign)
-def device_definition(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-    if len(original.targets) != 1:
-        return updated
-    new = _device_definition(ctx, original.targets[0].target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
-
-
-@devices.FAMILY.leave(cst.AnnAssign)
-def annotated_device_definition(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
-    if original.value is None or updated.value is None:
-        return updated
-    new = _device_definition(ctx, original.target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
 
 
 def _compared_key(ctx: PyContext, node: cst.BaseExpression) -> bool:
@@ -152,6 +187,9 @@ def device_value_comparison(ctx: PyContext, original: cst.Comparison, updated: c
         for j, c in enumerate(updated.comparisons)
     ]
     return updated.with_changes(left=keep_parens(original.left, left), comparisons=targets)
+
+
+_register_definition(devices.FAMILY, _device_definition)
 
 
 # ---- backends -----------------------------------------------------------------------------------------
@@ -202,9 +240,9 @@ def _backend_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
 ) -> cst.BaseExpression | None:
     key = _key_of(target)
-    if key is None or "nccl" not in source(original):
+    if key is None or not _holds_string(ctx, original, "nccl"):
         return None
-    if source(updated) != source(original):
+    if not updated.deep_equals(original):
         return None  # the name-based rule already rewrote it
     flow = ctx.value_flow.flow(key[0])
     if flow.verdict is Verdict.MIXED:
@@ -222,20 +260,7 @@ def _backend_definition(
     )
 
 
-@distributed.FAMILY.leave(cst.Assign)
-def backend_definition(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-    if len(original.targets) != 1:
-        return updated
-    new = _backend_definition(ctx, original.targets[0].target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
-
-
-@distributed.FAMILY.leave(cst.AnnAssign)
-def annotated_backend_definition(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
-    if original.value is None or updated.value is None:
-        return updated
-    new = _backend_definition(ctx, original.target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
+_register_definition(distributed.FAMILY, _backend_definition)
 
 
 @distributed.FAMILY.leave(cst.Subscript)
