@@ -31,7 +31,7 @@ def test_padded_dims_are_found_at_the_layer_definition(compiled: dict[str, dict[
     finding = next(f for f in findings if f.rule_id == "SH-4")
     assert (finding.locations[0].file, finding.locations[0].line) == (str(script), line_of(script, "# LAYER"))
     assert "torch.nn.Linear(100, 300)" in finding.locations[0].code
-    assert "100->128, 300->384) in model (Linear 300x100)" in finding.suggestion
+    assert "100->128, 300->384) in 'model' (Linear 300x100)" in finding.suggestion
     assert "dims 8 come from the data" in finding.suggestion
     assert finding.evidence.value == pytest.approx(program.layout_padding_fraction, abs=1e-4)
     assert next(o for o in outcomes if o.rule_id == "SH-4").status is Status.finding

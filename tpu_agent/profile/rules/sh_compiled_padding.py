@@ -71,7 +71,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     saving = mxu_share * min(matmul_flops / program.flops, 1.0) * 100 if program.flops else 0.0
     layer_dims = [dim for dim in dims if any(dim in w.shape for w in layers)]
     data_dims = [dim for dim in dims if dim not in layer_dims]
-    named = "; ".join(f"{w.module} ({w.module_type} {'x'.join(map(str, w.shape))})" for w in layers[:3])
+    named = "; ".join(f"{w.module!r} ({w.module_type} {'x'.join(map(str, w.shape))})" for w in layers[:3])
     fixes = []
     if layer_dims:
         fixes.append(f"make the layer sizes multiples of {tile} ({_resized(layer_dims, tile)}) in {named}")
