@@ -212,7 +212,12 @@ def render(t: torch.Tensor, cpu: torch.Tensor, tensor_contents: Any = None) -> s
 def _wrapper_like(like: torch.Tensor) -> TpuTensor:
     """An empty tpu wrapper with ``like``'s shape, strides, offset and dtype; the caller sets its data."""
     return _make_wrapper(
-        TpuTensor, like.shape, strides=like.stride(), storage_offset=like.storage_offset(), dtype=like.dtype, device=DEVICE
+        TpuTensor,
+        like.shape,
+        strides=like.stride(),
+        storage_offset=like.storage_offset(),
+        dtype=like.dtype,
+        device=DEVICE,
     )
 
 
