@@ -238,7 +238,8 @@ def _add_storages(x: Any, storages: set[int]) -> None:
             storages.add(storage_key(elem))
     elif t is list or t is tuple:
         for y in x:
-            _add_storages(y, storages)
+            if type(y) is not int:  # sizes and dims hold no storage
+                _add_storages(y, storages)
 
 
 def touches(elem: torch.Tensor) -> bool:

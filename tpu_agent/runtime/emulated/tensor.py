@@ -83,6 +83,20 @@ class TpuTensor(torch.Tensor):
     ) -> torch.Tensor:
         return wrap(inner["_elem"])
 
+    # ``param.data = other``: torch copies ``other``'s metadata into this tensor below the dispatcher, so the CPU
+    # data (and what was derived from it) must follow here, or the tensor would keep computing with its old data.
+    @property
+    def data(self) -> torch.Tensor:
+        return _Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, other: torch.Tensor) -> None:
+        elem = unwrap(other) if type(other) is TpuTensor else None  # a deferred value runs first
+        _Tensor.data.__set__(self, other)  # torch's checks (same device kind, shallow-copyable)
+        self._elem = elem
+        self._layout = None
+        self.__dict__.pop("_meta", None)
+
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the method
     # runs the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
     # internals (``torch.utils.swap_tensors``): every reference the program holds sees the new size.
@@ -361,10 +375,15 @@ def _unwrap_leaf(func: Any, x: Any) -> Any:
         e = x._elem
         return e if e is not None else unwrap(x)
     if t is list or t is tuple:
-        return t(_unwrap_leaf(func, y) for y in x)
+        if all(type(y) in _PLAIN_SCALARS for y in x):  # sizes, dims, strides: nothing to unwrap
+            return x
+        return t([_unwrap_leaf(func, y) for y in x])
     if isinstance(x, _Tensor):
         _mixed_device(func, x)
     return x
+
+
+_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def unwrap_args(func: Any, args: tuple | list) -> list:
