@@ -61,19 +61,11 @@ float_mask = torch.randn(2, 1, 6, 6, requires_grad=True)
 out["attention"] = {
     "plain": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v),
     "causal": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v),
-    "bool_mask": grads_match(
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask
-    ),
-    "mask_requires_grad": grads_match(
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask
-    ),
+    "bool_mask": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask),
+    "mask_requires_grad": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask),
     "gqa": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, k_gqa, v_gqa),
     "gqa_bool_mask": grads_match(
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-        q,
-        k_gqa,
-        v_gqa,
-        bool_mask,
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True), q, k_gqa, v_gqa, bool_mask
     ),
 }
 
@@ -108,21 +100,16 @@ out["refused"] = {
 
 ints = torch.tensor([0, 1, 1, 3, 2, 3], dtype=torch.int32)
 out["cpu_gaps"] = {
-    "histc_int": same(
-        torch.histc(ints.to("tpu"), bins=4, min=0, max=3), torch.histc(ints.double(), bins=4, min=0, max=3).int()
-    ),
+    "histc_int": same(torch.histc(ints.to("tpu"), bins=4, min=0, max=3), torch.histc(ints.double(), bins=4, min=0, max=3).int()),
     "upsample_int": same(
-        F.interpolate(ints.view(1, 1, 2, 3).to("tpu"), scale_factor=2),
-        F.interpolate(ints.view(1, 1, 2, 3).double(), scale_factor=2).int(),
+        F.interpolate(ints.view(1, 1, 2, 3).to("tpu"), scale_factor=2), F.interpolate(ints.view(1, 1, 2, 3).double(), scale_factor=2).int()
     ),
 }
 out["cpu_kernel_error"] = error_of(lambda: torch.median(torch.tensor([True, False]).to("tpu")).item())
 
 a, b = torch.randn(4, 8), torch.randn(2, 8, 16)
 offsets = torch.tensor([2, 4], dtype=torch.int32)
-out["grouped_mm_f32"] = same(
-    torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=offsets.to("tpu")), torch._grouped_mm(a, b, offs=offsets)
-)
+out["grouped_mm_f32"] = same(torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=offsets.to("tpu")), torch._grouped_mm(a, b, offs=offsets))
 
 # CPU's softplus_backward lays its result out like a transposed grad_output, meta like self (olmo_hybrid's
 # backward): reshape decides view-or-copy on the strides it sees, so under DeferAndFuse it records a view that
@@ -151,9 +138,7 @@ host = torch.arange(6.0)
 pinned = host.pin_memory()
 loader = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True)
 batches = [batch for (batch,) in loader]
-loader_device = DataLoader(
-    TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True, pin_memory_device="tpu"
-)
+loader_device = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True, pin_memory_device="tpu")
 out["pinned"] = {
     "pin_memory": [host.is_pinned(), pinned.is_pinned(), pinned[2:].is_pinned(), same(pinned, host)],
     "loader": [b.is_pinned() for b in batches] + [next(iter(loader_device))[0].is_pinned()],
@@ -166,16 +151,13 @@ out["pinned"] = {
         torch.empty(3, pin_memory=False).is_pinned(),
         same(torch.full((2,), 7.0, pin_memory=True).to("tpu"), torch.full((2,), 7.0)),
     ],
-    "non_blocking": same(pinned.to("tpu", non_blocking=True), host)
-    and same(host.to("tpu").to("cpu", non_blocking=True), host),
+    "non_blocking": same(pinned.to("tpu", non_blocking=True), host) and same(host.to("tpu").to("cpu", non_blocking=True), host),
 }
 
 
 def train_losses(device):
     torch.manual_seed(1)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)
-    ).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data, target = torch.randn(5, 6).to(device), torch.tensor([0, 2, 1, 1, 0]).to(device)
     losses = []
@@ -200,9 +182,6 @@ out["data_assign"] = {
 
 from tpu_agent.runtime.emulated import shape_cache  # noqa: E402 - after activation, like user code
 
-out["repeated_steps"] = {
-    "match_cpu": train_losses("tpu") == train_losses("cpu"),
-    "cached_signatures": len(shape_cache._cache) > 0,
-}
+out["repeated_steps"] = {"match_cpu": train_losses("tpu") == train_losses("cpu"), "cached_signatures": len(shape_cache._cache) > 0}
 out["device_count"] = torch.accelerator.device_count()
 print(json.dumps(out))
