@@ -14,6 +14,8 @@ Target (issue 10): >= 98% of the CPU-runnable architectures pass in Strict and i
 
     python benchmarks/hf_coverage.py [--jobs 2] [--timeout 300] [--limit 20] [--stride 5] [--only llama,bert]
         [--modes strict,defer-and-fuse,compile] [--timing] [--output docs/model-coverage.md] [--json out.json]
+        [--resume] [--isolated] [--max-memory-mb 6000]
+    python benchmarks/hf_coverage.py --merge eager.json compile.json --note "..."   # one page from several runs
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import json
 import re
 import statistics
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_agent.check import MODES, CheckOptions, CheckReport, ModelSpec, check_model
+from tpu_agent.check.pool import ServingWorker
 from tpu_agent.check.spec import HF_TYPE
 from tpu_agent.check.tiny import TASK_MAPPINGS, model_class_name
 from tpu_agent.errors import TpuAgentError
@@ -90,12 +94,13 @@ def cause(mode: dict[str, Any]) -> str:
     return text[:160]
 
 
-def run_case(case: Case, options: CheckOptions) -> dict[str, Any]:
-    started = time.perf_counter()
-    try:
-        report: CheckReport = check_model(ModelSpec(HF_TYPE, case.model_type, case.task), options)
+def _as_result(
+    case: Case, report: CheckReport | None, error: TpuAgentError | None, modes: tuple[str, ...]
+) -> dict[str, Any]:
+    if report is not None:
         data = report.to_dict()
-    except TpuAgentError as error:  # transformers lacks something for this type: counts as not buildable
+    else:  # transformers lacks something for this type: counts as not buildable
+        assert error is not None
         data = {
             "modes": [
                 {
@@ -103,12 +108,40 @@ def run_case(case: Case, options: CheckOptions) -> dict[str, Any]:
                     "status": "error",
                     "error": {"stage": "build", "type": "TpuAgentError", "message": error.message, "location": ""},
                 }
-                for m in options.modes
+                for m in modes
             ]
         }
     data["case"] = case.__dict__
+    return data
+
+
+def run_case(case: Case, options: CheckOptions, worker: ServingWorker | None = None) -> dict[str, Any]:
+    """Check one architecture: in ``worker`` (a serving process shared with other models) when given, else in
+    fresh processes per mode (:func:`check_model` with the options as they are)."""
+    started = time.perf_counter()
+    spec = ModelSpec(HF_TYPE, case.model_type, case.task)
+    try:
+        report = worker.check(spec) if worker is not None else check_model(spec, options)
+        data = _as_result(case, report, None, options.modes)
+    except TpuAgentError as error:
+        data = _as_result(case, None, error, options.modes)
     data["wall_s"] = round(time.perf_counter() - started, 1)
     return data
+
+
+def failed_on_device(result: dict[str, Any]) -> bool:
+    return any(verdict(m) in ("mismatch", "error") for m in result["modes"])
+
+
+def confirm_in_isolation(result: dict[str, Any], options: CheckOptions) -> dict[str, Any]:
+    """Re-check a failure found in a shared serving process with one fresh process per mode; the isolated
+    verdict is the one reported (a failure that only the shared process showed is counted separately)."""
+    case = Case(**result["case"])
+    isolated = run_case(case, replace(options, process_per_mode=True))
+    isolated["wall_s"] = round(isolated["wall_s"] + result["wall_s"], 1)
+    isolated["confirmed_in_isolation"] = True
+    isolated["shared_process_failures"] = [m["mode"] for m in result["modes"] if verdict(m) in ("mismatch", "error")]
+    return isolated
 
 
 def _rate(count: int, total: int) -> str:
@@ -131,14 +164,18 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         f"Run: {meta['date']}, transformers {meta['transformers']}, torch {meta['torch']}, "
         f"{len(results)} of {meta['selected']} selected architectures checked ({meta['available']} in the mappings)"
         f"{meta['subset_note']}.",
+        *([meta["note"], ""] if meta.get("note") else [""]),
+        "Models are checked one after another in long-lived worker processes (imports paid once per process);",
+        "every failure found there is re-checked with one fresh process per mode, and that verdict is the one",
+        f"reported{_recheck_summary(results)}.",
         "",
         "A model that does not build or run on plain CPU from its tiny config is listed under *not runnable on CPU*",
         "and left out of the rates: it says nothing about the device.",
         "",
         "## Summary",
         "",
-        "| mode | pass | mismatch | error | pass rate (of CPU-runnable) | target |",
-        "|---|---|---|---|---|---|",
+        "| mode | architectures | pass | mismatch | error | not runnable on CPU | pass rate (of CPU-runnable) | target |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     verdicts = {mode: [verdict(m) for r in results for m in r["modes"] if m["mode"] == mode] for mode in modes}
     for mode in modes:
@@ -146,7 +183,8 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]
         target = f">= {TARGET:.0%}" if mode in ("strict", "defer-and-fuse") else ""
         lines.append(
-            f"| {mode} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | {_rate(counts['pass'], runnable)} | {target} |"
+            f"| {mode} | {len(verdicts[mode])} | {counts['pass']} | {counts['mismatch']} | {counts['error']} | "
+            f"{counts[NOT_ON_CPU]} | {_rate(counts['pass'], runnable)} | {target} |"
         )
     not_on_cpu = [r for r in results if all(verdict(m) == NOT_ON_CPU for m in r["modes"])]
     lines += ["", f"Not runnable on CPU from a tiny config: {len(not_on_cpu)} of {len(results)}.", ""]
@@ -184,8 +222,9 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         "|---|---|---|" + "---|" * len(modes) + "---|",
     ]
     for result in sorted(results, key=lambda r: r["case"]["class_name"]):
-        marks = [verdict(m) for m in result["modes"]]
-        if all(mark in ("pass", NOT_ON_CPU) for mark in marks):
+        by_mode = {m["mode"]: verdict(m) for m in result["modes"]}
+        marks = [by_mode.get(mode, "—") for mode in modes]  # a mode checked on a sample only
+        if all(mark in ("pass", NOT_ON_CPU, "—") for mark in marks):
             continue
         first = next(m for m in result["modes"] if verdict(m) in ("mismatch", "error"))
         lines.append(
@@ -200,6 +239,34 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
             f"| {result['case']['class_name']} | {result['case']['model_type']} | {_cell(error['type'] + ': ' + error['message'].splitlines()[0] if error['message'] else error['type'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _recheck_summary(results: list[dict[str, Any]]) -> str:
+    rechecked = [r for r in results if r.get("confirmed_in_isolation")]
+    if not rechecked:
+        return " (none needed it in this run)"
+    passed = [r for r in rechecked if not failed_on_device(r)]
+    names = f": {', '.join(sorted(r['case']['class_name'] for r in passed))}" if passed else ""
+    return f" ({len(rechecked)} re-checked, {len(passed)} of them passed in fresh processes{names})"
+
+
+def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Results of several sweeps over the same architectures (say, eager modes over all of them and compile over
+    a sample) as one list: one entry per architecture, its modes from every run."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for result in run:
+            name = result["case"]["class_name"]
+            if name not in merged:
+                merged[name] = {**result, "modes": list(result["modes"])}
+                continue
+            entry = merged[name]
+            entry["modes"] += result["modes"]
+            entry["wall_s"] = round(entry.get("wall_s", 0) + result.get("wall_s", 0), 1)
+            entry["confirmed_in_isolation"] = entry.get("confirmed_in_isolation") or result.get(
+                "confirmed_in_isolation"
+            )
+    return list(merged.values())
 
 
 def _where(mode: dict[str, Any]) -> str:
@@ -250,16 +317,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stride", type=int, default=1, help="check every Nth architecture (a spread over all tasks)")
     parser.add_argument("--only", default="", help="comma-separated model types to check (e.g. llama,bert,vit)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    parser.add_argument(
+        "--max-memory-mb", type=int, default=6000, help="per worker process; more is an allocation error"
+    )
     parser.add_argument("--timing", action="store_true", help="also time one repeated step per mode on CPU and tpu")
     parser.add_argument(
         "--localise-errors", action="store_true", help="also localise errors (mismatches always are; slower)"
     )
-    parser.add_argument("--process-per-mode", action="store_true", help="one process per mode (slower, fully isolated)")
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="a fresh worker process for every model (default: one serving process per job, failures re-checked "
+        "in fresh processes)",
+    )
+    parser.add_argument("--process-per-mode", action="store_true", help="with --isolated: one process per mode")
+    parser.add_argument("--no-confirm", action="store_true", help="do not re-check failures in fresh processes")
+    parser.add_argument("--resume", action="store_true", help="keep the results already in --json, check the rest")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "model-coverage.md")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw reports here")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=[], help="check nothing: write --output from these --json files"
+    )
+    parser.add_argument("--note", default="", help="a sentence for the page, e.g. how a merged run was selected")
     args = parser.parse_args(argv)
-    import torch
-    import transformers
+    if args.merge:
+        return write_merged(args.merge, args.output, args.note)
+    from tpu_agent.runtime.select import select_backend
 
     modes = tuple(m for m in args.modes.split(",") if m)
     every = architectures()
@@ -277,32 +360,73 @@ def main(argv: list[str] | None = None) -> int:
         process_per_mode=args.process_per_mode,
         localise_errors=args.localise_errors,
         measure_steps=2 if args.timing else 0,
+        max_memory_mb=args.max_memory_mb,
     )
     subset = len(cases) < len(every)
     meta = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
+        **_versions(),
         "selected": len(cases),
         "available": len(every),
         "subset_note": f" (a subset: {' '.join(argv if argv is not None else sys.argv[1:])})" if subset else "",
+        "note": args.note,
     }
     results: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_case, case, options): case for case in cases}
-        for future in as_completed(futures):
-            result = future.result()
-            results.append(result)
-            marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
-            print(
-                f"[{len(results)}/{len(cases)}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-            # rewritten after every model, so an interrupted sweep still leaves a consistent report
-            atomic_write_text(args.output, render_markdown(results, modes, meta))
-            if args.json:
-                atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
+    if args.resume and args.json and args.json.is_file():
+        wanted_names = {case.class_name for case in cases}
+        results = [r for r in json.loads(args.json.read_text()) if r["case"]["class_name"] in wanted_names]
+        done = {r["case"]["class_name"] for r in results}
+        cases = [case for case in cases if case.class_name not in done]
+    backend = select_backend(options.backend).name
+    local = threading.local()
+    workers: list[ServingWorker] = []
+
+    def check(case: Case) -> dict[str, Any]:
+        if args.isolated:
+            return run_case(case, options)
+        if getattr(local, "worker", None) is None:
+            local.worker = ServingWorker(options, backend)
+            workers.append(local.worker)
+        result = run_case(case, options, local.worker)
+        if failed_on_device(result) and not args.no_confirm:
+            result = confirm_in_isolation(result, options)
+        return result
+
+    total = len(results) + len(cases)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = {pool.submit(check, case): case for case in cases}
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                marks = " ".join(f"{m['mode']}={verdict(m)}" for m in result["modes"])
+                print(
+                    f"[{len(results)}/{total}] {result['case']['class_name']}: {marks} ({result['wall_s']} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # rewritten after every model, so an interrupted sweep still leaves a consistent report
+                atomic_write_text(args.output, render_markdown(results, modes, meta))
+                if args.json:
+                    atomic_write_text(args.json, json.dumps(results, indent=1, default=str))
+    finally:
+        for worker in workers:
+            worker.close()
+    _print_totals(results, modes, args.output)
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def _print_totals(results: list[dict[str, Any]], modes: tuple[str, ...], output: Path) -> None:
     for mode in modes:
         counts = Counter(verdict(m) for r in results for m in r["modes"] if m["mode"] == mode)
         runnable = counts["pass"] + counts["mismatch"] + counts["error"]
@@ -310,7 +434,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{mode}: {counts['pass']}/{runnable} pass ({_rate(counts['pass'], runnable)}), {counts['mismatch']} mismatch, "
             f"{counts['error']} error, {counts[NOT_ON_CPU]} not runnable on CPU"
         )
-    print(f"wrote {args.output}")
+    print(f"wrote {output}")
+
+
+def write_merged(paths: list[Path], output: Path, note: str) -> int:
+    """``--merge``: one page from several sweeps' ``--json`` files (e.g. eager modes over every architecture,
+    compile over a sample), each architecture's modes taken from every file."""
+    results = merge_results([json.loads(path.read_text(encoding="utf-8")) for path in paths])
+    present = {m["mode"] for r in results for m in r["modes"]}
+    modes = tuple(mode for mode in MODES if mode in present)
+    available = len(architectures())
+    meta = {**_versions(), "selected": len(results), "available": available, "subset_note": "", "note": note}
+    atomic_write_text(output, render_markdown(results, modes, meta))
+    _print_totals(results, modes, output)
     return 0
 
 

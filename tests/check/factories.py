@@ -6,6 +6,8 @@ layer (as a device-specific kernel bug would), so the localiser has a known righ
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -65,9 +67,31 @@ def wrong_backward() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), BadGradient(), nn.Linear(32, 8)), torch.randn(4, 16)
 
 
+class KeepsItsLastOutput(nn.Module):
+    """Stores a non-leaf tensor from its forward (as recurrent models keep a state): such a module cannot be
+    deep-copied after a forward, so the check must copy it before the CPU reference runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = self.proj(x)
+        return torch.tanh(self.last)
+
+
+def keeps_state() -> tuple[nn.Module, torch.Tensor]:
+    return KeepsItsLastOutput(), torch.randn(2, 8)
+
+
 def not_a_pair() -> nn.Module:
     return nn.Linear(2, 2)
 
 
 def raises() -> tuple[nn.Module, torch.Tensor]:
     raise ValueError("factory failed on purpose")
+
+
+def crashes() -> tuple[nn.Module, torch.Tensor]:
+    os.abort()  # a native crash, as a faulting kernel would: the worker process dies without a result

@@ -1,4 +1,10 @@
-"""``tpu-agent check`` end to end: real models, real worker processes, the emulated ``tpu`` device."""
+"""``tpu-agent check`` end to end: real models, real worker processes, the emulated ``tpu`` device.
+
+Worker processes import torch (seconds each on a loaded machine), so the factory and directory checks share one
+serving worker (the sweep's layout: one process, one model after another, modes switched in-process), checked
+once in a module fixture; the CLI runs only where the CLI itself is the point (JSON and --output for a Hugging
+Face type, the text table, exit code 2), and :func:`check_model` where fresh processes per mode are.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,34 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpu_agent.check import CheckOptions, check_model
+from tpu_agent.check import CheckOptions, CheckReport, check_model, parse_model_spec
+from tpu_agent.check.pool import ServingWorker
+from tpu_agent.errors import TpuAgentError
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTORIES = Path(__file__).with_name("factories.py")
 
 pytestmark = pytest.mark.slow
+
+# factory name -> modes it is checked in (None: all three)
+SERVED_FACTORIES: dict[str, tuple[str, ...] | None] = {
+    "good_mlp": None,
+    "keyword_inputs": ("strict",),
+    "keeps_state": ("strict",),
+    "wrong_forward": ("strict", "defer-and-fuse"),
+    "wrong_backward": ("strict",),
+    "raises": ("strict", "compile"),
+    "not_a_pair": ("strict",),
+    "missing_function": ("strict",),
+    "crashes": ("strict", "defer-and-fuse"),
+    "good_mlp_after_crash": ("strict",),
+}
 
 
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -31,23 +54,8 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
-def check_json(*args: str, cwd: Path = ROOT) -> tuple[int, dict[str, Any]]:
-    result = run_cli(*args, "--format", "json", cwd=cwd)
-    return result.returncode, json.loads(result.stdout)
-
-
 def line_of(text: str) -> int:
     return next(n for n, line in enumerate(FACTORIES.read_text().splitlines(), 1) if text in line)
-
-
-def test_hf_model_type_passes_in_every_mode() -> None:
-    code, report = check_json("vit")
-    assert code == 0, report
-    assert report["status"] == "pass" and report["model"]["name"] == "ViTForImageClassification"
-    assert [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse", "compile"]
-    for mode in report["modes"]:
-        assert mode["status"] == "pass" and mode["outputs_checked"] >= 1 and mode["gradients_checked"] > 10, mode
-    assert report["tolerances"]["float32"] == {"rtol": 1e-5, "atol": 1e-6}
 
 
 def _tiny_vit_directory(path: Path, weights: bool) -> Path:
@@ -63,43 +71,73 @@ def _tiny_vit_directory(path: Path, weights: bool) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, CheckReport | TpuAgentError]]:
+    """Every factory above and two model directories, checked one after another by one serving worker."""
+    root = tmp_path_factory.mktemp("dirs")
+    specs = {name: f"{FACTORIES}:{name.removesuffix('_after_crash')}" for name in SERVED_FACTORIES}
+    modes = dict(SERVED_FACTORIES)
+    for weights in (True, False):
+        name = "dir-with-weights" if weights else "dir-config-only"
+        specs[name], modes[name] = str(_tiny_vit_directory(root / name, weights)), ("strict",)
+    results: dict[str, CheckReport | TpuAgentError] = {}
+    with ServingWorker(CheckOptions(), "emulated") as worker:
+        for name, spec in specs.items():
+            try:
+                results[name] = worker.check(parse_model_spec(spec), modes[name])
+            except TpuAgentError as error:  # usage problems found while building
+                results[name] = error
+    yield results
+
+
+def _report(served: dict[str, CheckReport | TpuAgentError], name: str) -> dict[str, Any]:
+    result = served[name]
+    assert isinstance(result, CheckReport), result
+    return result.to_dict()
+
+
+def test_hf_model_type_passes_in_every_mode_and_writes_the_json_report(tmp_path: Path) -> None:
+    result = run_cli("vit", "--format", "json", "--output", str(tmp_path / "check.json"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report == json.loads((tmp_path / "check.json").read_text())
+    assert report["status"] == "pass" and report["model"]["name"] == "ViTForImageClassification"
+    assert [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse", "compile"]
+    for mode in report["modes"]:
+        assert mode["status"] == "pass" and mode["outputs_checked"] >= 1 and mode["gradients_checked"] > 10, mode
+    assert report["tolerances"]["float32"] == {"rtol": 1e-5, "atol": 1e-6}
+
+
+def test_factory_passes_in_every_mode_in_one_process(served: dict[str, Any]) -> None:
+    report = _report(served, "good_mlp")
+    assert report["status"] == "pass", report
+    assert [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse", "compile"]
+    assert report["model"]["kind"] == "factory" and report["model"]["name"] == "Sequential"
+
+
 @pytest.mark.parametrize("weights", [True, False], ids=["with-weights", "config-only"])
-def test_local_model_directory(tmp_path: Path, weights: bool) -> None:
-    directory = _tiny_vit_directory(tmp_path / "vit-tiny", weights)
-    assert (directory / "model.safetensors").exists() == weights
-    code, report = check_json(str(directory), "--mode", "strict")
-    assert code == 0, report
+def test_local_model_directory(served: dict[str, Any], weights: bool) -> None:
+    report = _report(served, "dir-with-weights" if weights else "dir-config-only")
+    assert report["status"] == "pass", report
     assert report["model"]["kind"] == "directory" and report["model"]["parameters"] > 0
     expected = "weights from model.safetensors" if weights else "random init (no weights in the directory)"
     assert report["model"]["weights"] == expected
 
 
-def test_model_directory_over_the_size_limit_is_a_usage_error(tmp_path: Path) -> None:
-    directory = _tiny_vit_directory(tmp_path / "vit", weights=False)
-    result = run_cli(str(directory), "--mode", "strict", "--max-params", "1000")
-    assert result.returncode == 2, result.stderr
-    assert "over the 1,000 limit" in result.stderr and "config.json" in result.stderr
-
-
-def test_factory_passes_in_every_mode_in_one_process_through_the_library() -> None:
-    report = check_model(f"{FACTORIES}:good_mlp", CheckOptions(process_per_mode=False))
-    assert report.status == "pass", report.to_dict()
-    assert [m.status for m in report.modes] == ["pass"] * 3
-    assert report.model.kind == "factory" and report.model.name == "Sequential"
-
-
-def test_module_factory_with_keyword_inputs_and_integer_outputs() -> None:
-    code, report = check_json("factories:keyword_inputs", "--mode", "strict", cwd=FACTORIES.parent)
-    assert code == 0, report
+def test_keyword_inputs_and_integer_outputs(served: dict[str, Any]) -> None:
+    report = _report(served, "keyword_inputs")
+    assert report["status"] == "pass", report
     mode = report["modes"][0]
     assert mode["outputs_checked"] == 2 and mode["gradients_checked"] == 4  # weight, bias, x, scale
 
 
-def test_forward_bug_is_localised_to_its_layer_and_op() -> None:
-    result = run_cli(f"{FACTORIES}:wrong_forward", "--mode", "strict", "--mode", "defer-and-fuse", "--format", "json")
-    assert result.returncode == 1, result.stderr
-    report = json.loads(result.stdout)
-    assert report["status"] == "mismatch"
+def test_a_model_that_keeps_a_non_leaf_tensor_from_its_forward(served: dict[str, Any]) -> None:
+    assert _report(served, "keeps_state")["status"] == "pass"  # copied for the device before the reference ran
+
+
+def test_forward_bug_is_localised_to_its_layer_and_op(served: dict[str, Any]) -> None:
+    report = _report(served, "wrong_forward")
+    assert report["status"] == "mismatch" and [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse"]
     for mode in report["modes"]:
         where = mode["localisation"]
         assert mode["status"] == "mismatch" and mode["mismatches"][0]["name"] == "output"
@@ -108,37 +146,61 @@ def test_forward_bug_is_localised_to_its_layer_and_op() -> None:
         assert where["op_location"] == f"factories.py:{line_of('y = y * 1.01')} in forward"
 
 
-def test_backward_only_bug_is_localised_in_text_output() -> None:
-    result = run_cli(f"{FACTORIES}:wrong_backward", "--mode", "strict")
+def test_backward_only_bug_is_localised(served: dict[str, Any]) -> None:
+    [mode] = _report(served, "wrong_backward")["modes"]
+    where = mode["localisation"]
+    assert mode["status"] == "mismatch" and (where["module"], where["module_type"], where["kind"]) == (
+        "2",
+        "BadGradient",
+        "backward",
+    )
+    assert where["op_location"] == f"factories.py:{line_of('return grad * 1.5')} in backward"
+
+
+def test_module_factory_in_the_text_table() -> None:
+    result = run_cli("factories:wrong_backward", "--mode", "strict", cwd=FACTORIES.parent)
     assert result.returncode == 1, result.stderr
-    assert "backward diverges first in 2 (BadGradient)" in " ".join(result.stdout.split())
-    assert f"factories.py:{line_of('return grad * 1.5')} in backward" in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    assert "backward diverges first in 2 (BadGradient)" in text
+    assert f"factories.py:{line_of('return grad * 1.5')} in backward" in text
+
+
+def test_bad_model_argument_exits_2_with_the_reason() -> None:
+    result = run_cli("no_such_model_type", "--mode", "strict")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "is not a Hugging Face model type" in " ".join(result.stderr.split())
 
 
 @pytest.mark.parametrize(
-    ("model", "message"),
+    ("name", "message"),
     [
-        ("no_such_model_type", "is not a Hugging Face model type"),
-        ("./no/such/dir", "does not exist"),
-        (f"{FACTORIES}:missing_function", "has no function 'missing_function'"),
-        (f"{FACTORIES}:not_a_pair", "not a (torch.nn.Module, inputs) pair"),
-        ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+        ("missing_function", "has no function 'missing_function'"),
+        ("not_a_pair", "not a (torch.nn.Module, inputs) pair"),
     ],
 )
-def test_bad_model_arguments_exit_2_with_the_reason(model: str, message: str) -> None:
-    result = run_cli(model, "--mode", "strict")
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert message in " ".join(result.stderr.split())
+def test_bad_factories_are_usage_errors(served: dict[str, Any], name: str, message: str) -> None:
+    error = served[name]
+    assert isinstance(error, TpuAgentError) and error.code == "bad-factory" and message in error.message
 
 
-def test_factory_that_raises_is_a_build_error_not_a_crash() -> None:
-    code, report = check_json(f"{FACTORIES}:raises", "--mode", "strict", "--mode", "compile")
-    assert code == 1
+def test_factory_that_raises_is_a_build_error_not_a_crash(served: dict[str, Any]) -> None:
+    report = _report(served, "raises")
+    assert report["status"] == "error"
     assert [m["error"]["stage"] for m in report["modes"]] == ["build", "build"]
     assert report["modes"][0]["error"]["message"] == "factory failed on purpose"
 
 
-def test_a_mode_past_its_timeout_is_an_error_and_the_others_still_run() -> None:
+def test_a_worker_that_dies_is_the_verdict_and_the_next_model_gets_a_fresh_one(served: dict[str, Any]) -> None:
+    report = _report(served, "crashes")
+    assert [(m["mode"], m["error"]["type"]) for m in report["modes"]] == [
+        ("strict", "WorkerDied"),
+        ("defer-and-fuse", "WorkerDied"),
+    ]
+    assert "exited with code" in report["modes"][0]["error"]["message"]
+    assert _report(served, "good_mlp_after_crash")["status"] == "pass"
+
+
+def test_a_mode_past_its_timeout_is_an_error() -> None:
     report = check_model(f"{FACTORIES}:good_mlp", CheckOptions(modes=("strict",), timeout_s=0.5))
     assert report.modes[0].error is not None and report.modes[0].error.stage == "timeout"
     assert report.exit_code == 1

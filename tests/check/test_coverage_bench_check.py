@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +31,7 @@ def test_coverage_sweep_writes_the_markdown_table(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "strict: 1/1 pass (100.0%)" in result.stdout
     page = output.read_text(encoding="utf-8")
-    assert "| strict | 1 | 0 | 0 | 100.0% | >= 98% |" in page
+    assert "| strict | 1 | 1 | 0 | 0 | 0 | 100.0% | >= 98% |" in page
     assert "| image-classification | strict | 1 | 0 | 0 | 100.0% |" in page
     [report] = json.loads(raw.read_text(encoding="utf-8"))
     assert report["case"] == {
@@ -37,3 +39,49 @@ def test_coverage_sweep_writes_the_markdown_table(tmp_path: Path) -> None:
         "task": "image-classification",
         "class_name": "ViTForImageClassification",
     }
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("hf_coverage", ROOT / "benchmarks" / "hf_coverage.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _result(class_name: str, **verdicts: str) -> dict[str, Any]:
+    modes = []
+    for mode, status in verdicts.items():
+        error = {"stage": "tpu-forward", "type": "RuntimeError", "message": "boom 42", "location": "m.py:3 in f"}
+        modes.append({"mode": mode.replace("_", "-"), "status": status, "error": error if status == "error" else None})
+    return {"case": {"model_type": class_name.lower(), "task": "causal-lm", "class_name": class_name}, "modes": modes}
+
+
+def test_merged_runs_make_one_page_with_sampled_modes_marked() -> None:
+    bench = _bench()
+    eager = [
+        _result("AModel", strict="pass", defer_and_fuse="pass"),
+        _result("BModel", strict="pass", defer_and_fuse="error"),
+    ]
+    compiled = [_result("BModel", compile="pass")]
+    eager[1]["confirmed_in_isolation"] = True
+    merged = bench.merge_results([eager, compiled])
+    assert [[m["mode"] for m in r["modes"]] for r in merged] == [
+        ["strict", "defer-and-fuse"],
+        ["strict", "defer-and-fuse", "compile"],
+    ]
+    meta = {
+        "date": "d",
+        "transformers": "t",
+        "torch": "p",
+        "selected": 2,
+        "available": 2,
+        "subset_note": "",
+        "note": "",
+    }
+    page = bench.render_markdown(merged, ("strict", "defer-and-fuse", "compile"), meta)
+    assert "| defer-and-fuse | 2 | 1 | 0 | 1 | 0 | 50.0% | >= 98% |" in page
+    assert "| compile | 1 | 1 | 0 | 0 | 0 | 100.0% |  |" in page
+    assert "| BModel | bmodel | causal-lm | pass | error | pass | RuntimeError: boom N at m.py:3 in f |" in page
+    assert "(1 re-checked, 0 of them passed in fresh processes)" in page

@@ -144,3 +144,15 @@ def test_first_diverging_op_pairs_by_name_and_line() -> None:
     assert (op.name, op.location) == ("aten::mul", "m.py:4") and "tpu only" in why
     raising = [OpRecord("aten::tanh", "m.py:3", None, "RuntimeError: boom")]
     assert first_diverging_op(cpu, raising)[1] == "raises on tpu: RuntimeError: boom"
+
+
+def test_model_directory_over_the_size_limit_is_refused_before_allocating(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from tpu_agent.check.build import build
+
+    AutoConfig.for_model("vit").save_pretrained(tmp_path)  # a full-size ViT-Base config: 86M parameters
+    with pytest.raises(TpuAgentError) as caught:
+        build(parse_model_spec(str(tmp_path)), max_parameters=1000)
+    assert caught.value.exit_code == ExitCode.USAGE
+    assert "over the 1,000 limit" in caught.value.message and "config.json" in caught.value.message

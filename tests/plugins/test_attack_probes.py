@@ -261,7 +261,7 @@ async def test_unknown_arguments_are_refused(client: Client) -> None:
     required = {"tpu_apply_plan": {"plan_id": "plan-000000000000"}, "tpu_run": {"entrypoint": "sleeper.py"},
                 "tpu_profile": {"entrypoint": "sleeper.py"}, "tpu_job_status": {"job_id": "run-00000000"},
                 "tpu_job_cancel": {"job_id": "run-00000000"}, "tpu_explain_rule": {"code": "TPU101"},
-                "tpu_lookup_api": {"query": "nccl"}}  # fmt: skip
+                "tpu_lookup_api": {"query": "nccl"}, "tpu_check": {"model": "llama"}}  # fmt: skip
     tools = {t.name: t for t in (await client.list_tools()).tools}
     for name, tool in tools.items():
         assert tool.input_schema.get("additionalProperties") is False, name

@@ -27,6 +27,7 @@ TOOLS = {
     "tpu_run": (False, False, False),
     "tpu_profile": (False, False, False),
     "tpu_estimate": (False, False, False),
+    "tpu_check": (False, False, False),
     "tpu_job_status": (True, False, True),
     "tpu_job_cancel": (False, True, True),
     "tpu_diagnose": (True, False, True),

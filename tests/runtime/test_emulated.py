@@ -223,15 +223,18 @@ def test_debug_mode_names_the_op_and_line_that_made_nan() -> None:
 
 def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
     out = run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
-    assert out["result"] == ["tpu:0", True, [4], "tpu:0"]
+    assert out["compiled_device"] == "tpu:0" and out["matches_eager"] is True
+    assert out["recompiled_shape"] == [4]  # a (8, 4) input recompiles and still reduces over dim 0
+    assert out["default_backend_device"] == "tpu:0"  # no backend= with tpu inputs means "tpu"
     assert out["grad"] == "tpu:0"
-    assert (
-        out["dynamic"][0] == "NotImplementedError"
-        and "does not support torch.compile(..., dynamic=True" in out["dynamic"][1]
-    )
-    assert out["mode"] == ["TypeError", "Unexpected keyword arguments: {'mode': 'max-autotune'}"]
-    assert out["options"] == ["TypeError", "Unexpected keyword arguments: {'triton.cudagraphs': True}"]
-    assert "backend='inductor') on TPU is experimental" in out["inductor"][1]
+    assert out["dynamic"]["type"] == "NotImplementedError"
+    assert "does not support torch.compile(..., dynamic=True" in out["dynamic"]["message"]
+    assert out["mode"] == {"type": "TypeError", "message": "Unexpected keyword arguments: {'mode': 'max-autotune'}"}
+    assert out["options"] == {
+        "type": "TypeError",
+        "message": "Unexpected keyword arguments: {'triton.cudagraphs': True}",
+    }
+    assert "backend='inductor') on TPU is experimental" in out["inductor"]["message"]
     events = read_events(tmp_path)[0]
     compiles = [e for e in events if isinstance(e, Compile) and e.function == "f"]
     assert [c.is_recompile for c in compiles] == [False, True]

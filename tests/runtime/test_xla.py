@@ -3,17 +3,20 @@ for anything that activates the device; results compared with plain CPU torch an
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
+from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.xla import extra_ops, settings
 from tpu_agent.runtime.xla.decompositions import table
 
@@ -24,7 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
     env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TPU_AGENT_EVENTS_DIR=str(events_dir))
-    env[settings.XLA_DEFERRED_ENV] = "1"
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / name), *args],
         capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
@@ -84,41 +86,63 @@ def test_compiler_switch_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(settings.COMPILER_ENV, "XLA")
     assert settings.uses_xla()
     monkeypatch.setenv(settings.COMPILER_ENV, "tvm")
-    with pytest.raises(ValueError, match="TPU_AGENT_COMPILER='tvm' is not a compiler; use one of xla, eager"):
+    with pytest.raises(TpuAgentError, match="TPU_AGENT_COMPILER='tvm' is not a compiler") as refused:
         settings.compiler()
+    assert refused.value.hint.startswith("use one of xla, eager")
+
+
+@pytest.mark.parametrize("python", [(3, 10, 14), (3, 12, 1)])
+def test_xla_without_torchax_is_refused_with_what_to_do(
+    python: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Python 3.10 cannot install torchax: ``run --compiler xla`` says so before any rank starts, no traceback."""
+    from typer.testing import CliRunner
+
+    from tpu_agent.cli import app
+
+    monkeypatch.setitem(sys.modules, "torchax", None)  # Python's own "this import is blocked"
+    monkeypatch.setattr(sys, "version_info", python)
+    monkeypatch.delenv(settings.COMPILER_ENV, raising=False)
+    assert settings.missing_xla_packages() == ["torchax"]
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never launched')\n")
+    result = CliRunner().invoke(app, ["run", "--backend", "emulated", "--compiler", "xla", str(script)])
+    assert result.exit_code == 2, result.output
+    assert "--compiler xla selects the XLA compiler, but torchax cannot be imported" in result.output
+    expected_hint = "needs Python >= 3.11" if python < (3, 11) else "pip install 'torchax>=0.0.13'"
+    assert expected_hint in result.output and "--compiler eager" in result.output
+    assert "Traceback" not in result.output and "never launched" not in result.output
+    assert settings.compiler() == settings.EAGER  # without an explicit choice: the op-by-op path, no error
+
+
+TRAINING_RUNS = ("compile:highest:4", "defer:highest:4", "compile:medium:2")
+
+
+@pytest.fixture(scope="module")
+def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The training script's runs in one process: one start-up and JIT warm-up for every assertion below."""
+    return run_xla_script("xla_train.py", *TRAINING_RUNS, events_dir=tmp_path_factory.mktemp("train-events"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "compile",
-        pytest.param(
-            "defer",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="XLA DeferAndFuse executor: a graph split around the CPU flash-attention ops that also updates"
-                " parameters in place gives wrong gradients (the CPU deferred executor is exact)",
-            ),
-        ),
-    ],
-)
-def test_training_through_xla_matches_cpu_and_compiles_once(mode: str, tmp_path: Path) -> None:
-    out = run_xla_script("xla_train.py", mode, "highest", "5", events_dir=tmp_path)
+@pytest.mark.parametrize("mode", ["compile", "defer"])
+def test_training_through_xla_matches_cpu_and_compiles_once(mode: str, training_runs: dict) -> None:
+    out = training_runs[f"{mode}:highest:4"]
     np.testing.assert_allclose(out["tpu"], out["cpu"], rtol=2e-6, atol=2e-6)
     assert out["max_param_diff"] < 5e-3  # AdamW normalises tiny gradient differences up to ~lr
     assert out["fallbacks"] == []
     assert out["compile_events"] == out["cache"]["compiles"] > 0
     # the first steps compile (optimizer state appears in step 1); the steady loop only hits the cache
-    assert out["compiles_after_step"][-1] == out["compiles_after_step"][2]
-    assert out["cache"]["hits"] >= 2
+    assert out["compiles_after_step"][-1] == out["compiles_after_step"][1]
+    assert out["cache_hit_events"] == out["cache"]["hits"] >= 2
 
 
 @pytest.mark.slow
-def test_default_precision_rounds_matmul_inputs_like_strict_mode(tmp_path: Path) -> None:
-    out = run_xla_script("xla_train.py", "compile", "medium", "2", events_dir=tmp_path)
+def test_default_precision_rounds_matmul_inputs_like_strict_mode(training_runs: dict) -> None:
+    out = training_runs["compile:medium:2"]
     assert out["tpu"][0] != pytest.approx(out["cpu"][0], abs=1e-7)  # bf16 inputs: not the f32 CPU result
     np.testing.assert_allclose(out["tpu"], out["cpu"], rtol=5e-3)
+    assert out["cache"]["compiles"] > 0  # a new precision is a new executable, not a hit on the f32 one
 
 
 @pytest.mark.slow
@@ -138,6 +162,15 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
         i for i, t in enumerate((SCRIPTS / "xla_semantics.py").read_text().splitlines(), 1) if "# LINE poisson" in t
     )
     assert ["aten.poisson.default", "xla_semantics.py", poisson_line] in out["fallbacks"]
+    (cpu_loss, cpu_grad), (tpu_loss, tpu_grad) = out["data_dependent_in_graph"]
+    assert tpu_loss == pytest.approx(cpu_loss, rel=1e-6)
+    np.testing.assert_allclose(tpu_grad, cpu_grad, rtol=1e-6, atol=1e-7)
+    masked_line = next(
+        i
+        for i, t in enumerate((SCRIPTS / "xla_semantics.py").read_text().splitlines(), 1)
+        if "# LINE masked_select" in t
+    )
+    assert ["aten.masked_select.default", "xla_semantics.py", masked_line] in out["fallbacks"]
     assert not [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]  # every deferred graph compiled
 
 
@@ -156,3 +189,77 @@ def test_two_ranks_train_a_compiled_model_with_tpu_dist_collectives(tmp_path: Pa
         assert result["grad_diff"] < 1e-6  # averaged shard gradients equal the full-batch CPU gradients
         assert result["collective_in_graph"] == 4 * 1 + 4 * 4 + 1  # both ranks' sums, reduced, then + 1
         assert result["compiles"] >= 2  # forward and backward executables, at least
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "causal", "masked"),
+    [(4, 4, True, False), (4, 2, False, True), (2, 2, False, False)],
+)
+def test_fused_cpu_attention_lowers_to_the_kernels_outputs_and_gradients(
+    heads: int, kv_heads: int, causal: bool, masked: bool
+) -> None:
+    """The forward returns the kernel's logsumexp (not attention weights, as torch's decomposition does), so the
+    backward op of the same graph computes the kernel's gradients (the DeferAndFuse training regression)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, grad = (
+        torch.randn(2, h, 8 if name != "kv" else 6, 16, generator=generator)
+        for h, name in ((heads, "q"), (kv_heads, "kv"), (kv_heads, "kv"), (heads, "q"))
+    )
+    q_len, kv_len = q.shape[2], k.shape[2]
+    mask = torch.randn(q_len, kv_len, generator=generator) if masked else None
+    extra = {"attn_mask": mask} if mask is not None else {}
+    aten = torch.ops.aten
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, **extra)
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, causal, **extra)
+
+    def jax_of(t: torch.Tensor | None) -> jnp.ndarray | None:
+        return None if t is None else jnp.asarray(t.numpy())
+
+    # jitted: one XLA compile per case instead of one per eager JAX op (as the lowering runs, inside a trace)
+    forward = jax.jit(functools.partial(extra_ops.flash_attention, dropout_p=0.0, is_causal=causal))
+    backward = jax.jit(functools.partial(extra_ops.flash_attention_backward, dropout_p=0.0, is_causal=causal))
+    j_out, j_lse = forward(jax_of(q), jax_of(k), jax_of(v), attn_mask=jax_of(mask))
+    np.testing.assert_allclose(np.asarray(j_out), out.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(j_lse), lse.numpy(), rtol=1e-5, atol=1e-5)
+    j_grads = backward(*(jax_of(t) for t in (grad, q, k, v, out, lse)), attn_mask=jax_of(mask))
+    for got, want in zip(j_grads, grads, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_decompositions_keep_the_fused_attention_whole() -> None:
+    """torch's rule for the CPU flash kernel returns (N, H, L, S) weights where the kernel's logsumexp is
+    (N, H, L); applied before lowering it fed the backward op the wrong tensor."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    q = torch.empty(2, 3, 5, 4, device="meta")
+    expected = [tuple(t.shape) for t in op(q, q, q, 0.0, True)]
+    rule = table().get(op)
+    assert rule is None or [tuple(t.shape) for t in rule(q, q, q, 0.0, True)] == expected
+
+
+def test_the_executable_cache_logs_compiles_with_their_time_and_every_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpu_agent.runtime import events
+    from tpu_agent.runtime.emulated import state
+    from tpu_agent.runtime.xla.cache import ExecutableCache
+
+    monkeypatch.setattr(events, "_log", events.EventLog(path=tmp_path / "events-rank0.jsonl", rank=0))
+    monkeypatch.setattr(state, "log_enabled", True)
+    cache, site = ExecutableCache(capacity=2), events.Site("train.py", 7, "step")
+    built: list[str] = []
+
+    def get(shape: tuple[int, ...]) -> str:
+        return cache.get_or_compile(
+            "g", (shape,), lambda: built.append(str(shape)) or str(shape), "step", site, lambda: 3
+        )
+
+    assert [get((2,)), get((2,)), get((3,)), get((2,))] == ["(2,)", "(2,)", "(3,)", "(2,)"]
+    assert built == ["(2,)", "(3,)"] and (cache.stats.hits, cache.stats.compiles) == (2, 2)
+    events.get_log().flush()
+    log = events.read_events(tmp_path)[0]
+    assert [type(e).__name__ for e in log] == ["Compile", "CacheHit", "Compile", "CacheHit"]
+    first, recompile = log[0], log[2]
+    assert isinstance(first, events.Compile) and isinstance(recompile, events.Compile)
+    assert (first.is_recompile, recompile.is_recompile, first.graph_ops, first.site) == (False, True, 3, site)
+    assert first.duration_ns > 0 and "(3,)" in recompile.reason
+    assert all(e.function == "step" for e in log if isinstance(e, events.CacheHit))

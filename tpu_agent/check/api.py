@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tpu_agent
 from tpu_agent.check.model import (
@@ -55,6 +56,7 @@ class CheckOptions:
     process_per_mode: bool = True
     matmul_precision: str = "highest"
     env: dict[str, str] = field(default_factory=dict)
+    max_memory_mb: int | None = None  # a worker allocating more fails with an error instead of exhausting the host
 
 
 def _validate(options: CheckOptions) -> None:
@@ -71,7 +73,7 @@ def _validate(options: CheckOptions) -> None:
         )
 
 
-def _worker_env(options: CheckOptions, backend: str, mode: str) -> dict[str, str]:
+def worker_env(options: CheckOptions, backend: str, mode: str) -> dict[str, str]:
     package_root = str(Path(tpu_agent.__file__).resolve().parent.parent)
     env = apply_env(eager_mode_env("strict" if mode == "compile" else mode))
     env.update(options.env)
@@ -87,10 +89,20 @@ def _failed(modes: list[str], stage: str, kind: str, message: str) -> list[ModeR
     return [ModeResult(mode, ERROR, error=ErrorInfo(stage, kind, message)) for mode in modes]
 
 
-def _run_worker(
-    spec: ModelSpec, modes: list[str], options: CheckOptions, backend: str
-) -> tuple[ModelInfo | None, list[ModeResult]]:
-    request = {
+def timed_out(modes: list[str], timeout_s: float) -> list[ModeResult]:
+    """The verdict for modes whose worker ran past the timeout (and was killed)."""
+    return _failed(modes, "timeout", "Timeout", f"no result within {timeout_s:g} s (--timeout)")
+
+
+def died(modes: list[str], returncode: int | None, stderr: str) -> list[ModeResult]:
+    """The verdict for modes whose worker died without a result (a crash in native code, an abort)."""
+    tail = stderr[-STDERR_TAIL:].strip()
+    return _failed(modes, "worker", "WorkerDied", f"the worker exited with code {returncode}: {tail}")
+
+
+def worker_request(spec: ModelSpec, modes: list[str], options: CheckOptions) -> dict[str, Any]:
+    """The JSON request a worker answers (one process per request, or many in a serving worker)."""
+    return {
         "spec": spec.to_dict(),
         "modes": modes,
         "max_parameters": options.max_parameters,
@@ -99,12 +111,42 @@ def _run_worker(
         "measure_steps": options.measure_steps,
         "matmul_precision": options.matmul_precision,
     }
+
+
+def read_worker_result(result: dict[str, Any]) -> tuple[ModelInfo | None, list[ModeResult]]:
+    """A worker's JSON result as records; a usage problem it found (bad factory, oversized model) is raised."""
+    if "usage_error" in result:
+        raise TpuAgentError(**result["usage_error"])
+    model = ModelInfo(**result["model"]) if result.get("model") else None
+    return model, [ModeResult.from_dict(item) for item in result["modes"]]
+
+
+def memory_limit(max_memory_mb: int | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` capping the worker's data segment (heap and anonymous mappings, where tensors live) at
+    ``max_memory_mb``: a model too large for it fails with an allocation error, reported like any other, instead
+    of pushing the machine into its OOM killer (sweeps run many models side by side)."""
+    if not max_memory_mb:
+        return None
+    limit = max_memory_mb * 1024 * 1024
+
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return apply
+
+
+def _run_worker(
+    spec: ModelSpec, modes: list[str], options: CheckOptions, backend: str
+) -> tuple[ModelInfo | None, list[ModeResult]]:
     with tempfile.TemporaryDirectory(prefix="tpu-agent-check-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
-        request_path.write_text(json.dumps(request), encoding="utf-8")
+        request_path.write_text(json.dumps(worker_request(spec, modes, options)), encoding="utf-8")
         process = subprocess.Popen(
             [sys.executable, "-m", "tpu_agent.check.worker", str(request_path), str(result_path)],
-            env=_worker_env(options, backend, modes[0]),
+            env=worker_env(options, backend, modes[0]),
+            preexec_fn=memory_limit(options.max_memory_mb),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -114,17 +156,11 @@ def _run_worker(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
-            return None, _failed(modes, "timeout", "Timeout", f"no result within {options.timeout_s:g} s (--timeout)")
+            return None, timed_out(modes, options.timeout_s)
         if not result_path.is_file():
-            tail = stderr.decode("utf-8", "replace")[-STDERR_TAIL:].strip()
-            return None, _failed(
-                modes, "worker", "WorkerDied", f"the worker exited with code {process.returncode}: {tail}"
-            )
+            return None, died(modes, process.returncode, stderr.decode("utf-8", "replace"))
         result = json.loads(result_path.read_text(encoding="utf-8"))
-    if "usage_error" in result:
-        raise TpuAgentError(**result["usage_error"])
-    model = ModelInfo(**result["model"]) if result.get("model") else None
-    return model, [ModeResult.from_dict(item) for item in result["modes"]]
+    return read_worker_result(result)
 
 
 def check_model(

@@ -183,7 +183,18 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ),
     ShrinkRule("experts-per-token", ("num_experts_per_tok", "moe_topk", "moe_k"), _at_most(2), "top-2 routing"),
     ShrinkRule("expert-groups", ("n_group", "num_expert_group", "topk_group"), _at_most(1), "one routing group"),
-    ShrinkRule("vocab", ("vocab_size",), _at_most(TINY_VOCAB), "a 256-token vocabulary (token ids are remapped)"),
+    ShrinkRule(
+        "vocab",
+        ("vocab_size", "vocab_size_per_layer_input"),
+        _at_most(TINY_VOCAB),
+        "a 256-token vocabulary (token ids are remapped); per-layer embedding tables (Gemma 3n / 4) too",
+    ),
+    ShrinkRule(
+        "per-layer-input",
+        ("hidden_size_per_layer_input",),
+        _at_most(16),
+        "the per-layer input embedding width, which multiplies the layer count and the vocabulary",
+    ),
     ShrinkRule(
         "positions",
         ("max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions", "n_ctx"),

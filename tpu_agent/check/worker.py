@@ -1,4 +1,5 @@
-"""The check worker: ``python -m tpu_agent.check.worker REQUEST.json RESULT.json``.
+"""The check worker: ``python -m tpu_agent.check.worker REQUEST.json RESULT.json`` (one request), or
+``python -m tpu_agent.check.worker --serve`` (many, for sweeps: see :mod:`tpu_agent.check.pool`).
 
 It builds the model on CPU, activates the runtime exactly as ``tpu-agent run`` does (the eager mode comes from
 TorchTPU's own environment switches, set by the parent), runs the CPU reference (CPU tensors never enter the
@@ -79,8 +80,13 @@ def _set_mode(mode: str) -> None:
         tpu.eager_mode = tpu.EagerMode[MODE_ENUM[mode]]
 
 
-def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, Any]) -> ModeResult:
-    """Run ``built`` on the tpu device in ``mode`` and compare with ``reference``; localise any divergence."""
+def run_mode(
+    mode: str, built: Built, reference: StepResult, request: dict[str, Any], pristine: Any | None = None
+) -> ModeResult:
+    """Run ``built`` on the tpu device in ``mode`` and compare with ``reference``; localise any divergence.
+
+    The device copy is made from ``pristine``, a copy of the model taken before any forward ran (default: the
+    model as it is now)."""
     import torch
 
     started = time.perf_counter()
@@ -90,7 +96,7 @@ def run_mode(mode: str, built: Built, reference: StepResult, request: dict[str, 
         return torch.compile(module, backend="tpu") if compiled else module
 
     try:
-        tpu_model = copy.deepcopy(built.model).to(DEVICE)
+        tpu_model = copy.deepcopy(built.model if pristine is None else pristine).to(DEVICE)
     except Exception as error:  # moving the model is the first thing the device must do right
         return ModeResult(mode, ERROR, error=error_info("tpu-forward", error), seconds=time.perf_counter() - started)
     # the weights are on the device before the first step: under DeferAndFuse their copies are deferred, and a
@@ -141,6 +147,12 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     # first backward, so a device registered after that fails every later backward on it.
     activate()
     torch.set_float32_matmul_precision(request.get("matmul_precision", "highest"))
+    # Copied before the reference's forward: a model that keeps non-leaf tensors from its forward (a recurrent
+    # state, a cache) cannot be deep-copied after one, and every mode should start from the same fresh state.
+    try:
+        pristine = copy.deepcopy(built.model)
+    except Exception:  # a model that cannot be copied at all: each mode then tries the model as it is
+        pristine = None
     reference = run_step(built.model, built.invocation, "cpu", "cpu")
     if reference.error is not None:
         failed = [ModeResult(mode, ERROR, error=reference.error).to_dict() for mode in modes]
@@ -148,16 +160,16 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     results = []
     for mode in modes:
         try:
-            if len(modes) > 1:  # one process for several modes (the sweep's cheaper layout): switch in-process
+            if len(modes) > 1 or request.get("switch_modes"):  # one process, several modes: switch in-process
                 _set_mode(mode)
-            results.append(run_mode(mode, built, reference, request).to_dict())
+            results.append(run_mode(mode, built, reference, request, pristine).to_dict())
         except Exception as error:  # a failure outside the model's own run: report it against this mode only
             results.append(ModeResult(mode, ERROR, error=error_info("worker", error)).to_dict())
     return {"model": built.info.to_dict(), "modes": results}
 
 
-def main(argv: list[str]) -> int:
-    request_path, result_path = Path(argv[0]), Path(argv[1])
+def answer(request_path: Path, result_path: Path) -> None:
+    """Run the request in ``request_path`` and write its result to ``result_path`` (never raises)."""
     request = json.loads(request_path.read_text(encoding="utf-8"))
     try:
         result = run_request(request)
@@ -167,6 +179,42 @@ def main(argv: list[str]) -> int:
             "modes": [ModeResult(m, ERROR, error=error_info("worker", error)).to_dict() for m in request["modes"]],
         }
     atomic_write_text(result_path, json.dumps(result, default=str))
+
+
+def _forget_model_state() -> None:
+    """Between two models in one serving process: drop Dynamo's caches (a later model must trace afresh, not
+    hit a recompile limit reached by an earlier one) and collect the previous model's tensors."""
+    import gc
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+    gc.collect()
+
+
+def serve() -> int:
+    """Answer requests until stdin closes: each stdin line is ``REQUEST.json<TAB>RESULT.json``; the answer is
+    the line ``done`` on the original stdout once the result is written. The model's own prints go to stderr,
+    so that nothing it writes can be taken for an answer. Imports (torch, transformers, Dynamo) are paid once
+    per process instead of once per model, which is what makes a sweep of hundreds of models affordable."""
+    import os
+
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        request_path, _, result_path = line.rstrip("\n").partition("\t")
+        answer(Path(request_path), Path(result_path))
+        _forget_model_state()
+        answers.write("done\n")
+        answers.flush()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        return serve()
+    answer(Path(argv[0]), Path(argv[1]))
     return 0
 
 
@@ -174,4 +222,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["main", "run_mode", "run_request"]
+__all__ = ["answer", "main", "run_mode", "run_request", "serve"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -18,6 +20,7 @@ from tpu_agent.cli._output import (
     print_json,
 )
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.fsutil import atomic_write_text
 
 CHECK_HELP = """Validate a model on the TorchTPU 'tpu' device: forward + backward on CPU and on 'tpu' in Strict,
 DeferAndFuse and torch.compile(backend="tpu"), outputs and gradients compared at matmul precision "highest";
@@ -40,6 +43,8 @@ Examples:
   tpu-agent check mypkg.models:make_model_and_inputs
 
   tpu-agent check bert --task masked-lm --timeout 300
+
+  tpu-agent check gpt2 --output check.json        # the table here, the JSON report in check.json
 """
 
 STATUS_STYLE = {"pass": "green", "mismatch": "yellow", "error": "red"}
@@ -127,6 +132,9 @@ def check(
     ),
     localise: bool = typer.Option(True, "--localise/--no-localise", help="On a divergence, find the submodule and op."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Also write the JSON report to this file (atomically; stdout is unchanged)."
+    ),
 ) -> None:
     from tpu_agent.check import CheckOptions, check_model, parse_model_spec
 
@@ -147,6 +155,8 @@ def check(
     with console_err.status(f"checking {model}...") as status:
         report = check_model(spec, options, progress=lambda message: status.update(message))
     data = report.to_dict()
+    if output is not None:
+        atomic_write_text(output, json.dumps(data, indent=2) + "\n")
     if output_format == OutputFormat.json:
         print_json(data)
     else:

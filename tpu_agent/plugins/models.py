@@ -69,7 +69,7 @@ class ApplyResult(BaseModel):
 
 class JobResult(BaseModel):
     job_id: str
-    kind: Literal["run", "profile", "estimate"]
+    kind: Literal["run", "profile", "estimate", "check"]
     state: JobStateName
     exit_code: int | None
     elapsed_s: float
@@ -81,6 +81,9 @@ class JobResult(BaseModel):
     profile_dir: str | None = Field(default=None, description="Workspace-relative profile directory (profile jobs).")
     estimate_path: str | None = Field(
         default=None, description="Workspace-relative estimate JSON (estimate jobs; docs/estimate-json-schema.md)."
+    )
+    check_path: str | None = Field(
+        default=None, description="Workspace-relative check report JSON (check jobs; `tpu-agent check --format json`)."
     )
     next_action: str
 

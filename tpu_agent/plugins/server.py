@@ -19,12 +19,12 @@ from tpu_agent import __version__
 from tpu_agent.plugins.install import SERVER_NAME
 from tpu_agent.plugins.jobs import JobManager
 from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, DEFAULT_MAX_RANKS
-from tpu_agent.plugins.tools import diagnose, doctor, jobs, migrate, resources
+from tpu_agent.plugins.tools import check, diagnose, doctor, jobs, migrate, resources
 from tpu_agent.plugins.tools.args import MAX_WAIT_S
 from tpu_agent.plugins.tools.common import ServerState, format_error
 
 #: The tool modules, in the order ``tools/list`` shows them (doctor first: agents are told to call it first).
-TOOL_MODULES = (doctor, migrate, jobs, diagnose)
+TOOL_MODULES = (doctor, migrate, jobs, check, diagnose)
 
 INSTRUCTIONS = """\
 tpu-agent moves CUDA PyTorch code onto Google TPUs (TorchTPU) and tunes it.

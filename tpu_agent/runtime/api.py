@@ -28,7 +28,11 @@ def launch(target: LaunchTarget, options: RunOptions) -> int:
     from tpu_agent.runtime import (
         launcher,  # imports subprocess machinery only when something is launched
     )
+    from tpu_agent.runtime.xla import settings
 
+    requested = options.env.get(settings.COMPILER_ENV, os.environ.get(settings.COMPILER_ENV, ""))
+    if requested.strip().lower() == settings.XLA and options.backend != "torch_tpu":
+        settings.require_xla("--compiler xla")  # refused here, once, before any rank starts
     return launcher.launch(target, options)
 
 

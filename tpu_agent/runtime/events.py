@@ -121,6 +121,16 @@ class Compile(Event):
 
 
 @dataclass(frozen=True)
+class CacheHit(Event):
+    """A compiled graph served from the XLA executable cache (no compile): with :class:`Compile` records, the
+    cache's hit rate, and proof that a steady loop compiles nothing new."""
+
+    kind: ClassVar[str] = "cache_hit"
+    function: str
+    site: Site | None
+
+
+@dataclass(frozen=True)
 class GraphBreak(Event):
     """A Dynamo graph break under ``torch.compile``."""
 
@@ -168,6 +178,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Flush,
         HostSync,
         Compile,
+        CacheHit,
         GraphBreak,
         FallbackOp,
         MemorySample,
@@ -188,9 +199,6 @@ def is_library_file(filename: str) -> bool:
     if filename.startswith("<"):
         return True
     return os.path.realpath(filename).startswith(_LIBRARY_ROOTS)
-
-
-_is_library_file = is_library_file  # the name tpu_agent.profile.capture imports
 
 
 def user_call_site(skip: int = 1) -> Site | None:

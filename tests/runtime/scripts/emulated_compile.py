@@ -13,7 +13,7 @@ def error_of(fn):
     try:
         fn()
     except Exception as e:  # noqa: BLE001
-        return [type(e).__name__, str(e)]
+        return {"type": type(e).__name__, "message": str(e)}
     return None
 
 
@@ -29,7 +29,10 @@ default_backend = torch.compile(lambda t: t * 2)(a)
 model = torch.nn.Linear(4, 4).to("tpu")
 torch.compile(model)(a).sum().backward()
 out = {
-    "result": [str(first.device), torch.allclose(first.cpu(), f(a, b).cpu()), list(second.shape), str(default_backend.device)],
+    "compiled_device": str(first.device),
+    "matches_eager": torch.allclose(first.cpu(), f(a, b).cpu()),
+    "recompiled_shape": list(second.shape),
+    "default_backend_device": str(default_backend.device),
     "grad": str(model.weight.grad.device),
     "dynamic": error_of(lambda: torch.compile(f, backend="tpu", dynamic=True)),
     "mode": error_of(lambda: torch.compile(f, backend="tpu", mode="max-autotune")),

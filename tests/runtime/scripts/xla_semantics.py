@@ -85,6 +85,30 @@ def compiled_cases() -> dict:
     }
 
 
+def data_dependent_in_graph() -> list:
+    """Embedding rows picked by a mask inside a compiled graph (Dynamo keeps masked_select and nonzero in it
+    with capture_dynamic_output_shape_ops): the XLA pieces around them, the ops themselves on the CPU."""
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    torch.manual_seed(11)
+    embed = torch.nn.Embedding(10, 4)
+    tokens = torch.tensor([[1, 3, 5, 0, 7], [4, 2, 9, 8, 1]])
+
+    def picked(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
+        x = module(t)
+        rows = torch.masked_select(x, (t > 2).unsqueeze(-1).expand_as(x)).view(-1, 4)  # LINE masked_select
+        return (rows * rows).sum() + torch.nonzero(t).float().sum()
+
+    results = []
+    for device, step in (("cpu", picked), ("tpu", torch.compile(picked, backend="tpu"))):
+        module = torch.nn.Embedding(10, 4).to(device)
+        module.load_state_dict(embed.state_dict())
+        loss = step(module, tokens.to(device))
+        loss.backward()
+        results.append([loss.item(), module.weight.grad.cpu().flatten().tolist()])
+    torch._dynamo.config.capture_dynamic_output_shape_ops = False
+    return results
+
+
 def run(mode: torch.tpu.EagerMode, case) -> list:
     with torch.tpu.set_eager_mode(mode):
         return case()
@@ -99,6 +123,7 @@ out = {
     ]
 }
 out["compiled"] = compiled_cases()
+out["data_dependent_in_graph"] = data_dependent_in_graph()
 from tpu_agent.runtime import events
 from tpu_agent.runtime.xla import cache
 

@@ -1,9 +1,13 @@
-"""The statement gate: top-level statements whose text holds no trigger for any rule are not visited.
+"""The statement gate: top-level statements whose text holds no trigger for any rule are neither parsed by
+libcst nor visited.
 
 Most statements of a real file have nothing CUDA-ish in them; the stdlib parser (much faster than a
-libcst walk) gives each statement's line span, and a statement whose text the prefilter regex (plus the
-file's own aliases of CUDA modules) does not match is marked inert, so the rule pass skips its subtree.
-The same map gives the first line of every top-level statement, which the splicer's layout needs.
+libcst parse) gives each statement's line span, and a statement whose text the prefilter regex (plus the
+file's own aliases of CUDA modules) does not match is inert. :func:`reduce_source` replaces every inert
+top-level statement by a stub of the same height (``(`` ... ``)``), so libcst parses only what the rules
+can act on while every line keeps its number; the splicer copies the inert statements' original text back.
+:func:`statement_map` marks inert statements (stubs included) so the rule pass skips their subtrees, and
+gives the first line of every top-level statement, which the splicer's layout needs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tpu_agent.migrate.engine.positions import line_starts
+from tpu_agent.migrate.engine.positions import NEWLINE_RE, line_starts
 from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS
 
 _IMPORT_RE = re.compile(r"\bimport\b")
@@ -53,6 +57,99 @@ def _cuda_aliases(tree: ast.Module) -> list[str]:
     return names
 
 
+def _trigger_gate(tree: ast.Module) -> re.Pattern[bytes]:
+    """The prefilter regex, plus the file's own names for CUDA-ish things."""
+    aliases = _cuda_aliases(tree)
+    if not aliases:
+        return CUDA_TOKENS
+    return re.compile(
+        CUDA_TOKENS.pattern + b"|\\b(?:" + "|".join(map(re.escape, aliases)).encode() + b")\\b", re.IGNORECASE
+    )
+
+
+def _is_live(text: str, gate: re.Pattern[bytes]) -> bool:
+    """A statement the rules may act on: it imports (its names resolve the rest) or holds a trigger."""
+    return _IMPORT_RE.search(text) is not None or gate.search(text.encode("utf-8", "surrogatepass")) is not None
+
+
+def _begin(stmt: ast.stmt) -> int:
+    decorators = getattr(stmt, "decorator_list", None) or []
+    return min([stmt.lineno, *(d.lineno for d in decorators)])
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A source whose inert top-level statements are stubs of the same height, and its statement tree."""
+
+    text: str
+    tree: ast.Module  # the full tree's statements, a stub ``ast.Expr`` in place of each inert group
+
+
+_SIMPLE = (
+    ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Pass, ast.Delete, ast.Return, ast.Raise, ast.Assert,
+    ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Break, ast.Continue,
+)  # fmt: skip
+
+
+@dataclass
+class _Group:
+    """Top-level statements sharing lines (``a = 1; b = 2``): stubbed together or not at all."""
+
+    begin: int
+    end: int
+    live: bool
+    statements: list[ast.stmt]
+
+
+def reduce_source(source: str, tree: ast.Module) -> Reduction | None:
+    """``source`` with each inert top-level statement replaced by a stub spanning the same lines (each line keeps
+    its own line ending), or None when every statement is live. Comments and blank lines between statements
+    stay as they are. A simple statement becomes ``(`` ... ``)``, a compound one ``if (`` ... ``): pass``: the
+    import placement tells the two apart (imports go after the leading simple statements), and a leading
+    docstring is kept (imports go after it)."""
+    gate = _trigger_gate(tree)
+    starts = line_starts(source)
+    groups: list[_Group] = []
+    for position, stmt in enumerate(tree.body):
+        begin, end = _begin(stmt), stmt.end_lineno or stmt.lineno
+        docstring = position == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        live = docstring or _is_live(source[starts[begin - 1] : _line_end(starts, end, source)], gate)
+        if groups and begin <= groups[-1].end:
+            group = groups[-1]
+            group.end, group.live = max(group.end, end), group.live or live
+            group.statements.append(stmt)
+        else:
+            groups.append(_Group(begin, end, live, [stmt]))
+    if all(group.live for group in groups):
+        return None
+    parts: list[str] = []
+    body: list[ast.stmt] = []
+    copied = 0  # offset in ``source`` up to which the text is in ``parts``
+    for group in groups:
+        if group.live:
+            body.extend(group.statements)
+            continue
+        start, stop = starts[group.begin - 1], _line_end(starts, group.end, source)
+        endings = NEWLINE_RE.findall(source, start, stop)
+        closing = endings.pop() if len(endings) > group.end - group.begin else ""
+        compound = not isinstance(group.statements[0], _SIMPLE)
+        parts.append(source[copied:start])
+        parts.append(("if (" if compound else "(") + "".join(endings) + ("): pass" if compound else ")") + closing)
+        copied = stop
+        stub: ast.stmt = (
+            ast.If(ast.Tuple([], ast.Load()), [ast.Pass()], []) if compound else ast.Expr(ast.Tuple([], ast.Load()))
+        )
+        stub.lineno, stub.end_lineno, stub.col_offset, stub.end_col_offset = group.begin, group.end, 0, 1
+        body.append(stub)
+    parts.append(source[copied:])
+    return Reduction("".join(parts), ast.Module(body=body, type_ignores=[]))
+
+
+def _line_end(starts: list[int], line: int, source: str) -> int:
+    """Offset just past line ``line`` (1-based), its line ending included."""
+    return starts[line] if line < len(starts) else len(source)
+
+
 @dataclass
 class StatementMap:
     """What the stdlib parser tells about the libcst statements of one module."""
@@ -77,12 +174,7 @@ def statement_map(module: cst.Module, source: str, tree: ast.Module | None = Non
             tree = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return StatementMap(set(), None)
-    aliases = _cuda_aliases(tree)
-    gate = CUDA_TOKENS
-    if aliases:
-        gate = re.compile(
-            CUDA_TOKENS.pattern + b"|\\b(?:" + "|".join(map(re.escape, aliases)).encode() + b")\\b", re.IGNORECASE
-        )
+    gate = _trigger_gate(tree)
     starts = line_starts(source)
     inert: set[int] = set()
     begins: list[int] = []
@@ -98,15 +190,14 @@ def statement_map(module: cst.Module, source: str, tree: ast.Module | None = Non
             if not isinstance(stmt, cst.SimpleStatementLine) and not isinstance(group[0], _PAIRS.get(type(stmt), ())):
                 return False
             first = group[0]
-            decorators = getattr(first, "decorator_list", None) or []
-            begin = min([first.lineno, *(d.lineno for d in decorators)])
+            begin = _begin(first)
             if top:
                 begins.append(begin)
             end = group[-1].end_lineno or first.lineno
-            text = source[starts[begin - 1] : starts[end] if end < len(starts) else len(source)]
+            text = source[starts[begin - 1] : _line_end(starts, end, source)]
             if _IMPORT_RE.search(text):
                 continue
-            if not gate.search(text.encode("utf-8", "surrogatepass")):
+            if not _is_live(text, gate):
                 inert.add(id(stmt))
             elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
                 if not walk(stmt.body.body, group[0].body, False):  # type: ignore[attr-defined]

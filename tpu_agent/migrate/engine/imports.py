@@ -9,6 +9,7 @@ does not keep ``from torch.cuda import amp`` for nothing.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TypeGuard
 
 import libcst as cst
@@ -104,17 +105,37 @@ def finish_module(ctx: PyContext, original: cst.Module, module: cst.Module) -> t
     return module.with_changes(body=[*body[:index], *new, *body[index:]]), (index, len(new))
 
 
-def remove_unused_cuda_imports(ctx: PyContext, module: cst.Module, code: str) -> str:
-    """Drop ``from torch.cuda import amp``-style aliases the rewrites left without a single use, and turn
-    ``import torch.cuda`` into ``import torch`` once no ``torch.cuda`` is left."""
-    unused: set[str] = set()
-    for name, qualname in ctx.aliases.items():
-        if qualname.startswith(CUDA_MODULE_PREFIXES) and name != "torch":
-            if len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) == 1:
-                unused.add(name)
+@dataclass(frozen=True)
+class UnusedImports:
+    """CUDA imports the output no longer uses."""
+
+    names: frozenset[str]  # names bound by ``from torch.cuda import amp``-style imports, used nowhere else
+    retire_module: bool  # ``import torch.cuda`` whose module is referred to nowhere else
+
+    @property
+    def any(self) -> bool:
+        return bool(self.names) or self.retire_module
+
+
+def unused_cuda_imports(ctx: PyContext, code: str) -> UnusedImports:
+    """What :func:`remove_unused_cuda_imports` would drop from ``code`` (the output text)."""
+    names = frozenset(
+        name
+        for name, qualname in ctx.aliases.items()
+        if qualname.startswith(CUDA_MODULE_PREFIXES)
+        and name != "torch"
+        and len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) == 1
+    )
     plain_cuda_imports = len(re.findall(r"^import[ \t]+torch\.cuda\b", code, re.MULTILINE))
     retire_module = plain_cuda_imports > 0 and len(re.findall(r"\btorch\.cuda\b", code)) == plain_cuda_imports
-    if not unused and not retire_module:
+    return UnusedImports(names, retire_module)
+
+
+def remove_unused_cuda_imports(module: cst.Module, code: str, found: UnusedImports) -> str:
+    """Drop ``from torch.cuda import amp``-style aliases the rewrites left without a single use, and turn
+    ``import torch.cuda`` into ``import torch`` once no ``torch.cuda`` is left (``found``)."""
+    unused, retire_module = found.names, found.retire_module
+    if not found.any:
         return code
     body = []
     changed = False

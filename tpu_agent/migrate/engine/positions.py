@@ -23,12 +23,12 @@ from libcst._nodes.internal import CodegenState
 from tpu_agent.migrate.engine.context import PendingFinding
 
 Position = tuple[int, int, int, int]  # 1-based start line, 0-based start column, end line, end column
-_NEWLINE_RE = re.compile(r"\r\n|\r|\n")
+NEWLINE_RE = re.compile(r"\r\n|\r|\n")
 
 
 def line_starts(source: str) -> list[int]:
     """Offset of the first character of each line (``\\n``, ``\\r\\n`` and ``\\r`` all end a line)."""
-    return [0] + [m.end() for m in _NEWLINE_RE.finditer(source)]
+    return [0] + [m.end() for m in NEWLINE_RE.finditer(source)]
 
 
 class _PositionState(CodegenState):

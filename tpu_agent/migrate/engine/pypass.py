@@ -2,7 +2,7 @@
 
 This module only orchestrates; each job lives in its own module:
 
-* :mod:`~tpu_agent.migrate.engine.gate` -- which statements hold no trigger and are skipped;
+* :mod:`~tpu_agent.migrate.engine.gate` -- which statements hold no trigger and are neither parsed nor visited;
 * :mod:`~tpu_agent.migrate.engine.rulepass` (with :mod:`~tpu_agent.migrate.engine.dispatch`) -- the one
   libcst pass per file that runs the rule handlers;
 * :mod:`~tpu_agent.migrate.engine.imports` -- imports added for and left unused by the rewrites;
@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tpu_agent.migrate.engine.context import PyContext
+from tpu_agent.migrate.engine.context import Imported, PyContext
 from tpu_agent.migrate.engine.dispatch import Dispatch
-from tpu_agent.migrate.engine.gate import StatementMap, statement_map
+from tpu_agent.migrate.engine.gate import StatementMap, reduce_source, statement_map
 from tpu_agent.migrate.engine.guard import ParseFailure
-from tpu_agent.migrate.engine.imports import remove_unused_cuda_imports
+from tpu_agent.migrate.engine.imports import remove_unused_cuda_imports, unused_cuda_imports
 from tpu_agent.migrate.engine.positions import Layout, Position, layout, positions, statement_positions
 from tpu_agent.migrate.engine.rulepass import Edits, RulePass
 from tpu_agent.migrate.engine.splice import same_lines, splice
 from tpu_agent.migrate.model import MigrateOptions, Rule, Safety
 
-__all__ = ["ParseFailure", "PlacedFinding", "PyOutcome", "Rewrite", "migrate_source", "parse", "rewrite"]
+__all__ = ["Imported", "ParseFailure", "PlacedFinding", "PyOutcome", "Rewrite", "migrate_source", "parse", "rewrite"]
 
 
 @dataclass
@@ -46,6 +46,9 @@ class Rewrite:
     ctx: PyContext  # the findings and what the rules needed
     statements: StatementMap
     edits: Edits
+    # the module was parsed from ``source`` with its inert statements stubbed (:func:`gate.reduce_source`): its
+    # code is not the file's, so the output must be spliced from ``source``
+    reduced: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,17 +84,26 @@ def rewrite(
     rules: Mapping[str, Rule],
     dispatch: Dispatch,
     tree: ast.Module | None = None,
+    reduce: bool = False,
+    imported: Imported | None = None,
 ) -> Rewrite:
     """Parse ``source`` and run every enabled rule over it in one pass (statements the gate marks inert are
-    not visited). ``tree`` is the stdlib parse of ``source`` when the caller already made it."""
-    module = parse(source)
+    not visited; with ``reduce``, inert top-level statements are not even parsed by libcst). ``tree`` is the
+    stdlib parse of ``source`` when the caller already made it."""
+    reduction = reduce_source(source, tree) if reduce and tree is not None else None
+    module = parse(reduction.text if reduction is not None else source)
     ctx = PyContext.for_source(source, options, rules, dispatch.claimed_calls)
+    ctx.imported_flows = imported or {}
     transformer = RulePass(ctx, dispatch)
-    statements = statement_map(module, source, tree)
+    if reduction is not None:
+        statements = statement_map(module, reduction.text, reduction.tree)
+        statements.tree = tree  # the analyses (value flow) see every use, the stubbed statements' included
+    else:
+        statements = statement_map(module, source, tree)
     transformer.inert = statements.inert
     ctx.ast_tree = statements.tree
     new_module = module.visit(transformer)
-    return Rewrite(source, module, new_module, ctx, statements, transformer.edits)
+    return Rewrite(source, module, new_module, ctx, statements, transformer.edits, reduction is not None)
 
 
 def migrate_source(
@@ -100,20 +112,30 @@ def migrate_source(
     rules: Mapping[str, Rule],
     dispatch: Dispatch,
     tree: ast.Module | None = None,
+    imported: Imported | None = None,
 ) -> PyOutcome:
-    """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse."""
+    """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse.
+
+    libcst parses only the statements the rules can act on (:func:`gate.reduce_source`); in the rare case
+    that the output cannot be spliced from the original text (a top-level statement removed, an import
+    clean-up), the file is migrated again from its full parse."""
     # Parsing and the pass allocate many short-lived, acyclic nodes: the cyclic collector only slows them down.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _outcome(rewrite(source, options, rules, dispatch, tree))
+        outcome = _outcome(rewrite(source, options, rules, dispatch, tree, reduce=True, imported=imported))
+        if outcome is None:
+            outcome = _outcome(rewrite(source, options, rules, dispatch, tree, imported=imported))
+        assert outcome is not None  # a module parsed in full always has an outcome
+        return outcome
     finally:
         if collecting:
             gc.enable()
 
 
-def _outcome(result: Rewrite) -> PyOutcome:
-    """Place the findings and produce the output text, splicing when the statement layout allows it."""
+def _outcome(result: Rewrite) -> PyOutcome | None:
+    """Place the findings and produce the output text, splicing when the statement layout allows it; None for
+    a reduced module whose output needs code generation of the whole module."""
     module, new_module, ctx, edits = result.module, result.new_module, result.ctx, result.edits
     begins = result.statements.begins
     placed = layout(module, result.source, begins) if begins is not None else None
@@ -123,6 +145,10 @@ def _outcome(result: Rewrite) -> PyOutcome:
         found, lengths = statement_positions(module, placed, ctx.findings)
         if _can_splice(result, placed, lengths):
             code = splice(result.source, module, new_module, placed.spans, edits)
+        elif result.reduced and edits.changed:
+            return None
+    elif result.reduced:
+        return None
     elif ctx.findings:
         found, _ = positions(module, [f.node for f in ctx.findings])
     placed_findings = (
@@ -134,15 +160,18 @@ def _outcome(result: Rewrite) -> PyOutcome:
     if code is None:
         code = new_module.code
     if code != result.source:
-        code = remove_unused_cuda_imports(ctx, new_module, code)
+        unused = unused_cuda_imports(ctx, code)
+        if unused.any and result.reduced:
+            return None
+        code = remove_unused_cuda_imports(new_module, code, unused)
     return PyOutcome(code if code != result.source else None, ordered)
 
 
 def _can_splice(result: Rewrite, placed: Layout, lengths: dict[int, int]) -> bool:
-    """Splicing is exact only when no top-level statement went, header and footer are unchanged, and the
-    layout read off line numbers matches what libcst generates for every changed statement."""
+    """Splicing is exact only when header and footer are unchanged and the layout read off line numbers
+    matches what libcst generates for every changed statement."""
     module, new_module, edits = result.module, result.new_module, result.edits
-    if not edits.changed or edits.top_removed:
+    if not edits.changed:
         return False
     if not (same_lines(module.header, new_module.header) and same_lines(module.footer, new_module.footer)):
         return False

@@ -37,12 +37,14 @@ class Edits:
     """What the pass changed at the top level of the module (what the splicer needs)."""
 
     dirty: set[int] = field(default_factory=set)  # indexes of top-level statements something changed in
-    inserted: tuple[int, int] = (0, 0)  # (index, count) of statements added to the module body
-    top_removed: bool = False  # a whole top-level statement was removed
+    # per statement of the new module body: the index of the original statement it came from, None for an
+    # added one (removed statements have no entry)
+    origins: list[int | None] = field(default_factory=list)
+    changed_body: bool = False  # statements were added to or removed from the module body
 
     @property
     def changed(self) -> bool:
-        return bool(self.dirty or self.inserted[1] or self.top_removed)
+        return bool(self.dirty or self.changed_body)
 
 
 class RulePass(cst.CSTTransformer):
@@ -169,31 +171,45 @@ class RulePass(cst.CSTTransformer):
         elif kind is cst.IndentedBlock:
             result = self._strip_removed(result, "footer")
         elif kind is cst.Module:
-            finished, self.edits.inserted = finish_module(ctx, original, result)
-            result = self._strip_removed(finished, "footer")
-            self.edits.top_removed = len(result.body) != len(original.body) + self.edits.inserted[1]
+            finished, (index, count) = finish_module(ctx, original, result)
+            origins: list[int | None] = list(range(len(original.body)))
+            origins[index:index] = [None] * count
+            result = self._strip_removed(finished, "footer", origins)
+            self.edits.origins = origins
+            self.edits.changed_body = len(result.body) != len(original.body) or count > 0
             return result
         if result is not updated:
             self.edits.dirty.add(ctx.top_index)
         return result
 
-    def _strip_removed(self, block: Any, footer_field: str) -> Any:
-        """Drop statements a rule emptied, keeping the comments and blank lines that were above them."""
+    def _strip_removed(self, block: Any, footer_field: str, origins: list[int | None] | None = None) -> Any:
+        """Drop statements a rule emptied, keeping the comments and blank lines that were above them.
+
+        ``origins`` (the module body's, see :class:`Edits`) loses the removed statements' entries, and a
+        statement that takes over their comments counts as changed."""
         if not self.removed or not any(id(stmt) in self.removed for stmt in block.body):
             return block
         body: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
-        for stmt in block.body:
+        kept: list[int | None] = []
+        for position, stmt in enumerate(block.body):
             if id(stmt) in self.removed:
                 carried.extend(stmt.leading_lines)
                 comment = stmt.trailing_whitespace.comment
                 if comment is not None:
                     carried.append(cst.EmptyLine(comment=comment))
                 continue
+            if origins is not None:
+                kept.append(origins[position])
             if carried:
                 stmt = stmt.with_changes(leading_lines=[*carried, *stmt.leading_lines])
                 carried = []
+                origin = origins[position] if origins is not None else None
+                if origin is not None:
+                    self.edits.dirty.add(origin)
             body.append(stmt)
+        if origins is not None:
+            origins[:] = kept if body else [None]
         if not body:
             # keep one statement so the block stays valid: a bare ``pass`` with the comments above it
             emptied = block.with_changes(body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)])

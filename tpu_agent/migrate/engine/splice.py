@@ -20,15 +20,11 @@ def same_lines(a: Sequence[cst.EmptyLine], b: Sequence[cst.EmptyLine]) -> bool:
 
 def splice(source: str, original: cst.Module, new: cst.Module, spans: dict[int, tuple[int, int]], edits: Edits) -> str:
     """The new module's code from the original text of every untouched top-level statement plus the code of
-    the changed and added ones: the same text as ``new.code``, without generating what did not change."""
-    index, count = edits.inserted
+    the changed and added ones (removed ones leave their text out): the same text as ``new.code``, without
+    generating what did not change."""
     parts = [source[: spans[id(original.body[0])][0]]] if original.body else [source]
-    for position, stmt in enumerate(new.body):
-        if index <= position < index + count:
-            parts.append(new.code_for_node(stmt))
-            continue
-        old = position - count if position >= index + count else position
-        if old in edits.dirty:
+    for stmt, old in zip(new.body, edits.origins, strict=True):
+        if old is None or old in edits.dirty:
             parts.append(new.code_for_node(stmt))
         else:
             start, end = spans[id(original.body[old])]

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.crossmodule import merged
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
+from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.devices import cuda_device_code, rewrite_device
 from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
@@ -81,9 +84,69 @@ def _key_of(target: cst.BaseExpression) -> tuple[str, str] | None:
     return None
 
 
+DefinitionRewrite = Callable[
+    ["PyContext", cst.BaseExpression, cst.BaseExpression, cst.BaseExpression], cst.BaseExpression | None
+]
+
+
+def _register_definition(family: Family, rewrite: DefinitionRewrite) -> None:
+    """Run ``rewrite(ctx, target, original value, updated value)`` on every single-target ``x = ...`` and
+    ``x: T = ...`` of ``family``: device and backend definitions are found the same way."""
+
+    def assign(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if len(original.targets) != 1:
+            return updated
+        new = rewrite(ctx, original.targets[0].target, original.value, updated.value)
+        return updated.with_changes(value=new) if new is not None else updated
+
+    def annotated(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+        if original.value is None or updated.value is None:
+            return updated
+        new = rewrite(ctx, original.target, original.value, updated.value)
+        return updated.with_changes(value=new) if new is not None else updated
+
+    family.leave(cst.Assign)(assign)
+    family.leave(cst.AnnAssign)(annotated)
+
+
+class _StringSearch(cst.CSTVisitor):
+    """Finds a string literal holding a text; stops descending once it has (generating the code of every
+    assigned value to search it costs far more)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.found = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if type(node) is cst.SimpleString and self.text in node.value:
+            self.found = True
+        return not self.found
+
+
+def _holds_string(ctx: PyContext, node: cst.CSTNode, text: str) -> bool:
+    """Some string literal inside ``node`` contains ``text``."""
+    if text not in ctx.source:
+        return False
+    search = _StringSearch(text)
+    node.visit(search)
+    return search.found
+
+
 def _lines(flow: KeyFlow) -> str:
     shown = ", ".join(str(n) for n in flow.other_lines[:8])
     return f"line{'s' if len(flow.other_lines) > 1 else ''} {shown}" if shown else "other uses"
+
+
+def _definition_flow(ctx: PyContext, key: str) -> tuple[Verdict | None, str]:
+    """The verdict for the value a definition binds to ``key``, and its other uses for a report. A module-level
+    constant counts what the tree's modules importing it do with it too."""
+    local = ctx.value_flow.flow(key)
+    imported = ctx.imported_flows.get(key, ()) if len(ctx.stmt_stack) == 1 else ()
+    if not imported:
+        return local.verdict, _lines(local)
+    verdict, places = merged(local, imported)
+    return verdict, ", ".join(places[:8]) or "other uses"
 
 
 # ---- devices ------------------------------------------------------------------------------------------
@@ -93,28 +156,12 @@ def _device_definition(
     key = _key_of(target)
     if key is None or cuda_device_code(ctx, original) is None or cuda_device_code(ctx, updated) is None:
         return None  # not a CUDA literal, or the name-based rule already rewrote it
-    flow = ctx.value_flow.flow(key[0])
-    if flow.verdict is Verdict.DEVICE and not _NAMED_DEVICE_RE.search(key[1]):
+    verdict, others = _definition_flow(ctx, key[0])
+    if verdict is Verdict.DEVICE and not _NAMED_DEVICE_RE.search(key[1]):
         return rewrite_device(ctx, original, "type", updated=updated)
-    if flow.verdict is Verdict.MIXED:
-        ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {_lines(flow)}")
+    if verdict is Verdict.MIXED:
+        ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {others}")
     return None
-
-
-@devices.FAMILY.leave(cst.Assign)
-def device_definition(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-    if len(original.targets) != 1:
-        return updated
-    new = _device_definition(ctx, original.targets[0].target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
-
-
-@devices.FAMILY.leave(cst.AnnAssign)
-def annotated_device_definition(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
-    if original.value is None or updated.value is None:
-        return updated
-    new = _device_definition(ctx, original.target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
 
 
 def _compared_key(ctx: PyContext, node: cst.BaseExpression) -> bool:
@@ -152,6 +199,9 @@ def device_value_comparison(ctx: PyContext, original: cst.Comparison, updated: c
         for j, c in enumerate(updated.comparisons)
     ]
     return updated.with_changes(left=keep_parens(original.left, left), comparisons=targets)
+
+
+_register_definition(devices.FAMILY, _device_definition)
 
 
 # ---- backends -----------------------------------------------------------------------------------------
@@ -202,15 +252,15 @@ def _backend_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
 ) -> cst.BaseExpression | None:
     key = _key_of(target)
-    if key is None or "nccl" not in source(original):
+    if key is None or not _holds_string(ctx, original, "nccl"):
         return None
-    if source(updated) != source(original):
+    if not updated.deep_equals(original):
         return None  # the name-based rule already rewrote it
-    flow = ctx.value_flow.flow(key[0])
-    if flow.verdict is Verdict.MIXED:
-        ctx.report("TPU408", original, f"{key[1]} = {source(original)} is used as a backend and by {_lines(flow)}")
+    verdict, others = _definition_flow(ctx, key[0])
+    if verdict is Verdict.MIXED:
+        ctx.report("TPU408", original, f"{key[1]} = {source(original)} is used as a backend and by {others}")
         return None
-    if flow.verdict is not Verdict.BACKEND and not _NAMED_BACKEND_RE.search(key[1]):
+    if verdict is not Verdict.BACKEND and not _NAMED_BACKEND_RE.search(key[1]):
         return None
     if not _is_backend_expression(ctx, original):
         return None
@@ -222,20 +272,7 @@ def _backend_definition(
     )
 
 
-@distributed.FAMILY.leave(cst.Assign)
-def backend_definition(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-    if len(original.targets) != 1:
-        return updated
-    new = _backend_definition(ctx, original.targets[0].target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
-
-
-@distributed.FAMILY.leave(cst.AnnAssign)
-def annotated_backend_definition(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
-    if original.value is None or updated.value is None:
-        return updated
-    new = _backend_definition(ctx, original.target, original.value, updated.value)
-    return updated.with_changes(value=new) if new is not None else updated
+_register_definition(distributed.FAMILY, _backend_definition)
 
 
 @distributed.FAMILY.leave(cst.Subscript)

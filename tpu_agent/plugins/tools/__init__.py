@@ -4,7 +4,8 @@
 * :mod:`~tpu_agent.plugins.tools.args` -- every argument type, its description and declared limits.
 * :mod:`~tpu_agent.plugins.tools.doctor` -- ``tpu_doctor``.
 * :mod:`~tpu_agent.plugins.tools.migrate` -- scan, plan, apply, rule explanations, API lookup.
-* :mod:`~tpu_agent.plugins.tools.jobs` -- run and profile jobs, their status and cancellation.
+* :mod:`~tpu_agent.plugins.tools.jobs` -- run, profile and estimate jobs, their status and cancellation.
+* :mod:`~tpu_agent.plugins.tools.check` -- ``tpu_check``, a model check as a job.
 * :mod:`~tpu_agent.plugins.tools.diagnose` -- ``tpu_diagnose``.
 * :mod:`~tpu_agent.plugins.tools.resources` -- resources and prompts.
 

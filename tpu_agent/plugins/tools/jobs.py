@@ -45,6 +45,7 @@ POLL_S = 0.5
 def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
     ws = job.workspace
     estimate = _estimate_file(job)
+    check = report_file(job, "check", CHECK_FILE)
     if job.state.value == "running":
         next_action = f"Call tpu_job_status with job_id={job.id!r} and wait_s=30 until the state is final."
     elif job.kind == "profile" and job.state.value == "succeeded":
@@ -54,13 +55,18 @@ def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
             f"Read {ws.relative(estimate)}: the verdict, HBM per chip and, when it does not fit, the "
             "suggestions (each compiled). Apply one, then call tpu_estimate again."
         )
+    elif check is not None and job.exit_code in (ExitCode.OK, ExitCode.FINDINGS):
+        next_action = (
+            f"Read {ws.relative(check)}: 'status' per mode (pass / mismatch / error) and, for a failing mode, "
+            "'localisation': the first diverging submodule and the op inside it. Fix that, then check again."
+        )
     elif job.state.value == "succeeded":
         next_action = "Done. Call tpu_profile with the same entrypoint to find what limits the step time."
     else:
         next_action = "Read log_tail (or the log resource) for the cause, fix it, and start a new job."
     return models.JobResult(
         job_id=job.id,
-        kind=job.kind,  # type: ignore[arg-type]  # "run" | "profile" | "estimate", set by _start_job only
+        kind=job.kind,  # type: ignore[arg-type]  # "run" | "profile" | "estimate" | "check", set by the tools only
         state=job.state.value,
         exit_code=job.exit_code,
         elapsed_s=round(job.elapsed_s, 2),
@@ -71,22 +77,29 @@ def job_result(job: Job, log_lines: int = 30) -> models.JobResult:
         log_truncated=job.log_truncated,
         profile_dir=ws.relative(job.artefact_dir) if job.artefact_dir is not None and job.kind == "profile" else None,
         estimate_path=ws.relative(estimate) if estimate is not None else None,
+        check_path=ws.relative(check) if check is not None else None,
         next_action=next_action,
     )
 
 
 ESTIMATE_FILE = "estimate.json"
+CHECK_FILE = "check.json"
 
 
-def _estimate_file(job: Job) -> Path | None:
-    """The estimate an estimate job wrote (``tpu-agent estimate --output`` writes it atomically at the end)."""
-    if job.kind != "estimate" or job.artefact_dir is None:
+def report_file(job: Job, kind: str, name: str) -> Path | None:
+    """The report a ``kind`` job wrote into its artefact directory (the commands' ``--output`` writes it
+    atomically at the end), or None while it is not there."""
+    if job.kind != kind or job.artefact_dir is None:
         return None
-    path = job.artefact_dir / ESTIMATE_FILE
+    path = job.artefact_dir / name
     return path if path.is_file() else None
 
 
-async def _wait_for_job(ctx: Context, job: Job, wait_s: float) -> None:
+def _estimate_file(job: Job) -> Path | None:
+    return report_file(job, "estimate", ESTIMATE_FILE)
+
+
+async def wait_for_job(ctx: Context, job: Job, wait_s: float) -> None:
     """Wait up to ``wait_s`` for the job, sending progress (seconds elapsed, last log line) meanwhile."""
     deadline = anyio.current_time() + wait_s
     reported = -1.0
@@ -192,7 +205,7 @@ async def _start_job(
         if logdir is not None:  # refused (busy): no empty capture for tpu_diagnose to pick as the newest
             logdir.rmdir()
         raise
-    await _wait_for_job(ctx, job, wait_s)
+    await wait_for_job(ctx, job, wait_s)
     return job_result(job)
 
 
@@ -267,7 +280,7 @@ async def tpu_job_status(
     log_lines: Annotated[int, Field(ge=0, le=200)] = 30,
 ) -> models.JobResult:
     job = server_state(ctx).jobs.get(job_id)
-    await _wait_for_job(ctx, job, wait_s)
+    await wait_for_job(ctx, job, wait_s)
     return job_result(job, log_lines)
 
 
@@ -310,8 +323,8 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         tpu_job_status,
         "tpu_job_status",
-        "State, exit code and last log lines of a job from tpu_run, tpu_profile or tpu_estimate. wait_s > 0 waits (with "
-        "progress) up to that long for the job to finish.",
+        "State, exit code and last log lines of a job from tpu_run, tpu_profile, tpu_estimate or tpu_check. wait_s > 0 "
+        "waits (with progress) up to that long for the job to finish.",
         tool_hints("Job status", read_only=True),
     ),
     ToolSpec(
@@ -322,4 +335,15 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
 )
 
-__all__ = ["TOOLS", "job_result", "tpu_estimate", "tpu_job_cancel", "tpu_job_status", "tpu_profile", "tpu_run"]
+__all__ = [
+    "CHECK_FILE",
+    "TOOLS",
+    "job_result",
+    "report_file",
+    "tpu_estimate",
+    "tpu_job_cancel",
+    "tpu_job_status",
+    "tpu_profile",
+    "tpu_run",
+    "wait_for_job",
+]

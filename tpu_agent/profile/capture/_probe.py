@@ -17,7 +17,7 @@ def site_dict(site: ev.Site | None) -> dict[str, Any] | None:
 def direct_caller_is_user(depth: int) -> bool:
     """True when the frame ``depth`` levels up is user code (not torch, not us, not the stdlib)."""
     frame = sys._getframe(depth + 1)
-    return not ev._is_library_file(frame.f_code.co_filename)
+    return not ev.is_library_file(frame.f_code.co_filename)
 
 
 class Probe:

@@ -45,7 +45,7 @@ def _weight_site(parent: Any, attr: str) -> ev.Site | None:
         filename = inspect.getsourcefile(cls) or ""
     except TypeError:
         return None
-    if ev._is_library_file(filename):
+    if ev.is_library_file(filename):
         return None
     return ev.Site(file=filename, line=line, function=f"{cls.__name__}.__init__")
 
@@ -59,7 +59,7 @@ def _statement_site() -> ev.Site | None:
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not ev._is_library_file(filename):
+        if not ev.is_library_file(filename):
             text = linecache.getline(filename, frame.f_lineno).strip()
             if not text.startswith(("@", "def ", "async def ")):
                 return ev.Site(file=filename, line=frame.f_lineno, function=frame.f_code.co_name)

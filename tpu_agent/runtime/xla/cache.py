@@ -4,7 +4,8 @@ A steady training loop compiles each distinct graph once, as TorchTPU does; late
 is bounded (least recently used entries go first) because a program whose shapes keep changing would
 otherwise hold every executable it ever built. Each compilation is written to the event log as a
 :class:`~tpu_agent.runtime.events.Compile` record (a new shape or precision for a known graph counts as a
-recompile), so the profiler's compile rules see XLA compilations as they see Dynamo's.
+recompile), so the profiler's compile rules see XLA compilations as they see Dynamo's; each hit is a
+:class:`~tpu_agent.runtime.events.CacheHit` record.
 """
 
 from __future__ import annotations
@@ -49,11 +50,14 @@ class ExecutableCache:
         signature: Hashable,
         specialisation: Hashable,
         build: Callable[[], Any],
-        describe: Callable[[], tuple[str, int, events.Site | None]],
+        function: str,
+        site: events.Site | None,
+        graph_ops: Callable[[], int],
     ) -> Any:
         """The executable for ``signature`` at ``specialisation`` (shapes, dtypes, precision), built on a miss.
 
-        ``describe`` names the function, op count and user site for the Compile record, only on a miss."""
+        ``function`` and ``site`` name the graph in the event records; ``graph_ops`` counts its ops for a
+        Compile record (only on a miss: counting walks the graph)."""
         key = (signature, specialisation)
         with self._lock:
             self.stats.requests += 1
@@ -61,7 +65,10 @@ class ExecutableCache:
             if entry is not None:
                 self._entries.move_to_end(key)
                 self.stats.hits += 1
-                return entry
+        if entry is not None:
+            if state.log_enabled:
+                events.emit(events.CacheHit, function=function, site=site)
+            return entry
         start = time.perf_counter_ns()
         entry = build()
         duration = time.perf_counter_ns() - start
@@ -75,12 +82,11 @@ class ExecutableCache:
             seen = self._signatures.get(signature, 0)
             self._signatures[signature] = seen + 1
         if state.log_enabled:
-            function, graph_ops, site = describe()
             events.emit(
                 events.Compile,
                 function=function,
                 graph_id=seen,
-                graph_ops=graph_ops,
+                graph_ops=graph_ops(),
                 is_recompile=seen > 0,
                 reason="first call" if seen == 0 else f"new input shapes, dtypes or precision: {specialisation}"[:500],
                 duration_ns=duration,

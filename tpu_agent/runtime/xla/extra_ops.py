@@ -8,6 +8,12 @@
 * ``detach_copy`` / ``alias_copy``: what functionalisation makes of ``detach`` and ``alias``; plain copies.
 * ``normal_functional``: what functionalisation makes of ``normal_`` (``torch.randn`` on the device); drawn
   from the executable's PRNG key like torchax's ``normal``.
+* ``_scaled_dot_product_flash_attention_for_cpu`` and its backward: the fused attention the emulated device
+  picks where the CPU would. torchax (like torch's own decomposition table) lowers the forward through
+  ``_scaled_dot_product_attention_math``, whose second result is the attention *weights* (N, H, L, S), not the
+  kernel's logsumexp (N, H, L); a backward in the same graph then reads weights as a logsumexp and computes
+  wrong gradients. Here both ops are the kernel's math: softmax statistics in f32, the logsumexp returned as
+  the backward expects it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,97 @@ def as_strided_scatter(
     return jax.lax.dynamic_update_slice(flat, dense, (offset,)).reshape(x.shape)
 
 
+def _attention_scores(
+    query: jax.Array, key: jax.Array, attn_mask: jax.Array | None, is_causal: bool, scale: float | None
+) -> tuple[jax.Array, float]:
+    """``scale * q @ k^T`` in f32, masked as the CPU kernel masks (additive float mask, causal from top left)."""
+    length, source = query.shape[-2], key.shape[-2]
+    factor = scale if scale is not None else 1.0 / float(query.shape[-1]) ** 0.5
+    scores = jnp.einsum("...le,...se->...ls", query.astype(jnp.float32), key.astype(jnp.float32)) * factor
+    if attn_mask is not None:
+        scores = (
+            jnp.where(attn_mask, scores, -jnp.inf)
+            if attn_mask.dtype == jnp.bool_
+            else scores + attn_mask.astype(jnp.float32)
+        )
+    if is_causal:
+        scores = jnp.where(jnp.tril(jnp.ones((length, source), dtype=jnp.bool_)), scores, -jnp.inf)
+    return scores, factor
+
+
+def _repeat_heads(x: jax.Array, heads: int) -> jax.Array:
+    """Key/value heads repeated to the query's head count (grouped-query attention)."""
+    return x if x.shape[-3] == heads else jnp.repeat(x, heads // x.shape[-3], axis=-3)
+
+
+def _sum_head_groups(grad: jax.Array, heads: int) -> jax.Array:
+    """The gradient of :func:`_repeat_heads`: each group of query heads summed back into its key/value head."""
+    if grad.shape[-3] == heads:
+        return grad
+    return grad.reshape(*grad.shape[:-3], heads, grad.shape[-3] // heads, *grad.shape[-2:]).sum(axis=-3)
+
+
+def _probabilities(scores: jax.Array, logsumexp: jax.Array) -> jax.Array:
+    """softmax from its logsumexp; rows that mask everything are all zero, as in the kernel."""
+    finite = jnp.isfinite(logsumexp)[..., None]
+    return jnp.where(finite, jnp.exp(scores - jnp.where(finite, logsumexp[..., None], 0.0)), 0.0)
+
+
+def flash_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: jax.Array | None = None,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(output, logsumexp)`` of ``_scaled_dot_product_flash_attention_for_cpu``."""
+    if dropout_p:
+        raise NotImplementedError("fused CPU attention with dropout has no XLA lowering here")
+    heads = query.shape[-3]
+    scores, _ = _attention_scores(query, _repeat_heads(key, heads), attn_mask, is_causal, scale)
+    logsumexp = jax.nn.logsumexp(scores, axis=-1)
+    weights = _probabilities(scores, logsumexp)
+    output = jnp.einsum("...ls,...se->...le", weights, _repeat_heads(value, heads).astype(jnp.float32))
+    return output.astype(query.dtype), logsumexp
+
+
+def flash_attention_backward(
+    grad_out: jax.Array,
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    out: jax.Array,
+    logsumexp: jax.Array,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: jax.Array | None = None,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(grad_query, grad_key, grad_value)`` of ``_scaled_dot_product_flash_attention_for_cpu_backward``."""
+    if dropout_p:
+        raise NotImplementedError("fused CPU attention with dropout has no XLA lowering here")
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    keys, values = _repeat_heads(key, heads), _repeat_heads(value, heads).astype(jnp.float32)
+    scores, factor = _attention_scores(query, keys, attn_mask, is_causal, scale)
+    weights = _probabilities(scores, logsumexp.astype(jnp.float32))
+    grad = grad_out.astype(jnp.float32)
+    grad_value = jnp.einsum("...ls,...le->...se", weights, grad)
+    grad_weights = jnp.einsum("...le,...se->...ls", grad, values)
+    row = jnp.sum(grad * out.astype(jnp.float32), axis=-1, keepdims=True)
+    grad_scores = weights * (grad_weights - row) * factor
+    grad_query = jnp.einsum("...ls,...se->...le", grad_scores, keys.astype(jnp.float32))
+    grad_key = jnp.einsum("...ls,...le->...se", grad_scores, query.astype(jnp.float32))
+    return (
+        grad_query.astype(query.dtype),
+        _sum_head_groups(grad_key, kv_heads).astype(key.dtype),
+        _sum_head_groups(grad_value, kv_heads).astype(value.dtype),
+    )
+
+
 def _or_torchax(fast: Callable[..., Any], general: Callable[..., Any]) -> Callable[..., Any]:
     def lowered(*args: Any, **kwargs: Any) -> Any:
         result = fast(*args, **kwargs)
@@ -105,6 +202,8 @@ def install(env: Any, operator_type: type) -> None:
         return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(x.dtype)
 
     put(aten.normal_functional.default, normal_functional, needs_env=True)
+    put(aten._scaled_dot_product_flash_attention_for_cpu.default, flash_attention)
+    put(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, flash_attention_backward)
 
     def view_dtype(x: jax.Array, dtype: torch.dtype) -> jax.Array:
         # the MXU rounding at "high" precision reinterprets f32 bits as int32 (same width: a pure bitcast)

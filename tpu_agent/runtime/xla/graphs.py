@@ -39,7 +39,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 def user_site(node: torch.fx.Node) -> events.Site | None:
     """The user line a graph node came from, read from the stack trace Dynamo keeps in its metadata."""
     trace = node.meta.get("stack_trace") or ""
-    frames = [f for f in _FRAME.findall(trace) if not events._is_library_file(f[0])]
+    frames = [f for f in _FRAME.findall(trace) if not events.is_library_file(f[0])]
     if not frames:
         return None
     file, line, function = frames[-1]
@@ -91,6 +91,7 @@ class GraphRunner:
         self.site = site
         self.signature = graph_signature(gm)
         self.split: torch.fx.GraphModule | None = None
+        self.compile_failed = False  # the graph did not lower after all: it runs op by op from then on
         missing = lowering.unsupported_ops(gm)
         if missing:
             self.split = self._split(missing)
@@ -124,7 +125,7 @@ class GraphRunner:
     def __call__(self, *args: Any) -> Any:
         if self.split is not None:
             return self.split(*args)
-        if not all(isinstance(a, (torch.Tensor, float)) for a in args):
+        if self.compile_failed or not all(isinstance(a, (torch.Tensor, float)) for a in args):
             return EagerOps(self.gm).run(*args)
         tensors: Sequence[torch.Tensor | float] = args
         precision = state.effective_precision()
@@ -132,12 +133,24 @@ class GraphRunner:
             tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors),
             precision.name,
         )
-        executable = cache.executables.get_or_compile(
-            self.signature,
-            specialisation,
-            lambda: lowering.compile_graph(self.gm, tensors, precision),
-            lambda: (self.name, _op_count(self.gm), self.site),
-        )
+        try:
+            executable = cache.executables.get_or_compile(
+                self.signature,
+                specialisation,
+                lambda: lowering.compile_graph(self.gm, tensors, precision),
+                self.name,
+                self.site,
+                lambda: _op_count(self.gm),
+            )
+        except Exception as error:  # noqa: BLE001 - a lowering that fails to trace: op by op, never a crash
+            self.compile_failed = True
+            for report_fallback in fallback_observers:
+                report_fallback(self.name, f"{self.name} ({_op_count(self.gm)} ops)", error)
+            if state.log_enabled:
+                events.emit(
+                    events.FallbackOp, op=f"{self.name} ({type(error).__name__}: {error})"[:300], site=self.site
+                )
+            return EagerOps(self.gm).run(*args)
         result = executable(list(tensors))
         for observe in graph_observers:
             observe(self, tensors, precision)

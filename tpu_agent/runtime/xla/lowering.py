@@ -130,21 +130,19 @@ def environment() -> Any:
 _COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
 
 
-# torchax's lowering of CPU flash attention returns its logsumexp in another layout than torch's kernel, which
-# the backward op then misreads: these run on the CPU path between compiled pieces until that is fixed.
-_WRONG_LOWERINGS = frozenset(
-    {
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-    }
-)
+# Ops whose output shape or a host value depends on the data (masked_select, nonzero, unique, item): an XLA
+# program has static shapes, so they run on the CPU path and the pieces after them compile for the shapes
+# they actually produced (Dynamo graphs with capture_dynamic_output_shape_ops contain them).
+_DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 
 def has_lowering(target: Any) -> bool:
     """Whether a node's target can be traced to JAX (an ATen op torchax lowers, or Python plumbing)."""
     if target in _PLUMBING or not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
-    if target.namespace in _COLLECTIVE_NAMESPACES or target in _WRONG_LOWERINGS:
+    if target.namespace in _COLLECTIVE_NAMESPACES:
+        return False
+    if isinstance(target, torch._ops.OpOverload) and any(tag in target.tags for tag in _DATA_DEPENDENT_TAGS):
         return False
     env = environment()
     try:

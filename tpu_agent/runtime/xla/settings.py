@@ -7,7 +7,11 @@ can name the choices without loading a compiler.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+
+from tpu_agent.errors import TpuAgentError
 
 COMPILER_ENV = "TPU_AGENT_COMPILER"
 XLA = "xla"
@@ -17,11 +21,61 @@ COMPILERS = (XLA, EAGER)
 DEFAULT_COMPILER = EAGER
 
 
+# What the XLA path imports: JAX (a declared dependency) and torchax, which installs only on Python >= 3.11.
+XLA_PACKAGES = ("jax", "torchax")
+
+
+def missing_xla_packages() -> list[str]:
+    """The packages the XLA compiler needs that this interpreter cannot import (found without importing them:
+    torchax takes seconds to load). A ``None`` entry in ``sys.modules`` is Python's own "import blocked"."""
+    missing = []
+    for name in XLA_PACKAGES:
+        if name in sys.modules:
+            if sys.modules[name] is None:
+                missing.append(name)
+        elif importlib.util.find_spec(name) is None:
+            missing.append(name)
+    return missing
+
+
+def require_xla(source: str) -> None:
+    """Refuse an explicit XLA choice (``source`` names where it came from) when its packages are missing."""
+    missing = missing_xla_packages()
+    if not missing:
+        return
+    python = tuple(sys.version_info[:2])
+    version = ".".join(str(part) for part in python)
+    if "torchax" in missing and python < (3, 11):
+        hint = (
+            f"torchax (the XLA lowering) needs Python >= 3.11 and this is Python {version}: run tpu-agent from a "
+            f"Python 3.11+ environment, or use --compiler {EAGER} (graphs run op by op)"
+        )
+    else:
+        hint = f"pip install {' '.join(_REQUIREMENTS[name] for name in missing)}, or use --compiler {EAGER}"
+    raise TpuAgentError(
+        "xla-compiler-unavailable",
+        f"{source} selects the XLA compiler, but {', '.join(missing)} cannot be imported by {sys.executable}",
+        hint,
+    )
+
+
+_REQUIREMENTS = {"jax": "'jax'", "torchax": "'torchax>=0.0.13'"}
+
+
 def compiler() -> str:
-    """The compiler the environment selects; an unknown value is refused with the accepted spellings."""
-    value = os.environ.get(COMPILER_ENV, "").strip().lower() or DEFAULT_COMPILER
+    """The compiler the environment selects; an unknown value is refused with the accepted spellings, and an
+    explicit ``xla`` whose packages are missing with what to install."""
+    value = os.environ.get(COMPILER_ENV, "").strip().lower()
+    if not value:
+        return DEFAULT_COMPILER if DEFAULT_COMPILER == EAGER or not missing_xla_packages() else EAGER
     if value not in COMPILERS:
-        raise ValueError(f"{COMPILER_ENV}={value!r} is not a compiler; use one of {', '.join(COMPILERS)}")
+        raise TpuAgentError(
+            "bad-compiler",
+            f"{COMPILER_ENV}={value!r} is not a compiler",
+            f"use one of {', '.join(COMPILERS)} (tpu-agent run --compiler ...)",
+        )
+    if value == XLA:
+        require_xla(f"{COMPILER_ENV}=xla")
     return value
 
 
@@ -29,14 +83,14 @@ def uses_xla() -> bool:
     return compiler() == XLA
 
 
-# DeferAndFuse graphs through XLA are experimental: a separate opt-in until they pass the training test again
-# (tests/runtime/test_xla.py: the attention graphs of the restructured recorder give wrong losses).
+# DeferAndFuse graphs go through XLA with the compiler; ``TPU_AGENT_XLA_DEFERRED=0`` keeps them on the op-by-op
+# executor while torch.compile graphs still compile (to tell the two apart when something differs).
 XLA_DEFERRED_ENV = "TPU_AGENT_XLA_DEFERRED"
 
 
 def deferred_uses_xla() -> bool:
-    """Whether DeferAndFuse graphs go to the XLA executor (``--compiler xla`` plus the experimental switch)."""
-    return uses_xla() and os.environ.get(XLA_DEFERRED_ENV, "").strip() == "1"
+    """Whether DeferAndFuse graphs go to the XLA executor: with ``--compiler xla``, unless switched off."""
+    return uses_xla() and os.environ.get(XLA_DEFERRED_ENV, "").strip() != "0"
 
 
 def install_deferred_executor() -> None:
