@@ -252,7 +252,8 @@ def _recheck_summary(results: list[dict[str, Any]]) -> str:
 
 def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Results of several sweeps over the same architectures (say, eager modes over all of them and compile over
-    a sample) as one list: one entry per architecture, its modes from every run."""
+    a sample, then a re-run of a few) as one list: one entry per architecture, its modes from every run, a later
+    run's verdict replacing an earlier one's for the same mode."""
     merged: dict[str, dict[str, Any]] = {}
     for run in runs:
         for result in run:
@@ -261,7 +262,8 @@ def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 merged[name] = {**result, "modes": list(result["modes"])}
                 continue
             entry = merged[name]
-            entry["modes"] += result["modes"]
+            replaced = {m["mode"] for m in result["modes"]}
+            entry["modes"] = [m for m in entry["modes"] if m["mode"] not in replaced] + result["modes"]
             entry["wall_s"] = round(entry.get("wall_s", 0) + result.get("wall_s", 0), 1)
             entry["confirmed_in_isolation"] = entry.get("confirmed_in_isolation") or result.get(
                 "confirmed_in_isolation"

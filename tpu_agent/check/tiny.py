@@ -99,6 +99,7 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "num_decoder_layers",
             "decoder_num_layers",
             "text_layers",
+            "num_self_attends_per_block",
         ),
         _at_most(TINY_LAYERS),
         "two layers still exercise the layer-to-layer path (and alternating layer kinds start at layer 0 and 1)",
@@ -116,6 +117,7 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "embedding_size",
             "projection_dim",
             "dim",
+            "d_latents",
         ),
         _at_most(TINY_WIDTH),
         "a 64-wide model keeps every code path of a 4096-wide one at a fraction of the cost",
@@ -200,6 +202,12 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
         ("max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions", "n_ctx"),
         _at_most(TINY_MAX_POSITIONS),
         "learned position tables sized for the tiny inputs",
+    ),
+    ShrinkRule(
+        "latents",
+        ("num_latents",),
+        _at_most(16),
+        "a Perceiver's latent array: sixteen latents keep cross- and self-attention over them",
     ),
     ShrinkRule(
         "stage-widths",
