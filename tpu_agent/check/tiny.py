@@ -254,6 +254,31 @@ def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int |
             setattr(config, name, kept or [layers - 1])
 
 
+# Mamba-2-style mixers: (heads, head size, expansion) attribute names, with heads * head size == expansion * width.
+_STATE_SPACE_HEADS = (
+    ("num_heads", "head_dim", "expand"),
+    ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+    ("n_mamba_heads", "mamba_headdim", "mamba_expand"),
+)
+
+
+def _fit_state_space_heads(config: Any) -> None:
+    """A Mamba-2 mixer splits ``expand * width`` channels into heads: after the width shrank, the head count
+    follows (with a head size of at most 16)."""
+    width = getattr(config, "hidden_size", None)
+    for heads_name, size_name, expand_name in _STATE_SPACE_HEADS:
+        heads, size, expand = (getattr(config, name, None) for name in (heads_name, size_name, expand_name))
+        if (
+            not all(isinstance(v, int) and v > 0 for v in (width, heads, size, expand))
+            or heads * size == expand * width
+        ):
+            continue
+        size = min(size, 16)
+        if (expand * width) % size == 0:
+            setattr(config, size_name, size)
+            setattr(config, heads_name, expand * width // size)
+
+
 def shrink_config(config: Any) -> Any:
     """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs."""
     from transformers import PretrainedConfig
@@ -275,9 +300,13 @@ def shrink_config(config: Any) -> Any:
     width = getattr(config, "hidden_size", None)
     if isinstance(heads, int) and isinstance(width, int) and heads and width % heads:
         config.num_attention_heads = 1
+    _fit_state_space_heads(config)
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int):
         _fit_token_ids(config, vocab)
+    languages = getattr(config, "languages", None)
+    if getattr(config, "default_language", "") is None and languages:  # X-MOD: adapters are chosen per language
+        config.default_language = languages[0]
     return config
 
 
