@@ -265,9 +265,10 @@ _STATE_SPACE_HEADS = (
 def _fit_state_space_heads(config: Any) -> None:
     """A Mamba-2 mixer splits ``expand * width`` channels into heads: after the width shrank, the head count
     follows (with a head size of at most 16)."""
-    width = getattr(config, "hidden_size", None)
+    values = vars(config)  # the stored values: heterogeneous configs refuse attribute reads of per-layer ones
+    width = values.get("hidden_size")
     for heads_name, size_name, expand_name in _STATE_SPACE_HEADS:
-        heads, size, expand = (getattr(config, name, None) for name in (heads_name, size_name, expand_name))
+        heads, size, expand = (values.get(name) for name in (heads_name, size_name, expand_name))
         if (
             not all(isinstance(v, int) and v > 0 for v in (width, heads, size, expand))
             or heads * size == expand * width
@@ -304,8 +305,8 @@ def shrink_config(config: Any) -> Any:
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int):
         _fit_token_ids(config, vocab)
-    languages = getattr(config, "languages", None)
-    if getattr(config, "default_language", "") is None and languages:  # X-MOD: adapters are chosen per language
+    languages = vars(config).get("languages")
+    if "default_language" in vars(config) and config.default_language is None and languages:  # X-MOD's adapters
         config.default_language = languages[0]
     return config
 
