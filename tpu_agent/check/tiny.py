@@ -297,8 +297,7 @@ def shrink_config(config: Any) -> Any:
     )
     if layers_name is not None:
         _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name))
-    heads = getattr(config, "num_attention_heads", None)
-    width = getattr(config, "hidden_size", None)
+    heads, width = vars(config).get("num_attention_heads"), vars(config).get("hidden_size")
     if isinstance(heads, int) and isinstance(width, int) and heads and width % heads:
         config.num_attention_heads = 1
     _fit_state_space_heads(config)
