@@ -174,3 +174,13 @@ def test_shrink_keeps_derived_sizes_consistent_and_every_table_tiny() -> None:
     assert gemma4.vocab_size_per_layer_input == TINY_VOCAB and gemma4.hidden_size_per_layer_input == 16
     xmod = shrink_config(AutoConfig.for_model("xmod"))
     assert xmod.default_language == xmod.languages[0]
+
+
+def test_a_derived_config_that_is_not_tiny_is_refused_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpu_agent.check import tiny
+    from tpu_agent.check.build import build
+
+    monkeypatch.setattr(tiny, "TINY_MAX_PARAMETERS", 1000)  # llama's tiny config has ~115k parameters
+    with pytest.raises(TpuAgentError) as caught:
+        build(parse_model_spec("llama"), max_parameters=10**9)
+    assert caught.value.code == "tiny-config-too-large" and "LlamaConfig" in caught.value.message
