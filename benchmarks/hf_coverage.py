@@ -140,7 +140,9 @@ def confirm_in_isolation(result: dict[str, Any], options: CheckOptions) -> dict[
     isolated = run_case(case, replace(options, process_per_mode=True))
     isolated["wall_s"] = round(isolated["wall_s"] + result["wall_s"], 1)
     isolated["confirmed_in_isolation"] = True
-    isolated["shared_process_failures"] = [m["mode"] for m in result["modes"] if verdict(m) in ("mismatch", "error")]
+    isolated["shared_process_failures"] = {
+        m["mode"]: cause(m) for m in result["modes"] if verdict(m) in ("mismatch", "error")
+    }
     return isolated
 
 
