@@ -265,7 +265,10 @@ def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 continue
             entry = merged[name]
             replaced = {m["mode"] for m in result["modes"]}
-            entry["modes"] = [m for m in entry["modes"] if m["mode"] not in replaced] + result["modes"]
+            earlier = entry["modes"]
+            entry["modes"] = [m for m in earlier if m["mode"] not in replaced] + result["modes"]
+            if replaced & {m["mode"] for m in earlier}:  # a re-run: its own re-check (or none) is what counts
+                entry["confirmed_in_isolation"] = False
             entry["wall_s"] = round(entry.get("wall_s", 0) + result.get("wall_s", 0), 1)
             entry["confirmed_in_isolation"] = entry.get("confirmed_in_isolation") or result.get(
                 "confirmed_in_isolation"
