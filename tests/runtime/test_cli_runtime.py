@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runtime_launch_util import flat, tpu_agent
+from runtime_launch_util import flat, tpu_agent, tpu_agent_in_process
 
 ECHO = "import os, sys\nprint(sys.argv[1:], os.environ.get('EXTRA'), os.environ.get('TPU_AGENT_CHIP'))\n"
 
@@ -36,15 +36,20 @@ def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_host_follows_the_chip_slice(tmp_path: Path) -> None:
+    from tpu_agent.chips import host_devices, parse_target
+
+    # the table, as activate() sizes the host for one process
+    assert [host_devices(parse_target(chip), 1) for chip in ("v6e", "v6e-4", "v5e-8")] == [1, 4, 8]
+    # and end to end: the script sees the slice's host through `tpu-agent run --chip`
     (tmp_path / "count.py").write_text("import torch\nprint(torch.accelerator.device_count())\n")
-    for chip, expected in (("v6e", "1"), ("v6e-4", "4"), ("v5e-8", "8")):
-        result = tpu_agent("run", "--backend", "emulated", "--chip", chip, "count.py", cwd=tmp_path)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip().splitlines()[-1] == expected, chip
+    result = tpu_agent("run", "--backend", "emulated", "--chip", "v6e-4", "count.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "4"
 
 
-def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
+def test_bad_options_are_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
+    monkeypatch.chdir(tmp_path)
     for args, mentions in (
         (["--nproc", "0", "echo.py"], "--nproc"),
         (["--nproc", "1000", "echo.py"], "--nproc 1000: the largest v6e host has 8 TPU devices"),
@@ -56,8 +61,8 @@ def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
         (["--timeout", "-1", "echo.py"], "--timeout"),
         ([], "SCRIPT"),
     ):
-        result = tpu_agent("run", *args, cwd=tmp_path)
-        assert result.returncode == 2, (args, result.stderr)
+        result = tpu_agent_in_process("run", *args)  # refused before anything launches
+        assert result.exit_code == 2, (args, result.stderr)
         assert mentions in flat(result.stderr), (args, result.stderr)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 
-from runtime_launch_util import clean_env, flat, tpu_agent
+from runtime_launch_util import flat, tpu_agent_in_process
 
 
 def _installed_version(distribution: str) -> str:
@@ -16,8 +16,8 @@ def _installed_version(distribution: str) -> str:
 
 
 def test_doctor_json_reports_versions_backend_chip_and_eager_mode() -> None:
-    result = tpu_agent("doctor", "--format", "json", env=clean_env(TORCH_TPU_DEFER_AND_FUSE="1", TPU_AGENT_CHIP="v7"))
-    assert result.returncode == 0, result.stderr
+    result = tpu_agent_in_process("doctor", "--format", "json", TORCH_TPU_DEFER_AND_FUSE="1", TPU_AGENT_CHIP="v7")
+    assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["versions"]["torch"] == importlib.metadata.version("torch")
     assert report["versions"]["jax"] == importlib.metadata.version("jax")
@@ -38,12 +38,11 @@ def test_doctor_json_reports_versions_backend_chip_and_eager_mode() -> None:
 
 
 def test_doctor_text_and_launch_blocking_precedence() -> None:
-    env = clean_env(TORCH_TPU_DEFER_AND_FUSE="1", TORCH_TPU_LAUNCH_BLOCKING="1")
-    result = tpu_agent("doctor", env=env)
-    assert result.returncode == 0, result.stderr
+    result = tpu_agent_in_process("doctor", TORCH_TPU_DEFER_AND_FUSE="1", TORCH_TPU_LAUNCH_BLOCKING="1")
+    assert result.exit_code == 0, result.stderr
     text = flat(result.stdout)
     assert "backend emulated: torch_tpu is not installed" in text
     assert "DEFER_NEVER_AND_LAUNCH_BLOCKING / Debug Eager (TORCH_TPU_LAUNCH_BLOCKING=1)" in text
     assert "chip v6e" in text
-    bad = tpu_agent("doctor", "--format", "sarif")
-    assert bad.returncode == 2 and "text or json" in flat(bad.stderr)
+    bad = tpu_agent_in_process("doctor", "--format", "sarif")
+    assert bad.exit_code == 2 and "text or json" in flat(bad.stderr)

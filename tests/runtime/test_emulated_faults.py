@@ -114,6 +114,11 @@ def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None
 
 
 @pytest.mark.slow
+def test_assigning_data_replaces_what_the_tensor_computes_with(observed: dict) -> None:
+    assert observed["data_assign"] == {"values": True, "shape_follows": [[2, 3], True]}
+
+
+@pytest.mark.slow
 def test_repeated_training_steps_match_cpu_exactly(observed: dict, request: pytest.FixtureRequest) -> None:
     assert observed["repeated_steps"]["match_cpu"] is True
     # only DeferAndFuse records ops, so only it fills the shape cache

@@ -79,31 +79,37 @@ def test_bad_and_impossible_requests_are_refused(host_with_tpu: Path) -> None:
     assert missing.value.exit_code == ExitCode.REFUSED and "torch_tpu is not installed" in missing.value.message
 
 
-def _select_in_subprocess(torch_tpu_dir: Path, requested: str, root: Path) -> dict[str, str]:
+def _select_in_subprocess(torch_tpu_dir: Path, *requests: tuple[str, Path]) -> list[dict[str, str]]:
+    """``select_backend`` for each (requested backend, filesystem root), in one process that sees the wheel."""
     code = (
         "import json, sys; from pathlib import Path; from tpu_agent.runtime.select import select_backend; "
         "from tpu_agent.errors import TpuAgentError\n"
-        "try:\n    print(json.dumps(select_backend(sys.argv[1], Path(sys.argv[2])).to_dict()))\n"
-        "except TpuAgentError as e:\n    print(json.dumps({'error': e.message, 'exit_code': int(e.exit_code)}))\n"
+        "for requested, root in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+        "    try:\n        print(json.dumps(select_backend(requested, Path(root)).to_dict()))\n"
+        "    except TpuAgentError as e:\n        print(json.dumps({'error': e.message, 'exit_code': int(e.exit_code)}))\n"
     )
+    arguments = [str(part) for request in requests for part in request]
     result = subprocess.run(
-        [sys.executable, "-c", code, requested, str(root)],
+        [sys.executable, "-c", code, *arguments],
         env=clean_env(PYTHONPATH=str(torch_tpu_dir)), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return [json.loads(line) for line in result.stdout.strip().splitlines()]
 
 
+@pytest.mark.slow  # installs the wheel from PyPI and launches three interpreters
 def test_real_torch_tpu_wheel_without_a_tpu_falls_back_to_the_emulation(
     torch_tpu_dir: Path, tmp_path: Path, host_with_tpu: Path
 ) -> None:
-    fallback = _select_in_subprocess(torch_tpu_dir, "auto", tmp_path / "empty-root")
+    fallback, refused, real = _select_in_subprocess(
+        torch_tpu_dir,
+        ("auto", tmp_path / "empty-root"),
+        ("torch_tpu", tmp_path / "empty-root"),
+        ("auto", host_with_tpu),  # the same wheel on a host whose sysfs shows a v6e: auto takes the real backend
+    )
     assert fallback["name"] == "emulated"
     assert "torch_tpu 0.2.0 is installed but no TPU device is visible" in fallback["reason"]
-    refused = _select_in_subprocess(torch_tpu_dir, "torch_tpu", tmp_path / "empty-root")
     assert refused["exit_code"] == ExitCode.REFUSED and "no TPU device is visible" in refused["error"]
-    # the same wheel on a host whose sysfs shows a v6e: auto takes the real backend
-    real = _select_in_subprocess(torch_tpu_dir, "auto", host_with_tpu)
     assert real["name"] == "torch_tpu" and "TPU v6e" in real["reason"]
 
     # end to end: the run says why, keeps the wheel's autoload out of the process (on a host without libtpu

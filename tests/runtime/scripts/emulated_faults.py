@@ -170,6 +170,16 @@ def train_losses(device):
     return losses
 
 
+# ``param.data = other`` (weight tying and re-initialisation in public scripts): the parameter computes with the
+# new data, also when the new value is still deferred and after its old data fed a matmul (MXU rounding cache).
+tied = torch.nn.Linear(3, 2).to("tpu")
+tied(torch.ones(1, 3, device="tpu")).sum().item()
+tied.weight.data = torch.full((2, 3), 0.5, device="tpu") * 2
+out["data_assign"] = {
+    "values": same(tied(torch.ones(1, 3, device="tpu")) - tied.bias, torch.full((1, 2), 3.0)),
+    "shape_follows": [list(tied.weight.shape), tied.weight.requires_grad],
+}
+
 from tpu_agent.runtime.emulated import shape_cache  # noqa: E402 - after activation, like user code
 
 out["repeated_steps"] = {"match_cpu": train_losses("tpu") == train_losses("cpu"), "cached_signatures": len(shape_cache._cache) > 0}

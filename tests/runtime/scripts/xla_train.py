@@ -1,7 +1,9 @@
 """A small transformer trained on the emulated tpu through XLA (torch.compile or DeferAndFuse) and on the CPU.
 
-argv: mode (compile | defer | strict), precision (highest | medium), steps. Prints one JSON line: both loss
-curves, the largest parameter difference, compile events by step, the XLA cache counters.
+argv: one or more runs, each MODE:PRECISION:STEPS (mode compile | defer | strict, precision highest | medium),
+all in this one process (the tests share its start-up and JIT warm-up). Prints one JSON line: per run, both
+loss curves, the largest parameter difference, XLA compiles by step, and the run's own compile and cache-hit
+records and cache counters.
 """
 
 import json
@@ -12,13 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import activate
-from tpu_agent.runtime.xla import settings
+from tpu_agent.runtime.xla import cache, settings
 
-MODE, PRECISION, STEPS = sys.argv[1], sys.argv[2], int(sys.argv[3])
-activate(eager_mode="defer_and_fuse" if MODE == "defer" else None)
+activate()
 settings.install_deferred_executor()  # what tpu_agent.runtime.api.activate does for a run
-torch.set_float32_matmul_precision(PRECISION)
 
 
 class Block(nn.Module):
@@ -46,19 +47,17 @@ class Block(nn.Module):
 
 
 def compiles_so_far() -> int:
-    from tpu_agent.runtime.xla import cache
-
     return cache.executables.stats.compiles
 
 
-def train(device: str, compiled: bool) -> tuple[list[float], list[torch.Tensor], list[int]]:
+def train(device: str, compiled: bool, steps: int) -> tuple[list[float], list[torch.Tensor], list[int]]:
     torch.manual_seed(0)
     model = Block().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     step_fn = torch.compile(model, backend="tpu") if compiled else model
     generator = torch.Generator().manual_seed(1)
     losses, compiles = [], []
-    for _ in range(STEPS):
+    for _ in range(steps):
         tokens = torch.randint(0, 64, (4, 16), generator=generator)
         logits = step_fn(tokens.to(device))
         loss = F.cross_entropy(logits.reshape(-1, 64), tokens.roll(-1, 1).reshape(-1).to(device))
@@ -70,31 +69,36 @@ def train(device: str, compiled: bool) -> tuple[list[float], list[torch.Tensor],
     return losses, [p.detach().cpu() for p in model.parameters()], compiles
 
 
-cpu_losses, cpu_params, _ = train("cpu", compiled=False)
-tpu_losses, tpu_params, compiles = train("tpu", compiled=MODE == "compile")
-from tpu_agent.runtime import events
-from tpu_agent.runtime.xla import cache
+def is_xla(function: str) -> bool:
+    """An XLA executable's compile record (Dynamo's own records name the user's function)."""
+    return "[xla" in function or function.startswith("deferred")
 
-events.get_log().flush()
-log = (
-    events.read_events(os.environ["TPU_AGENT_EVENTS_DIR"]).get(0, []) if os.environ.get("TPU_AGENT_EVENTS_DIR") else []
-)
-stats = cache.executables.stats
-print(
-    json.dumps(
-        {
-            "cpu": cpu_losses,
-            "tpu": tpu_losses,
-            "max_param_diff": max(float((a - b).abs().max()) for a, b in zip(cpu_params, tpu_params)),
-            "compiles_after_step": compiles,
-            "compile_events": sum(
-                1
-                for e in log
-                if isinstance(e, events.Compile) and ("[xla" in e.function or e.function.startswith("deferred"))
-            ),
-            "cache_hit_events": sum(1 for e in log if isinstance(e, events.CacheHit)),
-            "fallbacks": [e.op for e in log if isinstance(e, events.FallbackOp)],
-            "cache": {"requests": stats.requests, "hits": stats.hits, "compiles": stats.compiles},
-        }
-    )
-)
+
+def logged() -> list:
+    events.get_log().flush()
+    directory = os.environ.get("TPU_AGENT_EVENTS_DIR")
+    return events.read_events(directory).get(0, []) if directory else []
+
+
+def run(mode: str, precision: str, steps: int) -> dict:
+    torch.set_float32_matmul_precision(precision)
+    cpu_losses, cpu_params, _ = train("cpu", compiled=False, steps=steps)
+    before, seen = dict(vars(cache.executables.stats)), len(logged())
+    eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE if mode == "defer" else torch.tpu.EagerMode.DEFER_NEVER
+    with torch.tpu.set_eager_mode(eager_mode):
+        tpu_losses, tpu_params, compiles = train("tpu", compiled=mode == "compile", steps=steps)
+    log = logged()[seen:]
+    stats = {k: v - before[k] for k, v in vars(cache.executables.stats).items()}
+    return {
+        "cpu": cpu_losses,
+        "tpu": tpu_losses,
+        "max_param_diff": max(float((a - b).abs().max()) for a, b in zip(cpu_params, tpu_params, strict=True)),
+        "compiles_after_step": [c - before["compiles"] for c in compiles],
+        "compile_events": sum(1 for e in log if isinstance(e, events.Compile) and is_xla(e.function)),
+        "cache_hit_events": sum(1 for e in log if isinstance(e, events.CacheHit)),
+        "fallbacks": [e.op for e in log if isinstance(e, events.FallbackOp)],
+        "cache": {"requests": stats["requests"], "hits": stats["hits"], "compiles": stats["compiles"]},
+    }
+
+
+print(json.dumps({spec: run(spec.split(":")[0], spec.split(":")[1], int(spec.split(":")[2])) for spec in sys.argv[1:]}))

@@ -2,8 +2,9 @@
 
 :func:`build_plan` is the contract the public API (:mod:`tpu_agent.migrate.api`) builds on: it examines files,
 fills a :class:`~tpu_agent.migrate.model.Plan` and touches nothing on disk. Files are read and prefiltered in
-the calling process; the parse work goes to a process pool when there is enough of it, and results come back
-in input order whatever order the workers finish in. A file that vanishes or turns into something other than
+the calling process, which also finds the ``"cuda"``/``"nccl"`` constants other modules of the tree import
+(:mod:`~tpu_agent.migrate.analysis.crossmodule`) and hands each defining file what its importers do with them; the parse work goes to a process pool when
+there is enough of it, and results come back in input order whatever order the workers finish in. A file that vanishes or turns into something other than
 a regular file is reported as skipped; a worker that dies takes no result with it: the files it left
 unfinished are migrated again one by one in sacrificial processes
 (:func:`~tpu_agent.migrate.engine.guard.run_isolated`).
@@ -18,11 +19,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from tpu_agent.migrate.analysis.crossmodule import PythonFile, imported_uses
 from tpu_agent.migrate.engine.discovery import Candidate, discover, read_regular
 from tpu_agent.migrate.engine.guard import SourceProblem, process_context, run_isolated
 from tpu_agent.migrate.engine.prefilter import may_need_migration
 from tpu_agent.migrate.engine.worker import migrate_file, whole_file_rules
-from tpu_agent.migrate.model import FileResult, MigrateOptions, Plan, sha256_bytes
+from tpu_agent.migrate.model import FileKind, FileResult, MigrateOptions, Plan, sha256_bytes
 
 # Below this much parse work a pool costs more to start than it saves.
 POOL_MIN_BYTES = 256 * 1024
@@ -37,6 +39,19 @@ def _read(candidate: Candidate) -> tuple[Candidate, bytes]:
     except OSError as error:
         reason = f"{candidate.display_path}: could not be read ({error.strerror or error}): skipped"
         return dataclasses.replace(candidate, skipped_reason=reason), b""
+
+
+def _python_files(candidates: Sequence[Candidate]) -> list[PythonFile]:
+    """The Python files' contents for the cross-module scan. Read here apart from the per-file pass: the pass
+    reads each file again right before migrating it (its bytes are what the plan records), so a file that
+    changes or vanishes meanwhile is judged by what is on disk then, and only reported for what it holds."""
+    files = []
+    for candidate in candidates:
+        if candidate.kind is FileKind.PYTHON and not candidate.skipped_reason:
+            read, data = _read(candidate)
+            if not read.skipped_reason:
+                files.append(PythonFile(candidate.path, candidate.display_path, data))
+    return files
 
 
 def _isolated_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> FileResult:
@@ -72,9 +87,12 @@ def build_plan(
         if progress is not None:
             progress(done, total)
 
+    imported = imported_uses(_python_files(candidates))
     heavy: list[tuple[int, bytes]] = []
     for index, candidate in enumerate(candidates):
         candidate, data = _read(candidate)
+        if candidate.path in imported:
+            candidate = dataclasses.replace(candidate, imported_flows=imported[candidate.path])
         candidates[index] = candidate
         needs_parse = (
             not candidate.skipped_reason and candidate.kind not in whole_file_rules() and may_need_migration(data)

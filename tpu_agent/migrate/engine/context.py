@@ -17,12 +17,15 @@ from typing import TypeVar
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
 from tpu_agent.migrate.analysis.valueflow import ValueFlow
 from tpu_agent.migrate.analysis.valueflow import analyse as analyse_value_flow
 from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
 from tpu_agent.migrate.rules._cst import dotted, string_like
 
 T = TypeVar("T")
+# what the tree's modules importing this one do with its constants, by analysis key (``name:ACCEL``)
+Imported = Mapping[str, tuple[ImportedFlow, ...]]
 
 RESOLVER_RE = re.compile(
     r"^(?P<name>[A-Za-z_]\w*) = (?P<torch>[A-Za-z_]\w*)\.accelerator\.current_accelerator\(check_available=True\)"
@@ -126,6 +129,7 @@ class PyContext:
     source: str = ""  # the file's text, for the analyses computed on demand
     _value_flow: ValueFlow | None = None
     ast_tree: ast.Module | None = None  # the stdlib parse of ``source`` when the engine has one
+    imported_flows: Imported = field(default_factory=dict)
 
     @classmethod
     def for_source(

@@ -17,12 +17,13 @@ import os
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import TEMP_PREFIX, TEMP_SUFFIX
+from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
 from tpu_agent.migrate.model import FileKind
 
 SKIP_DIRS = frozenset(
@@ -100,6 +101,8 @@ class Candidate:
     display_path: str
     kind: FileKind
     skipped_reason: str | None = None
+    # for a module defining a "cuda"/"nccl" constant: what the tree's modules importing it do with it
+    imported_flows: Mapping[str, tuple[ImportedFlow, ...]] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tpu_agent.migrate.engine.context import PyContext
+from tpu_agent.migrate.engine.context import Imported, PyContext
 from tpu_agent.migrate.engine.dispatch import Dispatch
 from tpu_agent.migrate.engine.gate import StatementMap, reduce_source, statement_map
 from tpu_agent.migrate.engine.guard import ParseFailure
@@ -33,7 +33,7 @@ from tpu_agent.migrate.engine.rulepass import Edits, RulePass
 from tpu_agent.migrate.engine.splice import same_lines, splice
 from tpu_agent.migrate.model import MigrateOptions, Rule, Safety
 
-__all__ = ["ParseFailure", "PlacedFinding", "PyOutcome", "Rewrite", "migrate_source", "parse", "rewrite"]
+__all__ = ["Imported", "ParseFailure", "PlacedFinding", "PyOutcome", "Rewrite", "migrate_source", "parse", "rewrite"]
 
 
 @dataclass
@@ -85,6 +85,7 @@ def rewrite(
     dispatch: Dispatch,
     tree: ast.Module | None = None,
     reduce: bool = False,
+    imported: Imported | None = None,
 ) -> Rewrite:
     """Parse ``source`` and run every enabled rule over it in one pass (statements the gate marks inert are
     not visited; with ``reduce``, inert top-level statements are not even parsed by libcst). ``tree`` is the
@@ -92,6 +93,7 @@ def rewrite(
     reduction = reduce_source(source, tree) if reduce and tree is not None else None
     module = parse(reduction.text if reduction is not None else source)
     ctx = PyContext.for_source(source, options, rules, dispatch.claimed_calls)
+    ctx.imported_flows = imported or {}
     transformer = RulePass(ctx, dispatch)
     if reduction is not None:
         statements = statement_map(module, reduction.text, reduction.tree)
@@ -110,6 +112,7 @@ def migrate_source(
     rules: Mapping[str, Rule],
     dispatch: Dispatch,
     tree: ast.Module | None = None,
+    imported: Imported | None = None,
 ) -> PyOutcome:
     """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse.
 
@@ -120,9 +123,9 @@ def migrate_source(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        outcome = _outcome(rewrite(source, options, rules, dispatch, tree, reduce=True))
+        outcome = _outcome(rewrite(source, options, rules, dispatch, tree, reduce=True, imported=imported))
         if outcome is None:
-            outcome = _outcome(rewrite(source, options, rules, dispatch, tree))
+            outcome = _outcome(rewrite(source, options, rules, dispatch, tree, imported=imported))
         assert outcome is not None  # a module parsed in full always has an outcome
         return outcome
     finally:

@@ -25,7 +25,7 @@ from tpu_agent.migrate.engine.guard import (
 )
 from tpu_agent.migrate.engine.notebook import NotebookError, migrate_notebook
 from tpu_agent.migrate.engine.prefilter import may_need_migration
-from tpu_agent.migrate.engine.pypass import PyOutcome, migrate_source
+from tpu_agent.migrate.engine.pypass import Imported, PyOutcome, migrate_source
 from tpu_agent.migrate.engine.textfiles import migrate_text
 from tpu_agent.migrate.model import FileKind, FileResult, Finding, MigrateOptions, sha256_bytes
 from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
@@ -104,28 +104,29 @@ def _decode(data: bytes) -> tuple[str, str]:
         raise EncodingCookieError(str(exc), 1) from exc
 
 
-def _run_python(source: str, options: MigrateOptions) -> PyOutcome:
+def _run_python(source: str, options: MigrateOptions, imported: Imported | None = None) -> PyOutcome:
     """Migrate a Python text in-process when the stdlib parser finds it ordinary, else in a sacrificial process
-    under the per-file time budget (:mod:`~tpu_agent.migrate.engine.guard`)."""
+    under the per-file time budget (:mod:`~tpu_agent.migrate.engine.guard`). ``imported``: what other modules
+    do with this module's constants (:mod:`~tpu_agent.migrate.analysis.crossmodule`)."""
     assessment = assess(source)
     try:
         if not assessment.isolate:
-            return migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree)
-        return run_isolated(_run_in_isolation, (source, options), options.file_budget_s, process_context())
+            return migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree, imported)
+        return run_isolated(_run_in_isolation, (source, options, imported), options.file_budget_s, process_context())
     except ParseFailure as exc:  # libcst's positions are rough where the stdlib parser gave one
         raise assessment.error or exc from None  # the stdlib parser places syntax errors more exactly
     except IsolationFailure as exc:
         raise IsolationFailure(f"{exc} on {assessment.reason}", assessment.line) from None
 
 
-def _run_in_isolation(source: str, options: MigrateOptions) -> PyOutcome:
+def _run_in_isolation(source: str, options: MigrateOptions, imported: Imported | None = None) -> PyOutcome:
     """What the sacrificial process runs: the whole migration of one text (the caller already assessed it).
 
     libcst's visitors recurse once per tree level; the process exists to absorb deep trees, so it allows the
     recursion that the in-process path must not risk (a stack overflow here costs only this process).
     """
     sys.setrecursionlimit(max(sys.getrecursionlimit(), ISOLATED_RECURSION_LIMIT))
-    return migrate_source(source, options, ALL_RULES, dispatch())
+    return migrate_source(source, options, ALL_RULES, dispatch(), imported=imported)
 
 
 def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> FileResult:
@@ -153,7 +154,7 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
     try:
         if candidate.kind is FileKind.PYTHON:
             encoding, source = _decode(data)
-            outcome = _run_python(source, options)
+            outcome = _run_python(source, options, candidate.imported_flows)
             result.findings = _findings(outcome, where)
             if outcome.code is not None:
                 result.migrated_bytes = outcome.code.encode(encoding)

@@ -22,6 +22,7 @@ from tpu_agent.migrate.rules import (
     devices,
     distributed,
     env_vars,
+    nvtx,  # noqa: F401 - registers its rule and handlers with the cuda-api family
     third_party,
     value_flow,  # noqa: F401 - registers its rules and handlers with the devices and distributed families
 )

@@ -3,12 +3,15 @@
 Variables with a TorchTPU twin are renamed (``CUDA_VISIBLE_DEVICES`` -> ``TPU_VISIBLE_DEVICES``,
 ``CUDA_LAUNCH_BLOCKING`` -> ``TORCH_TPU_LAUNCH_BLOCKING``, ``PYTORCH_CUDA_ALLOC_CONF`` -> ``PYTORCH_ALLOC_CONF``).
 NCCL settings have no TPU meaning: diagnostic ones are removed, network ones only with ``--unsafe-fixes``
-(they may still matter on the CUDA cluster), and reads of them are reported.
+(they may still matter on the CUDA cluster), and reads of them are reported. cuBLAS/TF32 numerics settings
+(``CUBLAS_WORKSPACE_CONFIG``, ``NVIDIA_TF32_OVERRIDE``) set from Python, dicts or launch scripts are removed
+with ``--unsafe-fixes`` too: they do nothing on TPU, but the CUDA run they were written for loses them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -16,7 +19,15 @@ import libcst as cst
 from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import positional, source, string_like, string_value
-from tpu_agent.migrate.rules.references import CLOUD_TPU_PYTORCH, DISTRIBUTED, ENV_VARS, TORCH_TPU, TORCHRUN
+from tpu_agent.migrate.rules.references import (
+    CLOUD_TPU_PYTORCH,
+    DETERMINISM,
+    DISTRIBUTED,
+    ENV_VARS,
+    MATMUL_PRECISION,
+    TORCH_TPU,
+    TORCHRUN,
+)
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -94,17 +105,31 @@ FAMILY.rule(
     code="TPU706",
     name="cuda-toolkit-env",
     safety=Safety.MANUAL,
-    summary="CUDA toolkit and library variables: CUDA_HOME, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, "
-    "TORCH_CUDA_ARCH_LIST...",
-    rationale="They configure the CUDA toolchain and cuBLAS; remove them for TPU runs (CUBLAS_WORKSPACE_CONFIG's "
-    "determinism is torch.use_deterministic_algorithms on every device).",
-    before="export CUBLAS_WORKSPACE_CONFIG=:4096:8",
+    summary="CUDA toolkit variables: CUDA_HOME, CUDA_DEVICE_ORDER, TORCH_CUDA_ARCH_LIST...",
+    rationale="They configure the CUDA toolchain (compilers, device enumeration, kernel builds); remove them for TPU "
+    "runs. Where a script reads them (a build step, a path) the code around the read needs a person.",
+    before="export CUDA_HOME=/usr/local/cuda",
     after="# TODO(tpu-agent TPU706): remove for TPU runs",
     references=(CLOUD_TPU_PYTORCH,),
+    apis=(ApiEquivalent("CUDA_HOME, CUDA_DEVICE_ORDER, TORCH_CUDA_ARCH_LIST", "remove it for TPU runs"),),
+)
+FAMILY.rule(
+    code="TPU708",
+    name="cuda-numerics-env",
+    safety=Safety.UNSAFE,
+    summary="cuBLAS and TF32 numerics variables set by the program: CUBLAS_WORKSPACE_CONFIG, NVIDIA_TF32_OVERRIDE.",
+    rationale="CUBLAS_WORKSPACE_CONFIG makes cuBLAS deterministic and NVIDIA_TF32_OVERRIDE=0 turns TF32 off on "
+    "NVIDIA GPUs; neither is read on TPU, so setting them there does nothing and removing them changes no TPU result. "
+    "The removal is unsafe because the same script run on the CUDA cluster loses its determinism or precision "
+    "setting. On every device, torch.use_deterministic_algorithms(True) asks for deterministic kernels and "
+    'torch.set_float32_matmul_precision("highest") for full float32 matmuls.',
+    before='os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"\ntorch.use_deterministic_algorithms(True)',
+    after="torch.use_deterministic_algorithms(True)",
+    references=(DETERMINISM, MATMUL_PRECISION),
     apis=(
+        ApiEquivalent("CUBLAS_WORKSPACE_CONFIG", "delete it (determinism: torch.use_deterministic_algorithms(True))"),
         ApiEquivalent(
-            "CUDA_HOME, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, TORCH_CUDA_ARCH_LIST",
-            "remove it for TPU runs",
+            "NVIDIA_TF32_OVERRIDE", "delete it (float32 matmul precision: torch.set_float32_matmul_precision)"
         ),
     ),
 )
@@ -148,14 +173,13 @@ CUDA_TOOLKIT = frozenset(
         "CUDA_DEVICE_ORDER",
         "CUDA_MODULE_LOADING",
         "CUDA_CACHE_PATH",
-        "CUBLAS_WORKSPACE_CONFIG",
         "CUDNN_LOGINFO_DBG",
         "TORCH_CUDA_ARCH_LIST",
         "TORCH_CUDNN_V8_API_ENABLED",
-        "NVIDIA_TF32_OVERRIDE",
         "NVIDIA_VISIBLE_DEVICES",
     }
 )
+CUDA_NUMERICS = frozenset({"CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE"})
 _NCCL_NAME_RE = re.compile(r"(?:TORCH_)?NCCL_[A-Z0-9_]+")
 _ENV_LITERAL_RE = re.compile(r"[rRuU]?(['\"])([A-Z][A-Z0-9]*_[A-Z0-9_]*)\1")
 _ENVIRON = "os.environ"
@@ -168,20 +192,37 @@ def nccl_code(name: str) -> str | None:
     return "TPU703" if name in NCCL_DIAGNOSTIC else "TPU704"
 
 
+def dropped_setting_code(name: str) -> str | None:
+    """The rule that removes a setting of variable ``name`` (NCCL or CUDA numerics), or None."""
+    return "TPU708" if name in CUDA_NUMERICS else nccl_code(name)
+
+
+def _why_dropped(name: str) -> str:
+    if name in CUDA_NUMERICS:
+        return f"{name} only configures cuBLAS/TF32 numerics on NVIDIA GPUs"
+    return f"{name} only configures NCCL"
+
+
+def _mentions_dropped_setting(source: str) -> bool:
+    """Cheap file-level test before looking at every dict and assignment."""
+    return "NCCL" in source or any(name in source for name in CUDA_NUMERICS)
+
+
 def _nccl_assignment(ctx: PyContext, node: cst.CSTNode) -> cst.SimpleString | None:
-    """The NCCL variable name string of ``os.environ["NCCL_X"] = ...`` / ``os.environ.setdefault("NCCL_X", ...)``."""
+    """The variable name string of ``os.environ["NCCL_X"] = ...`` / ``os.environ.setdefault("NCCL_X", ...)`` for
+    a variable :func:`dropped_setting_code` removes."""
     if isinstance(node, cst.Assign) and len(node.targets) == 1:
         target = node.targets[0].target
         if isinstance(target, cst.Subscript) and ctx.qualname(target.value) == _ENVIRON and len(target.slice) == 1:
             index = target.slice[0].slice
             if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
                 name = string_value(index.value)
-                return index.value if name is not None and nccl_code(name) else None
+                return index.value if name is not None and dropped_setting_code(name) else None
     if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call) and ctx.qualname(node.value) in _SETTERS:
         first = positional(node.value, 0)
         if first is not None and isinstance(first.value, cst.SimpleString):
             name = string_value(first.value)
-            return first.value if name is not None and nccl_code(name) else None
+            return first.value if name is not None and dropped_setting_code(name) else None
     return None
 
 
@@ -200,8 +241,8 @@ def _remove_nccl_setting(
     if name_node is None:
         return updated
     name = string_value(name_node) or ""
-    code = nccl_code(name) or "TPU704"
-    if ctx.report(code, original, f"removed `{source(original)}`: {name} only configures NCCL"):
+    code = dropped_setting_code(name) or "TPU704"
+    if ctx.report(code, original, f"removed `{source(original)}`: {_why_dropped(name)}, no effect on TPU"):
         return cst.RemovalSentinel.REMOVE
     return updated
 
@@ -227,6 +268,8 @@ def env_name_string(ctx: PyContext, original: cst.SimpleString, updated: cst.Sim
         ctx.report(code, original, f"{name} only configures NCCL: no effect on TPU; drop its use", fixable=False)
     elif name in CUDA_TOOLKIT:
         ctx.report("TPU706", original, f"{name} configures the CUDA toolchain: remove it for TPU runs")
+    elif name in CUDA_NUMERICS:
+        ctx.report("TPU708", original, f"{_why_dropped(name)}: no effect on TPU; drop its use", fixable=False)
     return updated
 
 
@@ -255,14 +298,23 @@ def _drop(ctx: TextContext, match: re.Match[str]) -> str | None:
     return ""
 
 
-for _code, _names in (("TPU703", "|".join(sorted(NCCL_DIAGNOSTIC))), ("TPU704", r"(?:TORCH_)?NCCL_[A-Z0-9_]+")):
+def _removed(what: str) -> Callable[[TextContext, re.Match[str]], str]:
+    """The finding message of a dropped launch-script setting."""
+    return lambda ctx, m: f"removed `{m.group(0).strip()}`: {what}, no effect on TPU"
+
+
+for _code, _names, _what in (
+    ("TPU703", "|".join(sorted(NCCL_DIAGNOSTIC)), "NCCL-only setting"),
+    ("TPU704", r"(?:TORCH_)?NCCL_[A-Z0-9_]+", "NCCL-only setting"),
+    ("TPU708", "|".join(sorted(CUDA_NUMERICS)), "cuBLAS/TF32 setting for NVIDIA GPUs"),
+):
     FAMILY.text(
         TextFix(
             code=_code,
             kinds=frozenset({FileKind.SHELL, FileKind.ENV, FileKind.DOCKERFILE}),
             pattern=re.compile(rf"{_ASSIGN_PREFIX}\b(?:{_names})={_VALUE}[ \t]*"),
             replace=_drop,
-            message=lambda ctx, m: f"removed `{m.group(0).strip()}`: NCCL-only setting, no effect on TPU",
+            message=_removed(_what),
             drop_line=True,
         )
     )
@@ -273,6 +325,17 @@ FAMILY.text(
         pattern=re.compile(r"\b(?:TORCH_)?NCCL_[A-Z0-9_]+\b"),
         replace=lambda ctx, m: None,
         message=lambda ctx, m: f"{m.group(0)} only configures NCCL: remove it from the TPU job config",
+    )
+)
+FAMILY.text(
+    TextFix(
+        code="TPU708",
+        kinds=frozenset({FileKind.YAML}),
+        pattern=re.compile(rf"\b(?:{'|'.join(sorted(CUDA_NUMERICS))})\b"),
+        replace=lambda ctx, m: None,
+        message=lambda ctx, m: (
+            f"{m.group(0)} only configures cuBLAS/TF32 numerics on NVIDIA GPUs: remove it from the TPU job config"
+        ),
     )
 )
 FAMILY.text(
@@ -295,13 +358,13 @@ FAMILY.text(
 )
 
 
-# ---- NCCL settings in dicts: os.environ.update({...}), subprocess env={...}, os.environ |= {...} ---------
+# ---- NCCL and numerics settings in dicts: os.environ.update({...}), subprocess env={...}, os.environ |= {...}
 def _nccl_entries(node: cst.Dict) -> list[tuple[int, cst.SimpleString, str]]:
-    """(index, key node, rule) of the dict's NCCL variable entries."""
+    """(index, key node, rule) of the dict's NCCL and CUDA numerics variable entries."""
     found = []
     for i, element in enumerate(node.elements):
         if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
-            code = nccl_code(string_value(element.key) or "")
+            code = dropped_setting_code(string_value(element.key) or "")
             if code is not None:
                 found.append((i, element.key, code))
     return found
@@ -309,19 +372,19 @@ def _nccl_entries(node: cst.Dict) -> list[tuple[int, cst.SimpleString, str]]:
 
 @FAMILY.visit(cst.Dict)
 def _claim_nccl_entries(ctx: PyContext, node: cst.Dict) -> None:
-    if "NCCL" in ctx.source:
+    if _mentions_dropped_setting(ctx.source):
         for _, key, _ in _nccl_entries(node):
             ctx.claim(key)
 
 
 @FAMILY.leave(cst.Dict)
 def nccl_dict_entries(ctx: PyContext, original: cst.Dict, updated: cst.Dict) -> cst.Dict:
-    if "NCCL" not in ctx.source:
+    if not _mentions_dropped_setting(ctx.source):
         return updated
     dropped = set()
     for i, key, code in _nccl_entries(original):
-        name = string_value(key)
-        if ctx.report(code, key, f"removed {name} from the dict: it only configures NCCL, no effect on TPU"):
+        name = string_value(key) or ""
+        if ctx.report(code, key, f"removed {name} from the dict: {_why_dropped(name)}, no effect on TPU"):
             dropped.add(i)
     if not dropped:
         return updated

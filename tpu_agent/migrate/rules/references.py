@@ -28,6 +28,7 @@ DATA = f"{_PYTORCH}/data.html"
 CPP_EXTENSION = f"{_PYTORCH}/cpp_extension.html"
 SDPA = f"{_PYTORCH}/generated/torch.nn.functional.scaled_dot_product_attention.html"
 ENV_VARS = f"{_PYTORCH}/torch_environment_variables.html"
+DETERMINISM = f"{_PYTORCH}/notes/randomness.html"
 TORCH_TPU = "https://github.com/google-pytorch/torch_tpu"
 CLOUD_TPU_PYTORCH = "https://docs.cloud.google.com/tpu/docs/pytorch-on-tpu"
 

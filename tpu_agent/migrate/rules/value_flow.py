@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.crossmodule import merged
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
@@ -137,6 +138,17 @@ def _lines(flow: KeyFlow) -> str:
     return f"line{'s' if len(flow.other_lines) > 1 else ''} {shown}" if shown else "other uses"
 
 
+def _definition_flow(ctx: PyContext, key: str) -> tuple[Verdict | None, str]:
+    """The verdict for the value a definition binds to ``key``, and its other uses for a report. A module-level
+    constant counts what the tree's modules importing it do with it too."""
+    local = ctx.value_flow.flow(key)
+    imported = ctx.imported_flows.get(key, ()) if len(ctx.stmt_stack) == 1 else ()
+    if not imported:
+        return local.verdict, _lines(local)
+    verdict, places = merged(local, imported)
+    return verdict, ", ".join(places[:8]) or "other uses"
+
+
 # ---- devices ------------------------------------------------------------------------------------------
 def _device_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
@@ -144,11 +156,11 @@ def _device_definition(
     key = _key_of(target)
     if key is None or cuda_device_code(ctx, original) is None or cuda_device_code(ctx, updated) is None:
         return None  # not a CUDA literal, or the name-based rule already rewrote it
-    flow = ctx.value_flow.flow(key[0])
-    if flow.verdict is Verdict.DEVICE and not _NAMED_DEVICE_RE.search(key[1]):
+    verdict, others = _definition_flow(ctx, key[0])
+    if verdict is Verdict.DEVICE and not _NAMED_DEVICE_RE.search(key[1]):
         return rewrite_device(ctx, original, "type", updated=updated)
-    if flow.verdict is Verdict.MIXED:
-        ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {_lines(flow)}")
+    if verdict is Verdict.MIXED:
+        ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {others}")
     return None
 
 
@@ -244,11 +256,11 @@ def _backend_definition(
         return None
     if not updated.deep_equals(original):
         return None  # the name-based rule already rewrote it
-    flow = ctx.value_flow.flow(key[0])
-    if flow.verdict is Verdict.MIXED:
-        ctx.report("TPU408", original, f"{key[1]} = {source(original)} is used as a backend and by {_lines(flow)}")
+    verdict, others = _definition_flow(ctx, key[0])
+    if verdict is Verdict.MIXED:
+        ctx.report("TPU408", original, f"{key[1]} = {source(original)} is used as a backend and by {others}")
         return None
-    if flow.verdict is not Verdict.BACKEND and not _NAMED_BACKEND_RE.search(key[1]):
+    if verdict is not Verdict.BACKEND and not _NAMED_BACKEND_RE.search(key[1]):
         return None
     if not _is_backend_expression(ctx, original):
         return None

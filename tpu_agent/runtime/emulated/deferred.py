@@ -15,6 +15,8 @@ Errors in recorded ops therefore surface at the flush, naming the op and the use
 from __future__ import annotations
 
 import hashlib
+import inspect
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,17 +33,33 @@ MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limi
 _META = torch.device("meta")
 
 
-@dataclass
 class Node:
-    """One recorded op: its ATen overload, arguments (tpu tensors by reference) and the tpu tensors it returned."""
+    """One recorded op: its ATen overload, arguments (tpu tensors by reference) and the tpu tensors it returned.
 
-    func: Any
-    args: tuple
-    kwargs: dict
-    outputs: Any
-    precision: state.Precision
-    site: events.Site | None
-    signature: str
+    A slotted class rather than a dataclass: one is made per recorded op, on DeferAndFuse's hot path."""
+
+    __slots__ = ("func", "args", "kwargs", "outputs", "precision", "site", "signature")
+
+    def __init__(
+        self,
+        func: Any,
+        args: tuple,
+        kwargs: dict,
+        outputs: Any,
+        precision: state.Precision,
+        site: events.Site | None,
+        signature: str,
+    ) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.outputs = outputs
+        self.precision = precision
+        self.site = site
+        self.signature = signature
+
+    def __repr__(self) -> str:
+        return f"Node({self.signature})"
 
 
 @dataclass
@@ -61,11 +79,8 @@ class Graph:
 
     @property
     def hash(self) -> str:
-        digest = hashlib.sha1()
-        for node in self.nodes:
-            digest.update(node.signature.encode())
-            digest.update(b";")
-        return digest.hexdigest()[:16]
+        text = "".join([node.signature + ";" for node in self.nodes])
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 class Executor(Protocol):
@@ -157,12 +172,13 @@ _lock = threading.RLock()
 
 def flush(cause: str, site: events.Site | None = None) -> None:
     """Execute the pending graph (no-op when empty) and log a Flush record with ``cause``."""
-    global _pending
+    global _pending, _last_site
     with _lock:
         graph = _pending
         if not graph.nodes:
             return
         _pending = Graph()
+        _last_site = (None, None)
         graph_hash = graph.hash
         cache.lookup(graph_hash)
         start = time.perf_counter_ns()
@@ -222,7 +238,8 @@ def _add_storages(x: Any, storages: set[int]) -> None:
             storages.add(storage_key(elem))
     elif t is list or t is tuple:
         for y in x:
-            _add_storages(y, storages)
+            if type(y) is not int:  # sizes and dims hold no storage
+                _add_storages(y, storages)
 
 
 def touches(elem: torch.Tensor) -> bool:
@@ -299,18 +316,45 @@ def _infer(func: Any, args: tuple, kwargs: dict, key: tuple | None) -> tuple[Any
     return outputs, signature
 
 
+# The site of the last op recorded from a library frame: (that frame, its user site). While the same frame
+# object is on the stack its callers are suspended where they called it, so every op it issues has the same user
+# site; the stack walk then runs once per library frame instead of once per op (backward issues all its ops from
+# one frame). Holding the frame keeps it from being reused for another call; flush releases it.
+_last_site: tuple[Any, events.Site | None] = (None, None)
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _recording_site() -> events.Site | None:
+    """The user line that issued the op :func:`record` is recording (called by record only: fixed depth)."""
+    global _last_site
+    try:
+        frame = sys._getframe(3)  # 0: here, 1: record, 2: TpuTensor.__torch_dispatch__, 3: the op's caller
+    except ValueError:  # record called from the top of a stack
+        return None
+    cached_frame, site = _last_site
+    if frame is cached_frame:
+        return site
+    site = events.user_call_site(4)
+    code = frame.f_code
+    # a generator's frame is resumed from other callers: its site can change while the frame lives
+    if not code.co_flags & _RESUMABLE and events.is_library_file(code.co_filename):
+        _last_site = (frame, site)
+    return site
+
+
 def record(func: Any, args: tuple, kwargs: dict) -> Any:
     """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
     plan = ops.plan_of(func)
-    if plan.host_read is not None or _is_host_transfer(func, args, kwargs):
-        return _eager(func, args, kwargs, plan.host_read or "cpu")
-    if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
-        return tt.strict_dispatch(func, args, kwargs)
-    if plan.data_dependent:
-        return _eager(func, args, kwargs, "data_dependent")
-    if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
-        telemetry.emit_fallback(str(func))
-        return _eager(func, args, kwargs, "fallback")
+    if not plan.plain_record:  # a transfer, view, host read or data-dependent op may have to run now
+        if plan.host_read is not None or _is_host_transfer(func, args, kwargs):
+            return _eager(func, args, kwargs, plan.host_read or "cpu")
+        if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
+            return tt.strict_dispatch(func, args, kwargs)
+        if plan.data_dependent:
+            return _eager(func, args, kwargs, "data_dependent")
+        if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
+            telemetry.emit_fallback(str(func))
+            return _eager(func, args, kwargs, "fallback")
     special = tt.special_for(func)
     if special is not None:
         special(func, args, kwargs)
@@ -327,21 +371,34 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         outputs, signature = inferred_now
     if state.log_enabled:
         telemetry.op_counts[func] += 1
+    recorded_args = args
+    for a in args:
+        if type(a) is torch.Tensor:
+            recorded_args = tuple([_snapshot_host(x) for x in args])
+            break
     node = Node(
-        func=func,
-        args=tuple(_snapshot_host(a) for a in args),
-        kwargs={k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
-        outputs=outputs,
-        precision=state.effective_precision(),
-        site=events.user_call_site(3),
-        signature=signature,
+        func,
+        recorded_args,
+        {k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
+        outputs,
+        state.effective_precision(),
+        _recording_site(),
+        signature,
     )
     with _lock:
-        _pending.nodes.append(node)
-        _add_storages(args, _pending.storages)
+        nodes = _pending.nodes
+        nodes.append(node)
+        storages = _pending.storages
+        for a in args:
+            if type(a) is tt.TpuTensor:
+                elem = a._elem
+                if type(elem) is torch.Tensor:
+                    storages.add(storage_key(elem))
+            elif type(a) is list or type(a) is tuple:
+                _add_storages(a, storages)
         if kwargs:
-            _add_storages(tuple(kwargs.values()), _pending.storages)
-        full = len(_pending) >= MAX_GRAPH_OPS
+            _add_storages(tuple(kwargs.values()), storages)
+        full = len(nodes) >= MAX_GRAPH_OPS
     if full:
         flush("size_limit")
     return outputs

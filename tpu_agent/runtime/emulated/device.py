@@ -145,7 +145,7 @@ def _patch_accelerator() -> None:
     def get_memory_info(device_index: Any = None, /) -> tuple[int, int]:
         assert state.chip is not None
         total = state.chip.hbm_bytes_per_device
-        return (total - memory.allocated, total)
+        return (total - memory.allocated_bytes(), total)
 
     replacements = {
         "synchronize": synchronize,

@@ -36,10 +36,14 @@ def device_error(func: Any, error: Exception) -> Exception:
     return replacement
 
 
-def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None) -> Any:
+def run_on_cpu(
+    func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None, plan: ops.OpPlan | None = None
+) -> Any:
     """Execute one op on CPU data as the TPU would. ``args`` are the op's original (tpu) arguments, parallel
-    to ``cargs`` (they let the MXU rounding reuse a weight's rounded copy)."""
-    plan = ops.plan_of(func)
+    to ``cargs`` (they let the MXU rounding reuse a weight's rounded copy); ``plan`` is ``func``'s, when the
+    caller has it."""
+    if plan is None:
+        plan = ops.plan_of(func)
     positions = plan.mxu_operands
     if positions is not None:
         mxu.check_operands(func, cargs)
@@ -50,4 +54,4 @@ def run_on_cpu(func: Any, cargs: list, ckwargs: dict, precision: state.Precision
                     cargs[p] = mxu.mxu_operand(cargs[p], precision, args[p] if args is not None else None)
     if plan.gap is not None:
         return cpu_gaps.compute(plan.gap, func, cargs, ckwargs)
-    return func(*cargs, **ckwargs)
+    return plan.call(*cargs, **ckwargs)

@@ -180,12 +180,17 @@ def fallback_message(op_name: str) -> str:
     return f"'{op_name}' is not implemented for TPU. Falling back to CPU"
 
 
+# Ops that move data between host and device: DeferAndFuse checks their device arguments before recording.
+TRANSFER_OPS = frozenset({aten._to_copy.default, aten.copy_.default})
+
+
 @dataclass(frozen=True, slots=True)
 class OpPlan:
     """Everything the tables above say about one op, gathered once: the dispatcher reads this per call instead of
     probing each table (an ``OpOverload`` hashes in Python, several microseconds per lookup)."""
 
     func: Any
+    call: Any  # the overload's C++ entry (``OpOverload._op``): calling it skips ``OpOverload.__call__``'s frame
     mxu_operands: tuple[int, ...] | None
     gap: Any  # the cpu_gaps.CpuGap that computes inputs the CPU kernel refuses, if any
     host_read: str | None  # HostSync cause when the op returns data to the host
@@ -193,6 +198,9 @@ class OpPlan:
     storage_changing: bool
     metadata_inplace: bool
     mixed_device_ok: bool
+    # DeferAndFuse records the op without looking further at its arguments (no transfer, view or host read
+    # that may run it at once instead)
+    plain_record: bool
 
 
 _PLANS: dict[int, OpPlan] = {}
@@ -203,15 +211,21 @@ def plan_of(func: Any) -> OpPlan:
     plan = _PLANS.get(id(func))
     if plan is not None and plan.func is func:
         return plan
+    host_read = HOST_READ_OPS.get(func)
+    data_dependent = func in DATA_DEPENDENT_OPS
+    storage_changing = func in STORAGE_CHANGING_OPS
+    is_view = bool(getattr(func, "is_view", False))
     plan = OpPlan(
         func=func,
+        call=getattr(func, "_op", func),
         mxu_operands=MXU_OPERANDS.get(func),
         gap=cpu_gaps.BY_OP.get(func),
-        host_read=HOST_READ_OPS.get(func),
-        data_dependent=func in DATA_DEPENDENT_OPS,
-        storage_changing=func in STORAGE_CHANGING_OPS,
+        host_read=host_read,
+        data_dependent=data_dependent,
+        storage_changing=storage_changing,
         metadata_inplace=func in METADATA_INPLACE_OPS,
         mixed_device_ok=func in MIXED_DEVICE_OK,
+        plain_record=not (host_read or data_dependent or storage_changing or is_view or func in TRANSFER_OPS),
     )
     _PLANS[id(func)] = plan
     return plan

@@ -31,12 +31,25 @@ class _Uncacheable(Exception):
     """An argument or output this cache cannot describe."""
 
 
+def layout_key(x: torch.Tensor) -> tuple:
+    """What a meta kernel sees of tensor ``x``: whether it is a tpu tensor, its shape, strides, offset, dtype and
+    conjugate/negative bits."""
+    return (type(x) is tt.TpuTensor, x.shape, x.stride(), x.storage_offset(), x.dtype, x.is_conj(), x.is_neg())
+
+
 def _arg_key(x: Any, exact_floats: bool) -> Any:
     t = type(x)
-    if t is tt.TpuTensor or isinstance(x, _Tensor):
-        return (t is tt.TpuTensor, x.shape, x.stride(), x.storage_offset(), x.dtype, x.is_conj(), x.is_neg())
+    if t is tt.TpuTensor:
+        layout = x._layout  # a tpu tensor keeps its key: weights and recorded outputs are keyed many times
+        if layout is None:
+            layout = x._layout = layout_key(x)
+        return layout
+    if isinstance(x, _Tensor):
+        return layout_key(x)
     if t is list or t is tuple:
-        return (t, tuple(_arg_key(y, exact_floats) for y in x))
+        if all(type(y) is int for y in x):  # sizes, dims, strides: the values are the key (no nested tuples)
+            return (t, tuple(x))
+        return (t, tuple([_arg_key(y, exact_floats) for y in x]))
     if t is float and not exact_floats:
         return (t,)  # an optimizer's step size changes every step; only its type can change an output's layout
     if t in _SCALARS:
@@ -61,13 +74,13 @@ def key_of(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     """The signature of this call, or ``None`` when an argument cannot be part of one."""
     exact = _needs_exact_floats(func)
     try:
-        positional = tuple(_arg_key(a, exact) for a in args)
-        named = tuple((k, _arg_key(v, exact)) for k, v in kwargs.items()) if kwargs else ()
-        key = (id(func), positional, named)  # overloads live forever; id avoids hashing them in Python
-        hash(key)  # symbolic sizes (while Dynamo traces) are unhashable: such calls are inferred each time
-    except (_Uncacheable, TypeError):
+        positional = tuple([_arg_key(a, exact) for a in args])
+        named = tuple([(k, _arg_key(v, exact)) for k, v in kwargs.items()]) if kwargs else ()
+    except _Uncacheable:
         return None
-    return key
+    # overloads live forever; id avoids hashing them in Python. Symbolic sizes (while Dynamo traces) make the
+    # key unhashable: lookup and store treat such a key as a miss.
+    return (id(func), positional, named)
 
 
 @dataclass(frozen=True)
@@ -94,7 +107,7 @@ def _describe(out: Any, margs: list, mkwargs: dict, args: tuple, kwargs: dict) -
                 if type(kwargs[k]) is not tt.TpuTensor:
                     raise _Uncacheable
                 return ("kwarg", k)
-        return ("new", out.shape, out.stride(), out.storage_offset(), out.dtype, out.is_conj(), out.is_neg())
+        return ("new", (True, *layout_key(out)[1:]))  # the layout key of the tpu tensor built from it
     return ("value", out)
 
 
@@ -110,7 +123,7 @@ def build(description: Any, args: tuple, kwargs: dict) -> Any:
     """The deferred tpu outputs of a recorded call, from its signature's description."""
     kind = description[0]
     if kind == "new":
-        return tt.wrap_pending_layout(*description[1:])
+        return tt.wrap_pending_layout(description[1])
     if kind == "arg":
         return args[description[1]]
     if kind == "kwarg":
@@ -124,10 +137,16 @@ _cache: dict[tuple, Inferred] = {}
 
 
 def lookup(key: tuple) -> Inferred | None:
-    return _cache.get(key)
+    try:
+        return _cache.get(key)
+    except TypeError:  # an unhashable key (symbolic sizes): never cached
+        return None
 
 
 def store(key: tuple, inferred: Inferred) -> None:
     if len(_cache) >= MAX_ENTRIES:
         _cache.clear()
-    _cache[key] = inferred
+    try:
+        _cache[key] = inferred
+    except TypeError:  # an unhashable key (symbolic sizes): inferred each time
+        pass

@@ -53,6 +53,9 @@ class TpuTensor(torch.Tensor):
     """A tensor on the emulated ``tpu:0`` device; ``_elem`` is its CPU data (``None`` while deferred)."""
 
     _elem: torch.Tensor | None
+    # What DeferAndFuse's shape cache keys this tensor on (see shape_cache.layout_key): made when first needed,
+    # or at creation from the cached description it was built from; dropped when the metadata changes.
+    _layout: tuple | None = None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -79,6 +82,20 @@ class TpuTensor(torch.Tensor):
         inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any
     ) -> torch.Tensor:
         return wrap(inner["_elem"])
+
+    # ``param.data = other``: torch copies ``other``'s metadata into this tensor below the dispatcher, so the CPU
+    # data (and what was derived from it) must follow here, or the tensor would keep computing with its old data.
+    @property
+    def data(self) -> torch.Tensor:
+        return _Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, other: torch.Tensor) -> None:
+        elem = unwrap(other) if type(other) is TpuTensor else None  # a deferred value runs first
+        _Tensor.data.__set__(self, other)  # torch's checks (same device kind, shallow-copyable)
+        self._elem = elem
+        self._layout = None
+        self.__dict__.pop("_meta", None)
 
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the method
     # runs the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
@@ -206,27 +223,6 @@ def render(t: torch.Tensor, cpu: torch.Tensor, tensor_contents: Any = None) -> s
     return "Parameter containing:\n" + text if is_parameter else text
 
 
-class _Allocation:
-    """Held in a tpu tensor's ``__dict__``: frees the accounted bytes when the tensor dies. (A token rather
-    than a weakref, because ``Module.to`` swaps parameter objects and a weakref'd tensor cannot be swapped.)"""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-
-    def __del__(self) -> None:
-        # At interpreter shutdown (JAX keeps tensors alive past the module's teardown) the module globals may
-        # already be None: there is nothing left to account then.
-        release = getattr(memory, "release", None)
-        if release is None:
-            return
-        try:
-            release(self.key)
-        except (AttributeError, TypeError):  # memory's own globals (its lock, its table) torn down before us
-            return
-
-
 def _wrapper_like(like: torch.Tensor) -> TpuTensor:
     """An empty tpu wrapper with ``like``'s shape, strides, offset and dtype; the caller sets its data."""
     return _make_wrapper(
@@ -236,7 +232,6 @@ def _wrapper_like(like: torch.Tensor) -> TpuTensor:
         storage_offset=like.storage_offset(),
         dtype=like.dtype,
         device=DEVICE,
-        requires_grad=False,
     )
 
 
@@ -254,7 +249,7 @@ def wrap(elem: torch.Tensor) -> torch.Tensor:
     try:
         r = _wrapper_like(elem)
         if type(elem) is _Tensor:  # fake/functional tensors while Dynamo traces have no memory to count
-            r._free = _Allocation(memory.track(elem))
+            memory.track(elem)
     except RuntimeError:
         unsupported.check_layout(elem)
         raise
@@ -276,12 +271,13 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     return r
 
 
-def wrap_pending_layout(shape: Any, stride: Any, offset: int, dtype: torch.dtype, conj: bool, neg: bool) -> TpuTensor:
-    """A deferred tpu tensor with this layout (its meta tensor is made when an uncached recording needs it)."""
-    r = _make_wrapper(
-        TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE, requires_grad=False
-    )
+def wrap_pending_layout(layout: tuple) -> TpuTensor:
+    """A deferred tpu tensor with this layout key (``shape_cache.layout_key``'s tuple, which it keeps); its meta
+    tensor is made when an uncached recording needs it."""
+    _, shape, stride, offset, dtype, conj, neg = layout
+    r = _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE)
     r._elem = None
+    r._layout = layout
     if conj:
         torch._C._set_conj(r, True)
     if neg:
@@ -292,7 +288,7 @@ def wrap_pending_layout(shape: Any, stride: Any, offset: int, dtype: torch.dtype
 def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
     """Give a deferred tensor its CPU data (called by the executor)."""
     try:
-        r._free = _Allocation(memory.track(elem))
+        memory.track(elem)
     except RuntimeError:
         unsupported.check_layout(elem)
         raise
@@ -379,10 +375,15 @@ def _unwrap_leaf(func: Any, x: Any) -> Any:
         e = x._elem
         return e if e is not None else unwrap(x)
     if t is list or t is tuple:
-        return t(_unwrap_leaf(func, y) for y in x)
+        if all(type(y) in _PLAIN_SCALARS for y in x):  # sizes, dims, strides: nothing to unwrap
+            return x
+        return t([_unwrap_leaf(func, y) for y in x])
     if isinstance(x, _Tensor):
         _mixed_device(func, x)
     return x
+
+
+_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def unwrap_args(func: Any, args: tuple | list) -> list:
@@ -448,6 +449,7 @@ def sync_metadata(t: Any, source: torch.Tensor) -> None:
         t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()
     ):
         return
+    t._layout = None
     try:
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
             torch.ops.aten.as_strided_.default(t, source.shape, source.stride(), source.storage_offset())
@@ -464,6 +466,7 @@ class WrapperTooSmall(RuntimeError):
 
 
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
+    plan = ops.plan_of(func)
     if state.log_enabled:
         telemetry.op_counts[func] += 1
     special = _SPECIAL.get(id(func))
@@ -473,16 +476,16 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, plan)
     else:
         ckwargs = kwargs
-    out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args)
+    out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, plan)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
         debug.check(func, cargs, ckwargs, out)
     result = rewrap(out, args, cargs, kwargs, ckwargs)
-    if ops.plan_of(func).metadata_inplace:
+    if plan.metadata_inplace:
         sync_metadata(result, out)
     return result
 

@@ -361,7 +361,7 @@ class TpuModule(types.ModuleType):
 
     @staticmethod
     def _hbm_usage_summary() -> str:
-        return f"CompilationCache HBM usage: 0B for 0 executables. Live tensors: {memory.allocated}B."
+        return f"CompilationCache HBM usage: 0B for 0 executables. Live tensors: {memory.allocated_bytes()}B."
 
     @staticmethod
     def _get_cache_stats() -> _CacheStats:
