@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 from profile_helpers import Captures
 
@@ -9,3 +12,14 @@ from profile_helpers import Captures
 @pytest.fixture(scope="session")
 def captures(tmp_path_factory: pytest.TempPathFactory) -> Captures:
     return Captures(tmp_path_factory.mktemp("profile-captures"))
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """TPU compiles of this session go to a cache of their own, never the user's (and every session compiles)."""
+    from tpu_agent.estimate.compiler import CACHE_DIR_ENV
+
+    directory = tmp_path_factory.mktemp("compile-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_DIR_ENV, str(directory))
+        yield directory

@@ -23,6 +23,7 @@ _DATA = {
     "hooks": "a `tpu-agent profile` capture",
     "eager_mode": "the eager mode",
     "memory": "a memory measurement",
+    "compiled": "the step compiled by libtpu",
 }
 
 

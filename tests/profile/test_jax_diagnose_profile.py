@@ -1,4 +1,5 @@
-"""`tpu-agent diagnose` on an XSpace written by real JAX (jax.profiler.trace on CPU)."""
+"""`tpu-agent diagnose` on an XSpace written by real JAX (jax.profiler.trace on CPU, in a subprocess: the
+profiler server it starts should not outlive the test in pytest's process); the diagnosis itself runs here."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profile_helpers import run_cli
+import pytest
 from xprof.profile_data import ProfileData
+
+from tpu_agent.profile.api import diagnose, render
+
+pytestmark = pytest.mark.slow  # launches JAX in a subprocess
 
 JAX_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp
-import pytest
-
-pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
 
 @jax.jit
 def step(x):
@@ -37,8 +39,7 @@ def test_diagnose_jax_xspace(tmp_path: Path) -> None:
     (original,) = logdir.glob("plugins/profile/*/*.xplane.pb")
     before = hashlib.sha256(original.read_bytes()).hexdigest()
 
-    result = run_cli("diagnose", str(logdir), "--chip", "v5e", "--format", "json")
-    report = json.loads(result.stdout)
+    report = json.loads(render(diagnose(logdir, chip="v5e"), "json"))
     assert report["capture"]["source"] == "xspace" and report["capture"]["chip"] == "v5e"
     assert report["step_time"]["count"] == 2
     outcomes = {r["rule_id"]: r for r in report["rules"]}

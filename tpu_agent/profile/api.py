@@ -21,10 +21,19 @@ from typing import Any
 
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.profile import kineto, xplane
 from tpu_agent.profile.estimate import attach_compiler_estimate, estimate
-from tpu_agent.profile.layout import HOOK_SPEC, OPTIONS_FILE, REPORT_DIR, TRACE_FILE, raw_dir, report_dir
+from tpu_agent.profile.layout import (
+    COMPILED_FILE,
+    HOOK_SPEC,
+    OPTIONS_FILE,
+    REPORT_DIR,
+    TRACE_FILE,
+    raw_dir,
+    report_dir,
+)
 from tpu_agent.profile.load import load_raw
 from tpu_agent.profile.model import Diagnosis, Finding, ProfileModel, RunConfig
 from tpu_agent.profile.options import ProfileOptions
@@ -165,9 +174,7 @@ def _log_root(logdir: Path) -> Path:
     return logdir.parent if logdir.is_file() else logdir
 
 
-def _diagnose(
-    logdir: Path, chip: str | None, exit_code: int | None, compiled: tuple[dict[str, Any] | None, str] = (None, "")
-) -> Diagnosis:
+def _diagnose(logdir: Path, chip: str | None, exit_code: int | None, no_compiler_note: str = "") -> Diagnosis:
     logdir = Path(logdir)
     if not logdir.exists():
         raise TpuAgentError(
@@ -188,7 +195,8 @@ def _diagnose(
             )
         diagnosis = _diagnose_xspace(files, root, chip)
     diagnosis.exit_code = exit_code
-    attach_compiler_estimate(diagnosis.estimate, *compiled)
+    compiled = diagnosis.model.compiled
+    attach_compiler_estimate(diagnosis.estimate, compiled.document if compiled else None, no_compiler_note)
     diagnosis.document = build_document(diagnosis)
     diagnosis.report_paths = _write_reports(diagnosis, root)
     return diagnosis
@@ -259,12 +267,14 @@ def _compiler_estimate(
 ) -> tuple[dict[str, Any] | None, str]:
     """The TPU compiler's estimate of the same script (a second, short run), when libtpu is here and wanted.
 
-    Returns the estimate document, or None and why there is none (never fails the profile)."""
-    from tpu_agent.estimate.compiler import compiler_status
-    from tpu_agent.estimate.script import EstimateOptions, estimate_script
-
+    Returns the estimate document (``tpu-agent estimate``'s JSON), or None and why there is none (never fails
+    the profile)."""
     if not options.tpu_compiler or not compiler_status().available:
         return None, ""
+    # Imported only when the pass runs: the estimate's script module loads torch, seconds of CPU that this
+    # process (which only launches and reads files) would otherwise spend on every profile.
+    from tpu_agent.estimate.script import EstimateOptions, estimate_script
+
     if progress:
         progress(f"compiling the step for {options.chip} with the TPU compiler")
     try:
@@ -300,11 +310,13 @@ def profile(
                 timeout_s=options.timeout_s,
             ),
         )
-    compiled = _compiler_estimate(target, options, progress) if exit_code == 0 else (None, "")
+    document, no_compiler_note = _compiler_estimate(target, options, progress) if exit_code == 0 else (None, "")
+    if document is not None:  # kept with the capture: `diagnose` of this logdir then weighs it too
+        atomic_write_text(raw / COMPILED_FILE, json.dumps(document))
     if progress:
         progress("analysing the capture")
     try:
-        diagnosis = _diagnose(logdir, options.chip, exit_code, compiled)
+        diagnosis = _diagnose(logdir, options.chip, exit_code, no_compiler_note)
     except TpuAgentError as error:
         if exit_code != 0:
             raise TpuAgentError(

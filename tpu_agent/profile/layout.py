@@ -15,6 +15,7 @@ RAW_DIR = "raw"
 OPTIONS_FILE = "options.json"
 TRACE_FILE = "rank{rank}.pt.trace.json"  # torch.profiler's Chrome trace of the measured window
 CAPTURE_FILE = "capture-rank{rank}.json"  # what the capture hooks recorded (sites, weights, memory, ...)
+COMPILED_FILE = "compiled.json"  # the TPU compiler's estimate of the step (`tpu-agent estimate`'s document)
 
 
 def raw_dir(logdir: Path) -> Path:

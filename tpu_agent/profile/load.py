@@ -18,7 +18,8 @@ from typing import Any
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
-from tpu_agent.profile.layout import CAPTURE_FILE, OPTIONS_FILE, TRACE_FILE
+from tpu_agent.profile.compiled import load_compiled
+from tpu_agent.profile.layout import CAPTURE_FILE, COMPILED_FILE, OPTIONS_FILE, TRACE_FILE
 from tpu_agent.profile.model import (
     DataLoaderInfo,
     DataWait,
@@ -193,7 +194,9 @@ def load_raw(directory: Path) -> ProfileModel:
         )
     ranks = {r: _load_rank(directory, r, by_rank.get(r, [])) for r in sorted(rank_ids)}
     with reading(options_path, "the profile options"):
-        return _model(options, ranks)
+        model = _model(options, ranks)
+    model.compiled = load_compiled(directory / COMPILED_FILE)
+    return model
 
 
 def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileModel:

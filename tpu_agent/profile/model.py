@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_agent.chips import Chip
+from tpu_agent.profile.compiled import CompiledStep
 from tpu_agent.runtime.events import Event, Site
 
 
@@ -269,6 +270,7 @@ class ProfileModel:
 
     config: RunConfig
     ranks: dict[int, RankProfile]
+    compiled: CompiledStep | None = None  # the step as the TPU compiler compiled it, when libtpu ran
 
     @property
     def primary(self) -> RankProfile:

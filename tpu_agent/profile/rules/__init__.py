@@ -30,11 +30,14 @@ _MODULES = (
     "sh_dynamic_shapes",
     "sh_mxu_alignment",
     "sh_batch_size",
+    "sh_compiled_padding",
     "pr_fp32_matmul",
     "pr_upcasts",
     "ip_input_bound",
     "sd_memory_fit",
     "sd_collective_bound",
+    "sd_compiled_hbm",
+    "sd_compiled_collectives",
     "sd_data_parallel",
 )
 
@@ -48,6 +51,7 @@ _DATA_HINTS = {
     "hooks": "not captured by `tpu-agent profile` (no call sites, DataLoader, weights or env)",
     "eager_mode": "the TorchTPU eager mode is unknown (run on the tpu-agent runtime or pass --eager-mode)",
     "memory": "no parameter/optimizer memory measurement",
+    "compiled": "the step was not compiled for a TPU (libtpu is not installed, or --no-tpu-compiler)",
 }
 
 

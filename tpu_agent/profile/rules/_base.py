@@ -28,6 +28,7 @@ OP_TRACE = "op_trace"  # host ops with shapes (torch.profiler)
 HOOKS = "hooks"  # our in-process capture: call sites, DataLoader, weights, memory, env
 EAGER_MODE = "eager_mode"  # the TorchTPU eager mode in force (runtime RunInfo or --eager-mode)
 MEMORY = "memory"  # parameter / gradient / optimizer-state bytes
+COMPILED = "compiled"  # the step compiled for a TPU by libtpu (`tpu-agent estimate`)
 
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution"})
 
@@ -110,6 +111,8 @@ def available(model: ProfileModel) -> set[str]:
         have.add(EAGER_MODE)
     if rank.memory is not None:
         have.add(MEMORY)
+    if model.compiled is not None:
+        have.add(COMPILED)
     return have
 
 

@@ -23,7 +23,27 @@ def plan_shards(memory: MemoryBreakdown, hbm: int) -> tuple[int, bool]:
     return degree, checkpoint
 
 
-def _gib(n: float) -> str:
+def fsdp_plan(degree: int, world: int, checkpoint: bool = False) -> str:
+    """The FSDP2 code that shards a model over ``degree`` devices (of ``world``): per block, then the root."""
+    mesh = (
+        f'init_device_mesh("tpu", ({degree},))'
+        if degree <= 8 or degree >= world
+        else (f'init_device_mesh("tpu", ({max(world // degree, 1)}, {degree}), mesh_dim_names=("replicate", "shard"))')
+    )
+    plan = (
+        f"from torch.distributed.fsdp import fully_shard\n"
+        f"from torch.distributed.device_mesh import init_device_mesh\n"
+        f"mesh = {mesh}\n"
+        f"for block in model.children():  # each transformer block / large layer\n"
+        f"    fully_shard(block, mesh=mesh)\n"
+        f"fully_shard(model, mesh=mesh)\n"
+    )
+    if checkpoint:
+        plan += "# and wrap each block's forward in torch.utils.checkpoint.checkpoint(...)\n"
+    return plan
+
+
+def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
@@ -40,30 +60,15 @@ def _check(model: ProfileModel) -> list[Finding]:
     if total <= ERROR_SHARE * hbm and state <= WARN_STATE_SHARE * hbm:
         return []
     degree, checkpoint = plan_shards(memory, hbm)
-    world = model.config.world_size
-    mesh = (
-        f'init_device_mesh("tpu", ({degree},))'
-        if degree <= 8 or degree >= world
-        else (f'init_device_mesh("tpu", ({max(world // degree, 1)}, {degree}), mesh_dim_names=("replicate", "shard"))')
-    )
-    plan = (
-        f"from torch.distributed.fsdp import fully_shard\n"
-        f"from torch.distributed.device_mesh import init_device_mesh\n"
-        f"mesh = {mesh}\n"
-        f"for block in model.children():  # each transformer block / large layer\n"
-        f"    fully_shard(block, mesh=mesh)\n"
-        f"fully_shard(model, mesh=mesh)\n"
-    )
-    if checkpoint:
-        plan += "# and wrap each block's forward in torch.utils.checkpoint.checkpoint(...)\n"
+    plan = fsdp_plan(degree, model.config.world_size, checkpoint)
     breakdown = (
-        f"params {_gib(memory.param_bytes)}, grads {_gib(memory.grad_bytes)}, optimizer "
-        f"{_gib(memory.optimizer_bytes)}, "
-        f"activations {_gib(memory.activation_bytes)}"
+        f"params {gib(memory.param_bytes)}, grads {gib(memory.grad_bytes)}, optimizer "
+        f"{gib(memory.optimizer_bytes)}, "
+        f"activations {gib(memory.activation_bytes)}"
     )
     return [
         RULE.finding(
-            f"Replicated model state needs {_gib(total)} per device; {chip.device_name} has {_gib(hbm)} HBM",
+            f"Replicated model state needs {gib(total)} per device; {chip.device_name} has {gib(hbm)} HBM",
             Evidence("state + activations / HBM per device", round(total / hbm, 3), ERROR_SHARE, "fraction"),
             [Location.from_site(rank.forward_site)] if rank.forward_site else [],
             f"{breakdown}. Shard parameters, gradients and optimizer state with FSDP2 fully_shard over {degree} "

@@ -13,7 +13,7 @@ MIN_PARAM_SHARE = 0.02  # ignore weights holding < 2 % of matmul parameters
 WARN_SAVING = 5.0
 
 
-def _padded(dim: int, tile: int) -> int:
+def padded_dim(dim: int, tile: int) -> int:
     return math.ceil(dim / tile) * tile
 
 
@@ -24,7 +24,7 @@ def waste(shape: tuple[int, ...], tile: int) -> float:
     "wastes 102300 %" says nothing a reader can weigh; "99.9 % of its MXU work is padding" does.
     """
     out_dim, in_dim = shape[0], math.prod(shape[1:])
-    return 1 - (out_dim * in_dim) / (_padded(out_dim, tile) * _padded(in_dim, tile))
+    return 1 - (out_dim * in_dim) / (padded_dim(out_dim, tile) * padded_dim(in_dim, tile))
 
 
 def percent_text(fraction: float) -> str:
@@ -33,7 +33,8 @@ def percent_text(fraction: float) -> str:
     return f"{tenths / 10:g}%" if tenths < 1000 else "100%"
 
 
-def _matmul_weights(weights: list[Weight]) -> list[Weight]:
+def matmul_weights(weights: list[Weight]) -> list[Weight]:
+    """The weights that feed matmuls (embedding tables are looked up, not multiplied)."""
     return [w for w in weights if w.module_type not in ("Embedding", "EmbeddingBag") and len(w.shape) >= 2]
 
 
@@ -41,7 +42,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     chip = model.config.chip
     tile = chip.mxu_tile
-    weights = _matmul_weights(rank.weights)
+    weights = matmul_weights(rank.weights)
     total = sum(math.prod(w.shape) for w in weights)
     if not total:
         return []
@@ -72,8 +73,8 @@ def _check(model: ProfileModel) -> list[Finding]:
                 f"is padding (tile {tile})",
                 Evidence("share of MXU work that is padding", round(wasted, 4), WASTE_THRESHOLD, "fraction"),
                 [Location.from_site(first.site, round(saving / 100, 4))] if first.site else [],
-                f"Pad the dims to multiples of {tile}: in {in_dim}->{_padded(in_dim, tile)}, out "
-                f"{out_dim}->{_padded(out_dim, tile)} (and the layers it feeds), or pick sizes that are multiples of "
+                f"Pad the dims to multiples of {tile}: in {in_dim}->{padded_dim(in_dim, tile)}, out "
+                f"{out_dim}->{padded_dim(out_dim, tile)} (and the layers it feeds), or pick sizes that are multiples of "
                 f"{tile}." + (f" Defined at: {code}" if code else ""),
                 severity=Severity.warning if saving >= WARN_SAVING else Severity.info,
                 agent_change=AgentChange(
