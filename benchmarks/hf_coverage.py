@@ -140,7 +140,9 @@ def confirm_in_isolation(result: dict[str, Any], options: CheckOptions) -> dict[
     isolated = run_case(case, replace(options, process_per_mode=True))
     isolated["wall_s"] = round(isolated["wall_s"] + result["wall_s"], 1)
     isolated["confirmed_in_isolation"] = True
-    isolated["shared_process_failures"] = [m["mode"] for m in result["modes"] if verdict(m) in ("mismatch", "error")]
+    isolated["shared_process_failures"] = {
+        m["mode"]: cause(m) for m in result["modes"] if verdict(m) in ("mismatch", "error")
+    }
     return isolated
 
 
@@ -252,7 +254,8 @@ def _recheck_summary(results: list[dict[str, Any]]) -> str:
 
 def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Results of several sweeps over the same architectures (say, eager modes over all of them and compile over
-    a sample) as one list: one entry per architecture, its modes from every run."""
+    a sample, then a re-run of a few) as one list: one entry per architecture, its modes from every run, a later
+    run's verdict replacing an earlier one's for the same mode."""
     merged: dict[str, dict[str, Any]] = {}
     for run in runs:
         for result in run:
@@ -261,7 +264,11 @@ def merge_results(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 merged[name] = {**result, "modes": list(result["modes"])}
                 continue
             entry = merged[name]
-            entry["modes"] += result["modes"]
+            replaced = {m["mode"] for m in result["modes"]}
+            earlier = entry["modes"]
+            entry["modes"] = [m for m in earlier if m["mode"] not in replaced] + result["modes"]
+            if replaced & {m["mode"] for m in earlier}:  # a re-run: its own re-check (or none) is what counts
+                entry["confirmed_in_isolation"] = False
             entry["wall_s"] = round(entry.get("wall_s", 0) + result.get("wall_s", 0), 1)
             entry["confirmed_in_isolation"] = entry.get("confirmed_in_isolation") or result.get(
                 "confirmed_in_isolation"

@@ -3,14 +3,14 @@
 Small and medium models are dispatch-bound: their steps are hundreds of tiny ops, so the emulator's cost per op
 decides the ratio (the GPT benchmark in ``runtime_bench.py`` hides it behind large matmuls). Each model is
 built with ``transformers`` from a tiny config (hidden 64, 2 layers; nothing is downloaded) and trained for a
-few steps: forward with labels, backward, AdamW step, ``loss.item()``. Every configuration runs in a fresh
-subprocess with one intra-op thread; rounds interleave the configurations so that load from other processes
-hits all of them alike. Steps are timed by the stepping thread's CPU time (all the work runs on it), which load
-from other processes barely moves; wall-clock times are printed next to it.
+few steps: forward with labels, backward, AdamW step, ``loss.item()``. Each model gets fresh processes with one
+intra-op thread, in which a copy per configuration (plain CPU, Strict, DeferAndFuse) trains a step in turn, so
+that load from other processes hits all of them alike. Steps are timed by the stepping thread's CPU time (all
+the work runs on it), which load from other processes barely moves; wall-clock times are printed next to it.
 
 Targets (issue 10): Strict <= 2x CPU and DeferAndFuse no slower than Strict, on the median over the models.
 
-    python benchmarks/hf_step_bench.py [--models llama,bert,gpt2,t5] [--steps 8] [--warmup 3] [--rounds 3]
+    python benchmarks/hf_step_bench.py [--models llama,bert,gpt2,t5] [--steps 10] [--warmup 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -71,59 +71,77 @@ def build(name: str):  # noqa: ANN201 - transformers is imported lazily, in the 
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
 
-def child(name: str, eager_mode: str | None, steps: int, warmup: int) -> None:
-    """Time ``steps`` training steps after ``warmup`` in this process; print one JSON line."""
+def child(name: str, steps: int, warmup: int) -> None:
+    """Train one copy of the model per configuration in this process, a step of each in turn; print one JSON line
+    with each configuration's best and median step (thread CPU time) and best wall-clock step.
+
+    Interleaving step by step puts load from other processes on every configuration alike, within milliseconds;
+    a CPU model is untouched by the emulator (its ops never reach the tpu dispatcher), and the eager mode is
+    switched between steps as a program may (leaving DeferAndFuse runs its pending graph first)."""
+    import copy
+
     import torch
 
+    from tpu_agent.runtime.emulated import activate
+
     torch.set_num_threads(1)
-    device = "cpu"
-    if eager_mode is not None:
-        from tpu_agent.runtime.emulated import activate
-
-        activate(eager_mode=eager_mode)
-        device = "tpu"
+    activate(eager_mode="strict")
     torch.manual_seed(0)
-    model = build(name).to(device)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ)).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cpu_times, wall_times = [], []
+    base = build(name)
+    runs = {}
+    for config, eager_mode in CONFIGS.items():
+        device = "cpu" if eager_mode is None else "tpu"
+        model = copy.deepcopy(base).to(device)
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ)).to(device)
+        runs[config] = (eager_mode, model, ids, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    cpu_times: dict[str, list[float]] = {config: [] for config in CONFIGS}
+    wall_times: dict[str, list[float]] = {config: [] for config in CONFIGS}
     for step in range(warmup + steps):
-        start_cpu, start_wall = time.thread_time(), time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss.item()
-        if step >= warmup:
-            cpu_times.append(time.thread_time() - start_cpu)
-            wall_times.append(time.perf_counter() - start_wall)
-    print(
-        json.dumps({"min_s": min(cpu_times), "median_s": statistics.median(cpu_times), "wall_min_s": min(wall_times)})
-    )
+        for config, (eager_mode, model, ids, optimizer) in runs.items():
+            torch.tpu.eager_mode = eager_mode or "strict"
+            start_cpu, start_wall = time.thread_time(), time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss.item()
+            if step >= warmup:
+                cpu_times[config].append(time.thread_time() - start_cpu)
+                wall_times[config].append(time.perf_counter() - start_wall)
+    result = {
+        config: {
+            "min_s": min(cpu_times[config]),
+            "median_s": statistics.median(cpu_times[config]),
+            "wall_min_s": min(wall_times[config]),
+        }
+        for config in CONFIGS
+    }
+    print(json.dumps(result))
 
 
-def run_child(name: str, config: str, steps: int, warmup: int) -> dict[str, float]:
+def run_child(name: str, steps: int, warmup: int) -> dict[str, dict[str, float]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
-    command = [sys.executable, __file__, "--child", name, config, "--steps", str(steps), "--warmup", str(warmup)]
+    command = [sys.executable, __file__, "--child", name, "--steps", str(steps), "--warmup", str(warmup)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise SystemExit(f"{name}/{config} failed:\n{result.stderr[-3000:]}")
+        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
-    parser.add_argument("--child", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per model (best step over all)")
+    parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], CONFIGS[args.child[1]], args.steps, args.warmup)
+        child(args.child, args.steps, args.warmup)
         return
     print(
-        f"one intra-op thread; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up; "
+        f"one intra-op thread; {args.rounds} processes per model, each interleaving {args.steps} steps of every "
+        f"configuration after {args.warmup} warm-up; "
         "best step's thread CPU time in ms (wall-clock in parentheses)"
     )
     print(
@@ -133,9 +151,7 @@ def main() -> None:
     )
     ratios: dict[str, list[float]] = {"strict/cpu": [], "fused/strict": [], "fused/cpu": []}
     for name in args.models.split(","):
-        runs = [
-            {config: run_child(name, config, args.steps, args.warmup) for config in CONFIGS} for _ in range(args.rounds)
-        ]
+        runs = [run_child(name, args.steps, args.warmup) for _ in range(args.rounds)]
         best = {config: min(run[config]["min_s"] for run in runs) for config in CONFIGS}
         wall = {config: min(run[config]["wall_min_s"] for run in runs) for config in CONFIGS}
         row = {

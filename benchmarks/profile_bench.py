@@ -7,10 +7,10 @@
    The profiled run includes everything a user waits for: capture, XSpace, rules, reports. Printed: the
    best (least disturbed) of the alternated runs, in wall seconds and in CPU seconds. Target: <= 1.10x.
    On a loaded host read the CPU-seconds line: wall time then mostly measures the other processes.
-   The profiled run is measured with ``--no-tpu-compiler``: where libtpu is installed, profile by default
-   also compiles the step for the TPU (``tpu-agent estimate``: a second, short run of the script and a
-   libtpu compile), an estimate rather than profiling; ``--compiler-pass`` times that default too, in the
-   same alternation, and prints its ratio beside the target's (it has no target of its own).
+   The profiled run is profile's default; ``--compiler-pass`` also times ``profile --tpu-compiler`` (the
+   step compiled for the TPU as ``tpu-agent estimate`` does: a second, short run of the script and a libtpu
+   compile, an estimate rather than profiling) in the same alternation, and prints its ratio beside the
+   target's (it has no target of its own).
 2. Analysis: a synthetic capture of 1,000 steps (``tpu_agent.profile.synthetic``, the on-disk format of a
    real capture) is diagnosed in-process (load, every rule, estimate, XSpace, json/md/html reports).
    Target: < 10 s.
@@ -150,14 +150,12 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=60)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--analysis-steps", type=int, default=1000)
-    parser.add_argument(
-        "--compiler-pass", action="store_true", help="also time profile's default TPU compiler pass (needs libtpu)"
-    )
+    parser.add_argument("--compiler-pass", action="store_true", help="also time profile --tpu-compiler (needs libtpu)")
     args = parser.parse_args()
 
     print(
         f"overhead: examples/cuda_ddp, train.py --steps {args.train_steps}, profile --steps {args.profile_steps} "
-        "--warmup 2 --no-tpu-compiler"
+        "--warmup 2"
     )
     results = overhead(args.repeats, args.train_steps, args.profile_steps, args.compiler_pass)
     for name, measures in results.items():

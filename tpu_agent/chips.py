@@ -1,8 +1,9 @@
 """TPU generations: the one table read by the runtime's device properties and the profiler's estimates.
 
-Values for name, HBM and peak bf16 FLOP/s come from TorchTPU 0.2.0's ``_internal/utils/hardware.py`` (see
-``shared/reference/torchtpu_api.md`` §1.2). HBM bandwidth, MXU tile and TensorCores per chip come from
-Google's public Cloud TPU system-architecture pages.
+Values for name, HBM and peak bf16 FLOP/s come from TorchTPU 0.2.0's ``torch_tpu/_internal/utils/hardware.py``.
+HBM and inter-chip (ICI) bandwidth, MXU tile and TensorCores per chip come from Google's public Cloud TPU
+system-architecture pages (https://cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e, /tpu7x; ICI is published in
+Gbit/s per chip and stored here in bytes/s).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Chip:
     devices_per_chip: int  # TorchTPU devices (processes) one chip exposes
     peak_bf16_flops_per_chip: float
     hbm_bandwidth_bytes_per_s: float
+    ici_bandwidth_bytes_per_s: float  # inter-chip interconnect, per chip: what bounds a slice's collectives
     mxu_tile: int  # systolic array edge: matmul dims are padded to multiples of it
     single_host_topology: dict[int, str]  # local chip count -> TORCH_TPU_TOPOLOGY value
 
@@ -46,22 +48,65 @@ CHIPS: dict[str, Chip] = {
     chip.key: chip
     for chip in (
         Chip(
-            "v4", "TPU v4", 0x005E, 32 * GIB, 1, 275e12, 1.2e12, 128, {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}
+            key="v4",
+            device_name="TPU v4",
+            pci_device_id=0x005E,
+            hbm_bytes_per_chip=32 * GIB,
+            devices_per_chip=1,
+            peak_bf16_flops_per_chip=275e12,
+            hbm_bandwidth_bytes_per_s=1.2e12,
+            ici_bandwidth_bytes_per_s=2400e9 / 8,
+            mxu_tile=128,
+            single_host_topology={1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"},
         ),
-        Chip("v5e", "TPU v5e", 0x0063, 16 * GIB, 1, 197e12, 819e9, 128, {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}),
         Chip(
-            "v5p",
-            "TPU v5p",
-            0x0062,
-            95 * GIB,
-            1,
-            459e12,
-            2.765e12,
-            128,
-            {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"},
+            key="v5e",
+            device_name="TPU v5e",
+            pci_device_id=0x0063,
+            hbm_bytes_per_chip=16 * GIB,
+            devices_per_chip=1,
+            peak_bf16_flops_per_chip=197e12,
+            hbm_bandwidth_bytes_per_s=819e9,
+            ici_bandwidth_bytes_per_s=1600e9 / 8,
+            mxu_tile=128,
+            single_host_topology={1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
         ),
-        Chip("v6e", "TPU v6e", 0x006F, 32 * GIB, 1, 918e12, 1.64e12, 256, {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}),
-        Chip("v7", "TPU v7", 0x0076, 192 * GIB, 2, 2307e12, 7.37e12, 256, {2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"}),
+        Chip(
+            key="v5p",
+            device_name="TPU v5p",
+            pci_device_id=0x0062,
+            hbm_bytes_per_chip=95 * GIB,
+            devices_per_chip=1,
+            peak_bf16_flops_per_chip=459e12,
+            hbm_bandwidth_bytes_per_s=2.765e12,
+            ici_bandwidth_bytes_per_s=4800e9 / 8,
+            mxu_tile=128,
+            single_host_topology={1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"},
+        ),
+        Chip(
+            key="v6e",
+            device_name="TPU v6e",
+            pci_device_id=0x006F,
+            hbm_bytes_per_chip=32 * GIB,
+            devices_per_chip=1,
+            peak_bf16_flops_per_chip=918e12,
+            hbm_bandwidth_bytes_per_s=1.64e12,
+            ici_bandwidth_bytes_per_s=3584e9 / 8,
+            mxu_tile=256,
+            single_host_topology={1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
+        ),
+        Chip(
+            key="v7",
+            device_name="TPU v7",
+            pci_device_id=0x0076,
+            hbm_bytes_per_chip=192 * GIB,
+            devices_per_chip=2,
+            peak_bf16_flops_per_chip=2307e12,
+            hbm_bandwidth_bytes_per_s=7.37e12,
+            ici_bandwidth_bytes_per_s=9600e9 / 8,
+            mxu_tile=256,
+            single_host_topology={2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"},
+        ),
     )
 }
 

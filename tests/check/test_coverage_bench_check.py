@@ -66,7 +66,8 @@ def test_merged_runs_make_one_page_with_sampled_modes_marked() -> None:
     ]
     compiled = [_result("BModel", compile="pass")]
     eager[1]["confirmed_in_isolation"] = True
-    merged = bench.merge_results([eager, compiled])
+    rerun = [_result("AModel", defer_and_fuse="pass")]  # a later run's verdict replaces the earlier one
+    merged = bench.merge_results([eager, compiled, rerun])
     assert [[m["mode"] for m in r["modes"]] for r in merged] == [
         ["strict", "defer-and-fuse"],
         ["strict", "defer-and-fuse", "compile"],

@@ -156,3 +156,31 @@ def test_model_directory_over_the_size_limit_is_refused_before_allocating(tmp_pa
         build(parse_model_spec(str(tmp_path)), max_parameters=1000)
     assert caught.value.exit_code == ExitCode.USAGE
     assert "over the 1,000 limit" in caught.value.message and "config.json" in caught.value.message
+
+
+def test_shrink_keeps_derived_sizes_consistent_and_every_table_tiny() -> None:
+    from transformers import AutoConfig
+
+    for model_type, heads, size, expand in (
+        ("mamba2", "num_heads", "head_dim", "expand"),
+        ("bamba", "mamba_n_heads", "mamba_d_head", "mamba_expand"),
+        ("zamba2", "n_mamba_heads", "mamba_headdim", "mamba_expand"),
+    ):
+        config = shrink_config(AutoConfig.for_model(model_type))
+        assert getattr(config, heads) * getattr(config, size) == getattr(config, expand) * config.hidden_size
+    perceiver = shrink_config(AutoConfig.for_model("perceiver"))
+    assert (perceiver.num_latents, perceiver.d_latents, perceiver.num_self_attends_per_block) == (16, 64, 2)
+    gemma4 = shrink_config(AutoConfig.for_model("gemma4_text"))  # a per-layer embedding table per token and layer
+    assert gemma4.vocab_size_per_layer_input == TINY_VOCAB and gemma4.hidden_size_per_layer_input == 16
+    xmod = shrink_config(AutoConfig.for_model("xmod"))
+    assert xmod.default_language == xmod.languages[0]
+
+
+def test_a_derived_config_that_is_not_tiny_is_refused_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpu_agent.check import tiny
+    from tpu_agent.check.build import build
+
+    monkeypatch.setattr(tiny, "TINY_MAX_PARAMETERS", 1000)  # llama's tiny config has ~115k parameters
+    with pytest.raises(TpuAgentError) as caught:
+        build(parse_model_spec("llama"), max_parameters=10**9)
+    assert caught.value.code == "tiny-config-too-large" and "LlamaConfig" in caught.value.message

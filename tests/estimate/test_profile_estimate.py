@@ -20,7 +20,9 @@ from tpu_agent.profile.report._common import estimate_lines
 def test_roofline_is_labelled_with_what_is_missing_for_the_compilers_estimate() -> None:
     label = roofline_label()
     assert label.startswith("roofline from the captured ops")
-    if not compiler_status().available:
+    if compiler_status().available:
+        assert "--tpu-compiler" in label  # the compiler pass is opt-in: the label says how to ask for it
+    else:
         assert "not the TPU compiler" in label and 'pip install "tpu-agent[estimate]"' in label
 
 
@@ -42,7 +44,7 @@ def test_compiler_estimate_is_shown_beside_the_roofline() -> None:
 @needs_tpu_compiler
 @pytest.mark.slow
 def test_profile_reports_the_compilers_estimate_when_libtpu_is_here(tmp_path) -> None:  # noqa: ANN001
-    result = run_cli("profile", "--chip", "v5e-4", "--steps", "2", "--warmup", "1", "--logdir", str(tmp_path),
+    result = run_cli("profile", "--tpu-compiler", "--chip", "v5e-4", "--steps", "2", "--warmup", "1", "--logdir", str(tmp_path),
                      "--format", "json", str(MLP), "--steps", "6")  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     estimate = json.loads(result.stdout)["estimate"]

@@ -75,7 +75,7 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
             await _call(
                 client,
                 "tpu_profile",
-                {"entrypoint": "train.py", "args": ["--steps", "12"], "steps": 8, "warmup": 2, "wait_s": 45},
+                {"entrypoint": "train.py", "args": ["--steps", "6"], "steps": 4, "warmup": 1, "wait_s": 45},
             ),
         )
         assert profile["state"] == "succeeded", "\n".join(profile["log_tail"])

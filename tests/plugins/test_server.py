@@ -61,6 +61,12 @@ def _error(result: Any) -> dict[str, str]:
     return json.loads(text.strip().splitlines()[-1])["error"]
 
 
+def _content(result: Any) -> dict[str, Any]:
+    """The structured answer of a tool call that must have succeeded (its error text otherwise)."""
+    assert not result.is_error, result.content[0].text if result.content else result
+    return result.structured_content
+
+
 def _tree(root: Path) -> dict[str, str]:
     return {
         p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -344,13 +350,11 @@ async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_c
     from tpu_agent.estimate.compiler import compiler_status
 
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
-    job = (
-        await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50})
-    ).structured_content
+    job = _content(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50}))
     for _ in range(12):  # a compile for the slice takes minutes on a loaded 2-core machine
         if job["state"] != "running":
             break
-        job = (await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50})).structured_content
+        job = _content(await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50}))
     command = job["command"]
     assert job["kind"] == "estimate" and command[3] == "estimate" and "--nproc" not in command
     assert command[command.index("--output") + 1].startswith(".tpu-agent/estimates/")

@@ -48,8 +48,8 @@ class Captures:
     ) -> tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]:
         """Profile ``script`` with CLI ``options`` (before the script) and script ``args`` (after it).
 
-        Without the TPU compiler's pass (a second run of the script plus a libtpu compile): these captures
-        test the profile's own findings; the compiler's are tested on programs compiled directly
+        Profile's default, without the TPU compiler's pass (``--tpu-compiler``): these captures test the
+        profile's own findings; the compiler's are tested on programs compiled directly
         (test_compiled_*_profile.py) and profile's compiler section in tests/estimate."""
         key = (script, *options, "--", *args)
         if key not in self.cache:
@@ -64,7 +64,6 @@ class Captures:
                 "2",
                 "--format",
                 "json",
-                "--no-tpu-compiler",
                 *options,
                 str(SCRIPTS / script),
                 *args,

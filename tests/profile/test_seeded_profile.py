@@ -122,7 +122,6 @@ def test_changing_shape_is_traced_to_its_creation_and_the_padding_diff_fixes_it(
         str(tmp_path / "after"),
         "--steps",
         "5",
-        "--no-tpu-compiler",
         "--format",
         "json",
         str(copy),

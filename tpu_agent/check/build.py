@@ -70,11 +70,19 @@ def _build_hf_type(spec: ModelSpec) -> Built:
     import torch
     from transformers import AutoConfig
 
-    from tpu_agent.check.tiny import example_inputs, shrink_config
+    from tpu_agent.check.tiny import TINY_MAX_PARAMETERS, example_inputs, shrink_config
 
     task = spec.task or ""
     config = shrink_config(AutoConfig.for_model(spec.target))
     cls = _hf_class(spec.target, task)
+    count = _parameter_count_on_meta(cls, config)
+    if count > TINY_MAX_PARAMETERS:
+        raise TpuAgentError(
+            "tiny-config-too-large",
+            f"the tiny config derived for {spec.target!r} still describes {count:,} parameters (over "
+            f"{TINY_MAX_PARAMETERS:,}): a size attribute of {type(config).__name__} has no shrink rule",
+            "check a model directory holding a small config.json of your own, or a module:factory",
+        )
     torch.manual_seed(SEED)
     model = cls(config)
     info = ModelInfo(spec=spec.target, kind=HF_TYPE, name=cls.__name__, task=task, weights="random init, tiny config")

@@ -111,14 +111,14 @@ class ServingWorker:
 
     def check(self, spec: ModelSpec, modes: tuple[str, ...] | None = None) -> CheckReport:
         """Check ``spec`` in ``modes`` (default: the options'), in this worker's process (started if needed)."""
-        modes = list(modes or self.options.modes)
+        mode_list = list(modes or self.options.modes)
         process = self._start()
         assert process.stdin is not None and self._stderr is not None
         self._stderr.truncate(0)
         self._count += 1
         request_path = Path(self._scratch.name) / f"request-{self._count}.json"
         result_path = Path(self._scratch.name) / f"result-{self._count}.json"
-        request: dict[str, Any] = {**worker_request(spec, modes, self.options), "switch_modes": True}
+        request: dict[str, Any] = {**worker_request(spec, mode_list, self.options), "switch_modes": True}
         request_path.write_text(json.dumps(request), encoding="utf-8")
         model: ModelInfo | None = None
         try:
@@ -131,10 +131,10 @@ class ServingWorker:
             model, results = read_worker_result(json.loads(result_path.read_text(encoding="utf-8")))
         elif outcome == "timeout":
             self._stop()
-            results = timed_out(modes, self.options.timeout_s)
+            results = timed_out(mode_list, self.options.timeout_s)
         else:
             returncode = process.wait()
-            results = died(modes, returncode, self._stderr_text())
+            results = died(mode_list, returncode, self._stderr_text())
             self._stop()
         for path in (request_path, result_path):
             path.unlink(missing_ok=True)

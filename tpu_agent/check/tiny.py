@@ -22,6 +22,8 @@ TINY_HEADS = 4
 TINY_HEAD_DIM = TINY_WIDTH // TINY_HEADS
 TINY_FFN = 128
 TINY_VOCAB = 256
+# A derived config over this is not tiny: one of its size attributes has no rule below (reported, not run).
+TINY_MAX_PARAMETERS = 50_000_000
 TINY_EXPERTS = 4
 TINY_MAX_POSITIONS = 512
 BATCH = 2
@@ -99,6 +101,7 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "num_decoder_layers",
             "decoder_num_layers",
             "text_layers",
+            "num_self_attends_per_block",
         ),
         _at_most(TINY_LAYERS),
         "two layers still exercise the layer-to-layer path (and alternating layer kinds start at layer 0 and 1)",
@@ -116,6 +119,7 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "embedding_size",
             "projection_dim",
             "dim",
+            "d_latents",
         ),
         _at_most(TINY_WIDTH),
         "a 64-wide model keeps every code path of a 4096-wide one at a fraction of the cost",
@@ -202,6 +206,12 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
         "learned position tables sized for the tiny inputs",
     ),
     ShrinkRule(
+        "latents",
+        ("num_latents",),
+        _at_most(16),
+        "a Perceiver's latent array: sixteen latents keep cross- and self-attention over them",
+    ),
+    ShrinkRule(
         "stage-widths",
         ("hidden_sizes", "embed_dims", "neck_hidden_sizes"),
         _per_stage(64),
@@ -246,6 +256,32 @@ def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int |
             setattr(config, name, kept or [layers - 1])
 
 
+# Mamba-2-style mixers: (heads, head size, expansion) attribute names, with heads * head size == expansion * width.
+_STATE_SPACE_HEADS = (
+    ("num_heads", "head_dim", "expand"),
+    ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+    ("n_mamba_heads", "mamba_headdim", "mamba_expand"),
+)
+
+
+def _fit_state_space_heads(config: Any) -> None:
+    """A Mamba-2 mixer splits ``expand * width`` channels into heads: after the width shrank, the head count
+    follows (with a head size of at most 16)."""
+    values = vars(config)  # the stored values: heterogeneous configs refuse attribute reads of per-layer ones
+    width = values.get("hidden_size")
+    for heads_name, size_name, expand_name in _STATE_SPACE_HEADS:
+        heads, size, expand = (values.get(name) for name in (heads_name, size_name, expand_name))
+        if (
+            not all(isinstance(v, int) and v > 0 for v in (width, heads, size, expand))
+            or heads * size == expand * width
+        ):
+            continue
+        size = min(size, 16)
+        if (expand * width) % size == 0:
+            setattr(config, size_name, size)
+            setattr(config, heads_name, expand * width // size)
+
+
 def shrink_config(config: Any) -> Any:
     """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs."""
     from transformers import PretrainedConfig
@@ -263,13 +299,16 @@ def shrink_config(config: Any) -> Any:
     )
     if layers_name is not None:
         _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name))
-    heads = getattr(config, "num_attention_heads", None)
-    width = getattr(config, "hidden_size", None)
+    heads, width = vars(config).get("num_attention_heads"), vars(config).get("hidden_size")
     if isinstance(heads, int) and isinstance(width, int) and heads and width % heads:
         config.num_attention_heads = 1
+    _fit_state_space_heads(config)
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int):
         _fit_token_ids(config, vocab)
+    languages = vars(config).get("languages")
+    if "default_language" in vars(config) and config.default_language is None and languages:  # X-MOD's adapters
+        config.default_language = languages[0]
     return config
 
 

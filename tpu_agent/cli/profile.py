@@ -114,9 +114,10 @@ def profile(
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
     tpu_compiler: bool = typer.Option(
-        True,
+        False,
         "--tpu-compiler/--no-tpu-compiler",
-        help="Also compile the step with libtpu when installed (tpu-agent estimate).",
+        help="Also compile the step with libtpu (as tpu-agent estimate does) and report the TPU compiler's "
+        "memory and cost beside the roofline; runs the script a second time.",
     ),
 ) -> None:
     from tpu_agent.profile.api import profile as run_profile

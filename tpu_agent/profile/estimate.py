@@ -20,7 +20,10 @@ def roofline_label() -> str:
     """Says what the figures are: a roofline, and how to get the TPU compiler's own estimate instead."""
     status = compiler_status()
     if status.available:
-        return "roofline from the captured ops (the TPU compiler's own estimate is reported beside it when it ran)"
+        return (
+            "roofline from the captured ops (libtpu is installed: `profile --tpu-compiler` or `tpu-agent estimate` "
+            "adds the TPU compiler's own estimate)"
+        )
     return f"roofline from the captured ops, not the TPU compiler ({status.reason}; {status.hint})"
 
 

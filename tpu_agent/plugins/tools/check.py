@@ -22,7 +22,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -56,14 +56,18 @@ ModelArg = Annotated[
         "factory 'path/file.py:function' / 'package.module:function' returning (model, example_inputs).",
     ),
 ]
-TaskArg = Annotated[
-    Literal[tuple(TASK_MAPPINGS)] | None,  # type: ignore[valid-type]  # a Literal built from check's task table
-    Field(description="Hugging Face task head (default: the first the model type has); not for factories."),
-]
-ModesArg = Annotated[
-    list[Literal[tuple(MODES)]] | None,  # type: ignore[valid-type]  # a Literal built from check's mode table
-    Field(min_length=1, max_length=len(MODES), description="Modes to check (default: all three)."),
-]
+if TYPE_CHECKING:  # mypy cannot read a Literal built from a table; pydantic (the tool schema) can
+    TaskArg = str | None
+    ModesArg = list[str] | None
+else:
+    TaskArg = Annotated[
+        Literal[tuple(TASK_MAPPINGS)] | None,
+        Field(description="Hugging Face task head (default: the first the model type has); not for factories."),
+    ]
+    ModesArg = Annotated[
+        list[Literal[tuple(MODES)]] | None,
+        Field(min_length=1, max_length=len(MODES), description="Modes to check (default: all three)."),
+    ]
 
 
 def _refused(model: str, why: str) -> TpuAgentError:

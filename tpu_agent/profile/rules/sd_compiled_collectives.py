@@ -13,9 +13,6 @@ from tpu_agent.profile.rules._base import COMPILED, DiagnosticRule, by_site, sha
 from tpu_agent.profile.rules.sd_collective_bound import SHARE_THRESHOLD
 from tpu_agent.runtime import events as ev
 
-# Inter-chip interconnect bandwidth per chip, bytes/s, from the published figures in Gbit/s
-# (https://cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e, /tpu7x).
-ICI_BYTES_PER_S = {"v4": 2400e9 / 8, "v5e": 1600e9 / 8, "v5p": 4800e9 / 8, "v6e": 3584e9 / 8, "v7": 9600e9 / 8}
 # Per byte of the collective's (full) array, a ring moves (n-1)/n of it per chip; an all-reduce is a
 # reduce-scatter then an all-gather, twice that.
 _RING_PASSES = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0}
@@ -32,7 +29,7 @@ def step_split(compiled: CompiledStep) -> tuple[float, float, dict[str, tuple[in
 
     The computation's time is the compiler's ``optimal_seconds``; should it already count some collective
     time, the share is understated, never overstated."""
-    bandwidth = ICI_BYTES_PER_S.get(compiled.chip.key, ICI_BYTES_PER_S["v5e"])
+    bandwidth = compiled.chip.ici_bandwidth_bytes_per_s
     collective_s = compute_s = 0.0
     kinds: dict[str, tuple[int, float]] = {}
     for program in compiled.programs:
