@@ -134,10 +134,8 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     deadline = time.monotonic() + 90
     assert process.stdout is not None
     while len(pids) < 2 and time.monotonic() < deadline:
-        line = process.stdout.readline()
-        match = re.search(r"ready rank=\d pid=(\d+)", line)
-        if match:
-            pids.append(int(match.group(1)))
+        line = process.stdout.readline()  # the ranks share the pipe: their reports may land on one line
+        pids += [int(pid) for pid in re.findall(r"ready rank=\d pid=(\d+)", line)]
     assert len(pids) == 2, process.stderr.read() if process.poll() is not None else "ranks did not start"
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)

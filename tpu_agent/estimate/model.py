@@ -110,11 +110,13 @@ class ProgramEstimate:
     compiler_argument_bytes: int = 0  # the compiler's own count of the inputs' bytes, a check on ``memory``
     refused: str = ""  # the compiler's out-of-HBM refusal; cost figures are then unknown (0)
     calls: int = 1  # runs per step
+    timed_by: str = "compiler"  # "roofline" when the compiler gave no optimal_seconds (see step.program_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "calls": self.calls,
+            "timed_by": self.timed_by,
             "flops": self.flops,
             "bytes_accessed": self.bytes_accessed,
             "transcendentals": self.transcendentals,

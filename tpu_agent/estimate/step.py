@@ -131,17 +131,33 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
         temporaries=artifacts.memory["temp"],
         code=artifacts.memory["code"],
     )
+    flops = max(0.0, artifacts.cost.get("flops", 0.0))
+    bytes_accessed = max(0.0, artifacts.cost.get("bytes accessed", 0.0))
+    seconds, timed_by = program_seconds(artifacts.cost.get("optimal_seconds", 0.0), flops, bytes_accessed, target)
     return ProgramEstimate(
         name=program.name,
-        flops=artifacts.cost.get("flops", 0.0),
-        bytes_accessed=artifacts.cost.get("bytes accessed", 0.0),
-        transcendentals=artifacts.cost.get("transcendentals", 0.0),
-        optimal_seconds=artifacts.cost.get("optimal_seconds", 0.0),
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        transcendentals=max(0.0, artifacts.cost.get("transcendentals", 0.0)),
+        optimal_seconds=seconds,
         memory=memory,
         hlo=summarize(artifacts.hlo_text),
         compiler_argument_bytes=artifacts.memory["argument"],
         calls=program.calls,
+        timed_by=timed_by,
     )
+
+
+def program_seconds(
+    optimal_seconds: float, flops: float, bytes_accessed: float, target: TpuTarget
+) -> tuple[float, str]:
+    """The program's time on one chip and where it comes from: the compiler's ``optimal_seconds``, or, where
+    libtpu has no figure for a program (it answers -1: seen on a 7B Llama step), the roofline of the compiler's
+    own FLOPs and bytes, so one unknown program cannot turn the step time negative."""
+    if optimal_seconds >= 0:
+        return optimal_seconds, "compiler"
+    chip = target.chip
+    return max(flops / chip.peak_bf16_flops_per_device, bytes_accessed / chip.hbm_bandwidth_per_device), "roofline"
 
 
 def estimate_step(
@@ -159,7 +175,8 @@ def estimate_step(
         )
     compiled = [compile_program(program, target, strategy) for program in programs]
     status = compiler_status()
-    return Estimate(
+    rooflined = [program.name for program in compiled if program.timed_by == "roofline"]
+    estimate = Estimate(
         target=target.spec,
         chip_name=target.chip.device_name,
         chips=target.chips,
@@ -177,6 +194,12 @@ def estimate_step(
             "MFU: model FLOPs over that time and the chips' peak bf16 FLOP/s",
         ],
     )
+    if rooflined:
+        estimate.assumptions.append(
+            f"the compiler gave no optimal_seconds for {', '.join(rooflined)}: their time is the roofline of the "
+            "compiler's FLOPs and bytes (peak bf16 FLOP/s, HBM bandwidth)"
+        )
+    return estimate
 
 
 def _bf16_state(program: StepProgram) -> StepProgram:
