@@ -262,11 +262,19 @@ async def tpu_estimate(
     steps: Annotated[
         int, Field(ge=2, le=100, description="Optimizer steps to run; the last full one is compiled.")
     ] = 3,
+    capture_only: Annotated[
+        bool,
+        Field(
+            description="Record the step's shapes without computing them (host reads return placeholders), for "
+            "models bigger than this machine; the model must be created on the tpu device (or meta)."
+        ),
+    ] = False,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
 ) -> models.JobResult:
     options = ["--steps", str(steps)] + (["--strategy", strategy] if strategy else [])
+    options += ["--capture-only"] if capture_only else []
     return await _start_job(
         ctx, "estimate", options, entrypoint=entrypoint, args=args, nproc=None, chip=chip,
         eager_mode=None, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
