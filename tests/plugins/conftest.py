@@ -11,6 +11,13 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cuda_ddp"
 
 
+@pytest.fixture(autouse=True)
+def _no_host_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workspace comes from each test, never from the host's environment (a harness may set these)."""
+    for name in ("TPU_AGENT_WORKSPACE", "CLAUDE_PROJECT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

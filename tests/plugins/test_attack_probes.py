@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from mcp_helpers import tool_error
 
 from tpu_agent.plugins.server import build_server
 
@@ -86,12 +87,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(autouse=True)
-def _no_host_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TPU_AGENT_WORKSPACE", "CLAUDE_PROJECT_DIR"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture
 def arena(tmp_path: Path) -> Arena:
     return Arena(tmp_path)
@@ -104,14 +99,8 @@ async def client(arena: Arena) -> AsyncIterator[Client]:
     arena.assert_untouched()
 
 
-def _error(result: Any) -> dict[str, str]:
-    assert result.is_error, result
-    text = result.content[0].text
-    return json.loads(text.strip().splitlines()[-1])["error"]
-
-
 async def _refused(client: Client, tool: str, args: dict[str, Any], *codes: str) -> dict[str, str]:
-    error = _error(await client.call_tool(tool, args))
+    error = tool_error(await client.call_tool(tool, args))
     assert error["code"] in codes, (tool, args, error)
     assert error["hint"], error
     return error
@@ -218,7 +207,7 @@ async def test_diagnose_of_a_capture_whose_files_name_paths_outside(client: Clie
     expected, after = arena.before, arena.snapshot()
     arena.before = after  # judged here, not again by the fixture
     if result.is_error:
-        assert _error(result)["code"] != "internal-error"
+        assert tool_error(result)["code"] != "internal-error"
     assert after == expected, "diagnose wrote or deleted outside the workspace"
 
 
@@ -248,7 +237,7 @@ async def test_oversized_input_is_an_invalid_argument(client: Client) -> None:
         ("tpu_doctor", {"workspace": "/" + OVERSIZED}),
     ):
         result = await client.call_tool(tool, args)
-        error = _error(result)
+        error = tool_error(result)
         assert error["code"] == "invalid-argument", (tool, error)
         assert len(result.content[0].text) < 3000 and "x" * 200 not in result.content[0].text, tool
     # Inside the declared limits, still no internal error: a 4,000-character path, a 300-byte file name.
@@ -280,7 +269,7 @@ async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
         *(client.call_tool("tpu_run", {"entrypoint": "sleeper.py", "wait_s": 0}) for _ in range(8))
     )
     started = [r.structured_content["job_id"] for r in results if not r.is_error]
-    refused = [_error(r) for r in results if r.is_error]
+    refused = [tool_error(r) for r in results if r.is_error]
     assert len(started) == 2 and len(refused) == 6  # max_jobs=2, however many arrive at once
     for error in refused:
         assert error["code"] == "busy" and all(job_id in error["message"] for job_id in started)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from mcp_helpers import tool_error
 
 from tpu_agent.plugins.server import build_server
 
@@ -36,12 +37,6 @@ def make_model():
 """
 
 
-@pytest.fixture(autouse=True)
-def _no_host_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TPU_AGENT_WORKSPACE", "CLAUDE_PROJECT_DIR"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     root = tmp_path / "project"
@@ -62,13 +57,8 @@ async def client(workspace: Path) -> AsyncIterator[Client]:
         yield c
 
 
-def _error(result: Any) -> dict[str, str]:
-    assert result.is_error, result
-    return json.loads(result.content[0].text.strip().splitlines()[-1])["error"]
-
-
 async def _refused(client: Client, args: dict[str, Any], code: str) -> dict[str, str]:
-    error = _error(await client.call_tool("tpu_check", {"wait_s": 0, **args}))
+    error = tool_error(await client.call_tool("tpu_check", {"wait_s": 0, **args}))
     assert error["code"] == code, error
     assert error["hint"], error
     return error

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 from mcp import Client
 from mcp.types import ListRootsResult, Root
+from mcp_helpers import tool_content, tool_error
 
 from tpu_agent.plugins.server import build_server
 
@@ -36,12 +37,6 @@ TOOLS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_host_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TPU_AGENT_WORKSPACE", "CLAUDE_PROJECT_DIR"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(params=["auto", "legacy"])
 async def client(request: pytest.FixtureRequest, example: Path) -> AsyncIterator[Client]:
     async with Client(build_server(str(example)), mode=request.param) as c:
@@ -52,19 +47,6 @@ async def client(request: pytest.FixtureRequest, example: Path) -> AsyncIterator
 async def modern(example: Path) -> AsyncIterator[Client]:
     async with Client(build_server(str(example)), mode="auto") as c:
         yield c
-
-
-def _error(result: Any) -> dict[str, str]:
-    """The JSON copy of a tool error (the last line of its text)."""
-    assert result.is_error, result
-    text = result.content[0].text
-    return json.loads(text.strip().splitlines()[-1])["error"]
-
-
-def _content(result: Any) -> dict[str, Any]:
-    """The structured answer of a tool call that must have succeeded (its error text otherwise)."""
-    assert not result.is_error, result.content[0].text if result.content else result
-    return result.structured_content
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -109,7 +91,7 @@ async def test_lookup_and_structured_output_match_the_schema(client: Client) -> 
     assert json.loads(result.content[0].text) == result.structured_content
     scaler = await client.call_tool("tpu_lookup_api", {"query": "GradScaler"})
     assert "GradScaler" in scaler.structured_content["matches"][0]["cuda"]
-    assert _error(await client.call_tool("tpu_lookup_api", {"query": "zzzqqq"}))["code"] == "unknown-api"
+    assert tool_error(await client.call_tool("tpu_lookup_api", {"query": "zzzqqq"}))["code"] == "unknown-api"
 
 
 async def test_path_escapes_are_refused(client: Client, example: Path) -> None:
@@ -117,11 +99,11 @@ async def test_path_escapes_are_refused(client: Client, example: Path) -> None:
     outside.write_text("import torch\nx = torch.zeros(1).cuda()\n")
     os.symlink(outside, example / "sneaky.py")
     for paths in (["../outside.py"], [str(outside)], ["sneaky.py"], ["/etc"]):
-        error = _error(await client.call_tool("tpu_scan", {"paths": paths}))
+        error = tool_error(await client.call_tool("tpu_scan", {"paths": paths}))
         assert error["code"] == "path-outside-workspace" and error["hint"], paths
-    error = _error(await client.call_tool("tpu_run", {"entrypoint": "../outside.py"}))
+    error = tool_error(await client.call_tool("tpu_run", {"entrypoint": "../outside.py"}))
     assert error["code"] == "path-outside-workspace"
-    error = _error(await client.call_tool("tpu_diagnose", {"logdir": "../.."}))
+    error = tool_error(await client.call_tool("tpu_diagnose", {"logdir": "../.."}))
     assert error["code"] == "path-outside-workspace"
 
 
@@ -142,23 +124,25 @@ async def test_malformed_arguments_are_answered_and_the_server_lives_on(client: 
 
 
 async def test_actionable_errors_for_unknown_things(client: Client) -> None:
-    assert _error(await client.call_tool("tpu_job_status", {"job_id": "run-00000000"}))["code"] == "unknown-job"
-    assert _error(await client.call_tool("tpu_job_cancel", {"job_id": "run-00000000"}))["code"] == "unknown-job"
-    assert _error(await client.call_tool("tpu_apply_plan", {"plan_id": "plan-000000000000"}))["code"] == "unknown-plan"
+    assert tool_error(await client.call_tool("tpu_job_status", {"job_id": "run-00000000"}))["code"] == "unknown-job"
+    assert tool_error(await client.call_tool("tpu_job_cancel", {"job_id": "run-00000000"}))["code"] == "unknown-job"
+    assert (
+        tool_error(await client.call_tool("tpu_apply_plan", {"plan_id": "plan-000000000000"}))["code"] == "unknown-plan"
+    )
     for malformed in ({"plan_id": "../../etc"}, {"plan_id": "plan-" + "0" * 5000}):  # not an id: the schema refuses it
-        refused = _error(await client.call_tool("tpu_apply_plan", malformed))
+        refused = tool_error(await client.call_tool("tpu_apply_plan", malformed))
         assert refused["code"] == "invalid-argument" and "plan_id" in refused["message"]
         assert "0" * 200 not in refused["message"]  # an oversized id is not echoed back
-    assert _error(await client.call_tool("tpu_run", {"entrypoint": "README.md"}))["code"] == "bad-entrypoint"
-    assert _error(await client.call_tool("tpu_diagnose", {}))["code"] == "no-profile"
-    error = _error(await client.call_tool("tpu_explain_rule", {"code": "TPU999"}))
+    assert tool_error(await client.call_tool("tpu_run", {"entrypoint": "README.md"}))["code"] == "bad-entrypoint"
+    assert tool_error(await client.call_tool("tpu_diagnose", {}))["code"] == "no-profile"
+    error = tool_error(await client.call_tool("tpu_explain_rule", {"code": "TPU999"}))
     assert error["code"] and error["hint"]
 
 
 async def test_no_workspace_is_refused_not_guessed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     async with Client(build_server(None)) as c:
-        error = _error(await c.call_tool("tpu_scan", {}))
+        error = tool_error(await c.call_tool("tpu_scan", {}))
         assert error["code"] == "no-workspace" and "workspace=" in error["hint"]
         doctor = await c.call_tool("tpu_doctor", {})
         assert not doctor.is_error  # the doctor reports it instead of failing
@@ -245,7 +229,7 @@ async def test_scan_plan_apply_apply_again_and_stale(modern: Client, example: Pa
     (example / "extra.py").write_text("import torch\nx = torch.zeros(2, device='cuda')\n")
     fresh = (await modern.call_tool("tpu_plan_migration", {"paths": ["extra.py"]})).structured_content
     (example / "extra.py").write_text("import torch\nx = torch.ones(2, device='cuda')\n")
-    stale = _error(await modern.call_tool("tpu_apply_plan", {"plan_id": fresh["plan_id"]}))
+    stale = tool_error(await modern.call_tool("tpu_apply_plan", {"plan_id": fresh["plan_id"]}))
     assert stale["code"] == "stale-plan" and "extra.py" in stale["message"]
     assert "ones" in (example / "extra.py").read_text()
     assert not (example / ".git").exists() or _tree(example / ".git")  # nothing created under .git/
@@ -256,7 +240,7 @@ async def test_uncommitted_files_need_the_users_consent(modern: Client, example:
 
     subprocess.run(["git", "init", "-q", str(example)], check=True)
     plan = (await modern.call_tool("tpu_plan_migration", {"paths": ["train.py"]})).structured_content
-    refused = _error(await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"]}))
+    refused = tool_error(await modern.call_tool("tpu_apply_plan", {"plan_id": plan["plan_id"]}))
     assert refused["code"] == "dirty-worktree" and "allow_dirty=true" in refused["hint"]
     assert "--allow-dirty" not in refused["hint"]
     applied = (
@@ -335,11 +319,11 @@ async def test_profile_then_diagnose(modern: Client, example: Path) -> None:
     newest = (await modern.call_tool("tpu_diagnose", {})).structured_content  # default: the newest profile
     assert newest["logdir"] == job["profile_dir"]
     run_job = (await modern.call_tool("tpu_run", {"entrypoint": "tiny.py", "wait_s": 0})).structured_content
-    error = _error(await modern.call_tool("tpu_diagnose", {"job_id": run_job["job_id"]}))
+    error = tool_error(await modern.call_tool("tpu_diagnose", {"job_id": run_job["job_id"]}))
     assert error["code"] == "not-a-profile-job"
     await modern.call_tool("tpu_job_cancel", {"job_id": run_job["job_id"]})
     busy = (await modern.call_tool("tpu_profile", {"entrypoint": "tiny.py", "wait_s": 0})).structured_content
-    assert _error(await modern.call_tool("tpu_diagnose", {"job_id": busy["job_id"]}))["code"] == "job-running"
+    assert tool_error(await modern.call_tool("tpu_diagnose", {"job_id": busy["job_id"]}))["code"] == "job-running"
     await modern.call_tool("tpu_job_cancel", {"job_id": busy["job_id"]})
 
 
@@ -350,11 +334,11 @@ async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_c
     from tpu_agent.estimate.compiler import compiler_status
 
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
-    job = _content(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50}))
+    job = tool_content(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "chip": "v5e-4", "wait_s": 50}))
     for _ in range(12):  # a compile for the slice takes minutes on a loaded 2-core machine
         if job["state"] != "running":
             break
-        job = _content(await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50}))
+        job = tool_content(await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50}))
     command = job["command"]
     assert job["kind"] == "estimate" and command[3] == "estimate" and "--nproc" not in command
     assert command[command.index("--output") + 1].startswith(".tpu-agent/estimates/")
@@ -371,11 +355,11 @@ async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_c
 async def test_estimate_of_a_model_bigger_than_the_host_asks_for_capture_only(modern: Client, example: Path) -> None:
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
     arguments = {"entrypoint": "tiny.py", "chip": "v5e-8", "strategy": "fsdp", "capture_only": True, "wait_s": 0}
-    job = _content(await modern.call_tool("tpu_estimate", arguments))
+    job = tool_content(await modern.call_tool("tpu_estimate", arguments))
     await modern.call_tool("tpu_job_cancel", {"job_id": job["job_id"]})
     command = job["command"]
     assert "--capture-only" in command and command[command.index("--strategy") + 1] == "fsdp"
-    error = _error(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "capture_only": "yes please"}))
+    error = tool_error(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "capture_only": "yes please"}))
     assert error["code"] == "invalid-argument"
 
 
@@ -388,9 +372,9 @@ async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> N
     await modern.call_tool("tpu_job_cancel", {"job_id": job["job_id"]})
     assert job["command"][job["command"].index("--chip") + 1] == "v5e-8"  # canonicalised by parse_target
     for bad in ("v9", "v5e-0", "v5e-99999", "tpu"):
-        error = _error(await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": bad}))
+        error = tool_error(await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": bad}))
         assert error["code"] == "invalid-argument" and "chip" in error["message"] and "v5e-8" in error["message"]
-    error = _error(await modern.call_tool("tpu_diagnose", {"chip": "v99"}))
+    error = tool_error(await modern.call_tool("tpu_diagnose", {"chip": "v99"}))
     assert error["code"] == "invalid-argument"
 
 
@@ -399,13 +383,13 @@ async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> N
 async def test_rule_selection_is_canonicalised_or_refused_never_silently_empty(modern: Client) -> None:
     result = await modern.call_tool("tpu_scan", {"paths": ["train.py"], "select": ["tpu1"]})
     if result.is_error:
-        assert _error(result)["code"] == "invalid-argument"
+        assert tool_error(result)["code"] == "invalid-argument"
     else:
         rules = {f["rule"] for f in result.structured_content["findings"]}
         assert rules and all(rule.startswith("TPU1") for rule in rules)
     for bad in (["TPU999"], ["nonsense"]):
         for tool in ("tpu_scan", "tpu_plan_migration"):
-            error = _error(await modern.call_tool(tool, {"paths": ["train.py"], "select": bad}))
+            error = tool_error(await modern.call_tool(tool, {"paths": ["train.py"], "select": bad}))
             assert error["code"] == "invalid-argument" and "select" in error["message"]
-    error = _error(await modern.call_tool("tpu_plan_migration", {"paths": ["train.py"], "ignore": ["XYZ"]}))
+    error = tool_error(await modern.call_tool("tpu_plan_migration", {"paths": ["train.py"], "ignore": ["XYZ"]}))
     assert error["code"] == "invalid-argument"
