@@ -374,13 +374,18 @@ def test_stdio_server_survives_hostile_messages(arena: Arena) -> None:
             result = message.get("result")
             assert result is None or result.get("isError"), (index, message)
             assert "internal-error" not in json.dumps(message)[:10_000], index
-        alive = _rpc(proc, {"jsonrpc": "2.0", "id": 99, "method": "tools/call",
-                            "params": {"name": "tpu_lookup_api", "arguments": {"query": "nccl"}}})  # fmt: skip
-        assert alive and alive["result"]["isError"] is False
+        _assert_still_serving(proc, 99)
     finally:
         proc.kill()
         proc.wait()
     arena.assert_untouched()
+
+
+def _assert_still_serving(proc: subprocess.Popen[bytes], request_id: int) -> None:
+    """The stdio server answers a plain tool call after what came before it."""
+    alive = _rpc(proc, {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                        "params": {"name": "tpu_lookup_api", "arguments": {"query": "nccl"}}})  # fmt: skip
+    assert alive and alive["result"]["isError"] is False
 
 
 @pytest.mark.slow
@@ -399,9 +404,7 @@ def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
         skipped = answer["result"]["structuredContent"]["skipped"]
         assert any(entry.startswith("deep.py: ") for entry in skipped), skipped
         assert any(entry.startswith("x.py: ") for entry in skipped), skipped
-        alive = _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                            "params": {"name": "tpu_lookup_api", "arguments": {"query": "nccl"}}})  # fmt: skip
-        assert alive and alive["result"]["isError"] is False
+        _assert_still_serving(proc, 2)
     finally:
         proc.kill()
         proc.wait()

@@ -28,12 +28,9 @@ import torch
 
 from tpu_agent.estimate import capture_only
 from tpu_agent.estimate.capture_only import storage_identity
+from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
 
-ESTIMATE_DIR_ENV = "TPU_AGENT_ESTIMATE_DIR"
-HOOK_SPEC = "tpu_agent.estimate.capture:install"
-OPTIONS_FILE = "options.json"
-RESULT_FILE = "estimate.json"
 _DONATED_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
 _OWNERS = (torch.nn.Module, torch.optim.Optimizer)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from tpu_agent.chips import parse_target
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.estimate.capture import ESTIMATE_DIR_ENV, HOOK_SPEC, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.compiler import require_compiler, supported_chip_counts
+from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, HOOK_SPEC, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.step import STRATEGIES
 from tpu_agent.fsutil import atomic_write_text
 

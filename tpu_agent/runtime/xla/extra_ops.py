@@ -116,6 +116,13 @@ def _probabilities(scores: jax.Array, logsumexp: jax.Array) -> jax.Array:
     return jnp.where(finite, jnp.exp(scores - jnp.where(finite, logsumexp[..., None], 0.0)), 0.0)
 
 
+def _refuse_dropout(dropout_p: float) -> None:
+    """Dropout inside the fused kernel draws torch's CPU random stream, which XLA cannot reproduce: raising
+    makes the XLA executors run that graph op by op instead, never a result with other numbers."""
+    if dropout_p:
+        raise NotImplementedError("fused CPU attention with dropout has no XLA lowering here")
+
+
 def flash_attention(
     query: jax.Array,
     key: jax.Array,
@@ -127,8 +134,7 @@ def flash_attention(
     scale: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(output, logsumexp)`` of ``_scaled_dot_product_flash_attention_for_cpu``."""
-    if dropout_p:
-        raise NotImplementedError("fused CPU attention with dropout has no XLA lowering here")
+    _refuse_dropout(dropout_p)
     heads = query.shape[-3]
     scores, _ = _attention_scores(query, _repeat_heads(key, heads), attn_mask, is_causal, scale)
     logsumexp = jax.nn.logsumexp(scores, axis=-1)
@@ -151,8 +157,7 @@ def flash_attention_backward(
     scale: float | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(grad_query, grad_key, grad_value)`` of ``_scaled_dot_product_flash_attention_for_cpu_backward``."""
-    if dropout_p:
-        raise NotImplementedError("fused CPU attention with dropout has no XLA lowering here")
+    _refuse_dropout(dropout_p)
     heads, kv_heads = query.shape[-3], key.shape[-3]
     keys, values = _repeat_heads(key, heads), _repeat_heads(value, heads).astype(jnp.float32)
     scores, factor = _attention_scores(query, keys, attn_mask, is_causal, scale)
