@@ -46,7 +46,8 @@ def run_on_cpu(
         plan = ops.plan_of(func)
     positions = plan.mxu_operands
     if positions is not None:
-        mxu.check_operands(func, cargs)
+        if plan.same_dtype is not None:
+            mxu.check_operands(plan.same_dtype, cargs)
         if precision is not state.Precision.HIGHEST:
             cargs = list(cargs)
             for p in positions:

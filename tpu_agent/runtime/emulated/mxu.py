@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tpu_agent.runtime.emulated import ops, state
+from tpu_agent.runtime.emulated import state
 
 _Tensor = torch.Tensor
 
@@ -49,8 +49,12 @@ def _round_dense(t: torch.Tensor, precision: state.Precision) -> torch.Tensor:
 # wrapper's version counter is shared by all its views, so any in-place write invalidates the entry.
 # Parameters are held strongly (they live all run; weakrefs would block ``Module.to``'s tensor swap),
 # other bases weakly, so the cache never keeps activations alive. Cleared at every optimizer step.
-_rounded: dict[tuple[int, state.Precision], tuple[Any, int, torch.Tensor, bool]] = {}
+_rounded: dict[int, tuple[Any, int, torch.Tensor, bool]] = {}  # keyed by _cache_key (ints hash in C, enums not)
 ROUNDED_CACHE_ENTRIES = 1024
+
+
+def _cache_key(base: Any, precision: state.Precision) -> int:
+    return id(base) * 4 + precision.value
 
 
 def clear_cache() -> None:
@@ -58,24 +62,26 @@ def clear_cache() -> None:
     _rounded.clear()
 
 
-def _evict(key: tuple[int, state.Precision]) -> Any:
+def _evict(key: int) -> Any:
     return lambda _ref: _rounded.pop(key, None)
 
 
 def round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) -> torch.Tensor:
     """``elem`` (the CPU data of wrapper ``operand``) rounded for the MXU, reusing its base's rounding."""
-    base = operand._base if operand._base is not None else operand
-    base_elem = getattr(base, "_elem", None)
-    if (
-        base_elem is None
-        or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
-        or type(base_elem) is not _Tensor
-        or base_elem.storage_offset() != 0
-        or not base_elem.is_contiguous()
-        or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
-    ):
+    base = operand._base
+    if base is None:
+        base, base_elem = operand, elem
+    else:
+        base_elem = getattr(base, "_elem", None)
+        if (
+            type(base_elem) is not _Tensor
+            or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
+            or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
+        ):
+            return _round_dense(elem, precision)
+    if type(base_elem) is not _Tensor or base_elem.storage_offset() != 0 or not base_elem.is_contiguous():
         return _round_dense(elem, precision)
-    key = (id(base), precision)
+    key = _cache_key(base, precision)
     version = base._version
     entry = _rounded.get(key)
     if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
@@ -106,11 +112,9 @@ def mxu_operand(t: Any, precision: state.Precision, operand: Any = None) -> Any:
     return t
 
 
-def check_operands(func: Any, cargs: list) -> None:
-    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode)."""
-    spec = ops.SAME_DTYPE_OPERANDS.get(func)
-    if spec is None:
-        return
+def check_operands(spec: tuple[str, int, int], cargs: list) -> None:
+    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode); ``spec`` is
+    the op's entry there (its ``OpPlan.same_dtype``)."""
     name, i, j = spec
     a, b = cargs[i], cargs[j]
     if isinstance(a, _Tensor) and isinstance(b, _Tensor) and a.dtype != b.dtype:

@@ -192,6 +192,7 @@ class OpPlan:
     func: Any
     call: Any  # the overload's C++ entry (``OpOverload._op``): calling it skips ``OpOverload.__call__``'s frame
     mxu_operands: tuple[int, ...] | None
+    same_dtype: tuple[str, int, int] | None  # SAME_DTYPE_OPERANDS' entry: (op name, operand, operand)
     gap: Any  # the cpu_gaps.CpuGap that computes inputs the CPU kernel refuses, if any
     host_read: str | None  # HostSync cause when the op returns data to the host
     data_dependent: bool
@@ -219,6 +220,7 @@ def plan_of(func: Any) -> OpPlan:
         func=func,
         call=getattr(func, "_op", func),
         mxu_operands=MXU_OPERANDS.get(func),
+        same_dtype=SAME_DTYPE_OPERANDS.get(func),
         gap=cpu_gaps.BY_OP.get(func),
         host_read=host_read,
         data_dependent=data_dependent,

@@ -471,27 +471,64 @@ class WrapperTooSmall(RuntimeError):
     """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
 
 
+class Route:
+    """What the dispatcher does with one overload, decided once per process: its op plan, the check that must
+    run before it (:data:`_SPECIAL`), and whether its CPU kernel can be called directly (no MXU rounding and no
+    CPU-gap computation to go through :func:`kernels.run_on_cpu`). Read per op instead of the tables."""
+
+    __slots__ = ("func", "plan", "special", "direct")
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        self.plan = ops.plan_of(func)
+        self.special = _SPECIAL.get(id(func))
+        self.direct = self.plan.mxu_operands is None and self.plan.gap is None
+
+
+_ROUTES: dict[int, Route] = {}
+
+
+def route_of(func: Any) -> Route:
+    """``func``'s :class:`Route`, keyed by identity (overloads live as long as the process)."""
+    route = _ROUTES.get(id(func))
+    if route is None or route.func is not func:
+        route = _ROUTES[id(func)] = Route(func)
+    return route
+
+
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
-    plan = ops.plan_of(func)
+    route = _ROUTES.get(id(func))
+    if route is None or route.func is not func:
+        route = route_of(func)
     if state.log_enabled:
         telemetry.op_counts[func] += 1
-    special = _SPECIAL.get(id(func))
-    if special is not None:
-        special(func, args, kwargs)
+    if route.special is not None:
+        route.special(func, args, kwargs)
     cargs = unwrap_args(func, args)
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, plan)
+            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, route.plan)
     else:
         ckwargs = kwargs
-    out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, plan)
+    if route.direct:
+        out = route.plan.call(*cargs, **ckwargs)
+    else:
+        out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, route.plan)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
         debug.check(func, cargs, ckwargs, out)
-    result = rewrap(out, args, cargs, kwargs, ckwargs)
-    if plan.metadata_inplace:
+    if type(out) is _Tensor:  # the common case: one new tensor, or an in-place op's own argument
+        for i, c in enumerate(cargs):
+            if c is out and type(args[i]) is TpuTensor:
+                result = args[i]
+                break
+        else:
+            result = rewrap(out, args, cargs, kwargs, ckwargs) if kwargs else wrap(out)
+    else:
+        result = rewrap(out, args, cargs, kwargs, ckwargs)
+    if route.plan.metadata_inplace:
         sync_metadata(result, out)
     return result
 
@@ -524,7 +561,7 @@ _SPECIAL[id(torch.ops.aten._to_copy.default)] = _to_copy_op
 
 
 def special_for(func: Any) -> Any:
-    return _SPECIAL.get(id(func))
+    return route_of(func).special
 
 
 # The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).
