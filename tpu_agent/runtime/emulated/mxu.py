@@ -66,8 +66,13 @@ def _evict(key: int) -> Any:
     return lambda _ref: _rounded.pop(key, None)
 
 
-def round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) -> torch.Tensor:
-    """``elem`` (the CPU data of wrapper ``operand``) rounded for the MXU, reusing its base's rounding."""
+def round_operand(
+    operand: Any, elem: torch.Tensor, precision: state.Precision, version: int | None = None
+) -> torch.Tensor:
+    """``elem`` (the CPU data of wrapper ``operand``) rounded for the MXU, reusing its base's rounding.
+
+    ``version`` is the base's version counter as of the op (DeferAndFuse's executor runs an op after recording
+    has advanced the counters; the recorder keeps the value each MXU operand had); default: the current one."""
     base = operand._base
     if base is None:
         base, base_elem = operand, elem
@@ -82,7 +87,8 @@ def round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) 
     if type(base_elem) is not _Tensor or base_elem.storage_offset() != 0 or not base_elem.is_contiguous():
         return _round_dense(elem, precision)
     key = _cache_key(base, precision)
-    version = base._version
+    if version is None:
+        version = base._version
     entry = _rounded.get(key)
     if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
         rounded_base = entry[2]
@@ -97,15 +103,16 @@ def round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) 
     return rounded_base.as_strided(elem.shape, elem.stride(), elem.storage_offset())
 
 
-def mxu_operand(t: Any, precision: state.Precision, operand: Any = None) -> Any:
+def mxu_operand(t: Any, precision: state.Precision, operand: Any = None, version: int | None = None) -> Any:
     """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH).
-    ``operand`` is the wrapper ``t`` came from, when known (enables the rounding cache)."""
+    ``operand`` is the wrapper ``t`` came from, when known (enables the rounding cache; ``version``: see
+    :func:`round_operand`)."""
     if not isinstance(t, _Tensor):
         return t
     dtype = t.dtype
     if dtype is torch.float32:
         if operand is not None and getattr(operand, "_elem", None) is t:
-            return round_operand(operand, t, precision)
+            return round_operand(operand, t, precision, version)
         return _round_dense(t, precision)
     if dtype is torch.float16 and precision is state.Precision.DEFAULT:
         return t.to(torch.bfloat16).to(torch.float16)

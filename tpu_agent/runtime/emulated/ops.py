@@ -199,6 +199,8 @@ class OpPlan:
     storage_changing: bool
     metadata_inplace: bool
     mixed_device_ok: bool
+    is_view: bool
+    transfer: bool  # in TRANSFER_OPS: may move data between host and device
     # DeferAndFuse records the op without looking further at its arguments (no transfer, view or host read
     # that may run it at once instead)
     plain_record: bool
@@ -227,6 +229,8 @@ def plan_of(func: Any) -> OpPlan:
         storage_changing=storage_changing,
         metadata_inplace=func in METADATA_INPLACE_OPS,
         mixed_device_ok=func in MIXED_DEVICE_OK,
+        is_view=is_view,
+        transfer=func in TRANSFER_OPS,
         plain_record=not (host_read or data_dependent or storage_changing or is_view or func in TRANSFER_OPS),
     )
     _PLANS[id(func)] = plan

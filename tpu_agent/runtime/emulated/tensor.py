@@ -473,16 +473,36 @@ class WrapperTooSmall(RuntimeError):
 
 class Route:
     """What the dispatcher does with one overload, decided once per process: its op plan, the check that must
-    run before it (:data:`_SPECIAL`), and whether its CPU kernel can be called directly (no MXU rounding and no
-    CPU-gap computation to go through :func:`kernels.run_on_cpu`). Read per op instead of the tables."""
+    run before it (:data:`_SPECIAL`), whether its CPU kernel can be called directly (no MXU rounding and no
+    CPU-gap computation to go through :func:`kernels.run_on_cpu`), and the tensor-list arguments it writes in
+    place. Read per op instead of the tables."""
 
-    __slots__ = ("func", "plan", "special", "direct")
+    __slots__ = ("func", "plan", "special", "direct", "written_lists")
 
     def __init__(self, func: Any) -> None:
         self.func = func
         self.plan = ops.plan_of(func)
         self.special = _SPECIAL.get(id(func))
         self.direct = self.plan.mxu_operands is None and self.plan.gap is None
+        self.written_lists = tuple(
+            i
+            for i, argument in enumerate(func._schema.arguments)
+            if argument.alias_info is not None
+            and argument.alias_info.is_write
+            and isinstance(argument.type, torch.ListType)
+        )
+
+
+def bump_written_lists(route: Route, args: tuple) -> None:
+    """Advance the version counters of the tensors an in-place foreach op wrote (``_foreach_add_``'s list).
+
+    For a single tensor the ADInplaceOrView kernel above this dispatcher does it; for tensor lists it does not
+    reach the wrappers (the CPU kernel bumps the CPU data's counters only). Autograd's saved-tensor checks and
+    the MXU rounding cache key on these counters, so an optimizer's foreach update must advance them, as it
+    does for tensors on a device without the emulation."""
+    for i in route.written_lists:
+        if i < len(args):
+            torch._C._increment_version([t for t in args[i] if type(t) is TpuTensor])
 
 
 _ROUTES: dict[int, Route] = {}
@@ -530,6 +550,8 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
         result = rewrap(out, args, cargs, kwargs, ckwargs)
     if route.plan.metadata_inplace:
         sync_metadata(result, out)
+    if route.written_lists:
+        bump_written_lists(route, args)
     return result
 
 
