@@ -49,7 +49,9 @@ def _round_dense(t: torch.Tensor, precision: state.Precision) -> torch.Tensor:
 # wrapper's version counter is shared by all its views, so any in-place write invalidates the entry.
 # Parameters are held strongly (they live all run; weakrefs would block ``Module.to``'s tensor swap),
 # other bases weakly, so the cache never keeps activations alive. Cleared at every optimizer step.
-_rounded: dict[int, tuple[Any, int, torch.Tensor, bool]] = {}  # keyed by _cache_key (ints hash in C, enums not)
+# keyed by _cache_key (ints hash in C, enums not): (base or a weak reference to it, its version, the rounded copy,
+# whether the reference is strong, the views of the rounded copy cut so far by layout)
+_rounded: dict[int, tuple[Any, int, torch.Tensor, bool, dict]] = {}
 ROUNDED_CACHE_ENTRIES = 1024
 
 
@@ -91,16 +93,21 @@ def round_operand(
         version = base._version
     entry = _rounded.get(key)
     if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
-        rounded_base = entry[2]
+        rounded_base, views = entry[2], entry[4]
     else:
-        rounded_base = _round_dense(base_elem, precision)
+        rounded_base, views = _round_dense(base_elem, precision), {}
         if len(_rounded) >= ROUNDED_CACHE_ENTRIES:
             _rounded.clear()
         strong = base.is_leaf and base.requires_grad
-        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong)
+        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong, views)
     if elem is base_elem:
         return rounded_base
-    return rounded_base.as_strided(elem.shape, elem.stride(), elem.storage_offset())
+    # the same views of a base recur (a weight's transpose feeds every step's matmuls): cut each once
+    layout = (elem.shape, elem.stride(), elem.storage_offset())
+    view = views.get(layout)
+    if view is None:
+        view = views[layout] = rounded_base.as_strided(*layout)
+    return view
 
 
 def mxu_operand(t: Any, precision: state.Precision, operand: Any = None, version: int | None = None) -> Any:

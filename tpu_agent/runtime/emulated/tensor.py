@@ -381,9 +381,10 @@ def _unwrap_leaf(func: Any, x: Any) -> Any:
         e = x._elem
         return e if e is not None else unwrap(x)
     if t is list or t is tuple:
-        if all(type(y) in _PLAIN_SCALARS for y in x):  # sizes, dims, strides: nothing to unwrap
-            return x
-        return t([_unwrap_leaf(func, y) for y in x])
+        for y in x:  # a loop, not all(): sizes, dims and strides reach here on most view ops
+            if type(y) not in _PLAIN_SCALARS:
+                return t([_unwrap_leaf(func, y) for y in x])
+        return x  # sizes, dims, strides: nothing to unwrap
     if isinstance(x, _Tensor):
         _mixed_device(func, x)
     return x
