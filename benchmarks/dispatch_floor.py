@@ -65,7 +65,11 @@ def _rewrap(out: Any, args: tuple, cargs: list) -> Any:
             if c is out:  # in-place and out= ops return the caller's tensor
                 return args[i]
         r = _make_wrapper(
-            TpuTensor, out.shape, strides=out.stride(), storage_offset=out.storage_offset(), dtype=out.dtype,
+            TpuTensor,
+            out.shape,
+            strides=out.stride(),
+            storage_offset=out.storage_offset(),
+            dtype=out.dtype,
             device=tensor.DEVICE,
         )
         r._elem = out
@@ -82,17 +86,23 @@ def set_column(column: str) -> None:
         tensor.set_dispatcher(bare_dispatch)
 
 
-def _time_calls(fn: Callable[[], Any], calls: int) -> float:
+def _time_calls(op: Callable[[Any, Any], Any], x: Any, y: Any, calls: int, flush_every: int) -> float:
+    """Thread CPU seconds per call of ``op(x, y)``; under DeferAndFuse the graph runs every ``flush_every`` calls
+    (recording and execution are both counted)."""
+    from tpu_agent.runtime.emulated import deferred
+
     start = time.thread_time()
-    for _ in range(calls):
-        fn()
+    for i in range(1, calls + 1):
+        op(x, y)
+        if flush_every and i % flush_every == 0:
+            deferred.flush("synchronize")
+    if flush_every:
+        deferred.flush("synchronize")
     return (time.thread_time() - start) / calls
 
 
 def micro(calls: int, rounds: int) -> None:
     """Per-call cost of one small op in every column, best of ``rounds`` interleaved rounds."""
-    from tpu_agent.runtime.emulated import deferred
-
     torch.manual_seed(0)
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     columns = {
@@ -113,22 +123,9 @@ def micro(calls: int, rounds: int) -> None:
         for _ in range(rounds):
             for column, (x, y) in columns.items():
                 set_column(column)
-                if column == "fused":
-                    counter = [0]
-
-                    def fn(x: Any = x, y: Any = y, counter: list = counter) -> None:
-                        op(x, y)
-                        counter[0] += 1
-                        if counter[0] % 64 == 0:
-                            deferred.flush("synchronize")
-
-                else:
-
-                    def fn(x: Any = x, y: Any = y) -> None:
-                        op(x, y)
-
-                best[column] = min(best[column], _time_calls(fn, calls))
-                torch.tpu.eager_mode = "strict"
+                flush_every = 64 if column == "fused" else 0
+                best[column] = min(best[column], _time_calls(op, x, y, calls, flush_every))
+                set_column("cpu")
         us = {c: v * 1e6 for c, v in best.items()}
         print(
             f"{name:<10}"

@@ -122,7 +122,9 @@ class CpuExecutor:
             outputs = node.outputs
             if type(outputs) is tt.TpuTensor and type(out) is torch.Tensor:  # the common case, inlined
                 if outputs._elem is None:
-                    tt.materialized(outputs, _in_recorded_layout(outputs, out))
+                    tt.materialized(
+                        outputs, out if out.stride() == outputs.stride() else _in_recorded_layout(outputs, out)
+                    )
             else:
                 _fill(outputs, out)
 

@@ -1,17 +1,16 @@
 """Device-memory accounting for the emulated ``tpu`` device (``torch.accelerator.memory_*``).
 
 The emulation keeps every tpu tensor's data in a CPU tensor, so there is no device allocator to ask. Instead
-each CPU storage that backs a tpu tensor is counted once, keyed by its base address, from the moment a tpu
-tensor first wraps it until the last CPU tensor that tpu tensors wrapped over it dies (a tpu tensor holds its
-CPU tensor, so that is when the last tpu tensor over the storage dies). That matches what a caching allocator reports as
-``allocated_bytes`` closely enough for peak-memory diagnostics (views share their base's storage, so they are
-free, as on a real device).
+each CPU storage that backs a tpu tensor is counted once, from the moment a tpu tensor first wraps it until the
+storage is freed. That matches what a caching allocator reports as ``allocated_bytes`` closely enough for
+peak-memory diagnostics (views share their base's storage, so they are free, as on a real device).
 
-The accounting is on the path of every op that makes a tensor, so it costs as little as it can there: tracking a
-tensor appends one record (a weak reference, the storage's address and size) to an ordered event list, and a
-tensor's death appends its weak reference to the same list (the callback is the list's ``append``: C code, no
-Python call). The list is settled in order (counts, allocation, peaks) when the figures are read or when it grows
-long; settling in order gives exactly the numbers an immediate count and release would have given.
+The accounting is on the path of every op that makes a tensor, so it costs as little as it can there. torch
+keeps one Python object per storage for the storage's whole life, so the storage itself carries the mark that
+it is counted (views and in-place results cost one lookup), and its death is seen through a weak reference
+whose callback is a list's ``append`` (C code, no Python call). Counting a new storage and seeing one die both
+append to one ordered event list, settled in order (allocation, peaks) when the figures are read or when it
+grows long; settling in order gives exactly the numbers an immediate count and release would have given.
 """
 
 from __future__ import annotations
@@ -22,10 +21,12 @@ from collections import OrderedDict
 from typing import Any
 
 _lock = threading.Lock()
-_live: dict[int, list[int]] = {}  # storage base address -> [nbytes, number of tracked tensors over it]
-_holders: dict[int, tuple[weakref.ref, int]] = {}  # id(weak reference) -> (it, the storage key of its tensor)
-# Unsettled events, in the order they happened: (weak reference, storage key, nbytes) when a tensor was tracked,
-# the weak reference alone when that tensor died.
+_COUNTED = "_tpu_agent_counted"  # the mark a counted storage carries in its __dict__
+# id(weak reference to a counted storage) -> (that reference, kept alive so its callback fires; the storage's
+# nbytes), once settled
+_live: dict[int, tuple[weakref.ref, int]] = {}
+# Unsettled events, in the order they happened: (weak reference, nbytes) when a storage was first counted, the
+# weak reference alone when that storage was freed.
 _events: list[Any] = []
 _record = _events.append
 SETTLE_EVERY = 2048  # events; bounds the memory the unsettled records hold
@@ -37,9 +38,13 @@ num_frees = 0
 
 
 def track(elem: Any) -> None:
-    """Count ``elem``'s storage (once, however many tracked tensors share it) until ``elem`` dies."""
+    """Count ``elem``'s storage (once, however many tracked tensors share it) until the storage is freed."""
     storage = elem.untyped_storage()
-    _record((weakref.ref(elem, _record), storage.data_ptr(), storage.nbytes()))
+    marks = storage.__dict__
+    if _COUNTED in marks:
+        return
+    marks[_COUNTED] = True
+    _record((weakref.ref(storage, _record), storage.nbytes()))
     if len(_events) >= SETTLE_EVERY:
         with _lock:
             _settle()
@@ -50,16 +55,11 @@ def _settle() -> None:
     global allocated, peak, step_peak, num_allocs, num_frees
     count = len(_events)
     batch = _events[:count]
-    del _events[:count]  # events appended meanwhile (a tensor dying) stay, after these
+    del _events[:count]  # events appended meanwhile (a storage freed) stay, after these
     for event in batch:
         if type(event) is tuple:
-            holder, key, nbytes = event
-            _holders[id(holder)] = (holder, key)
-            entry = _live.get(key)
-            if entry is not None:
-                entry[1] += 1
-                continue
-            _live[key] = [nbytes, 1]
+            holder, nbytes = event
+            _live[id(holder)] = (holder, nbytes)
             allocated += nbytes
             num_allocs += 1
             if allocated > peak:
@@ -67,16 +67,9 @@ def _settle() -> None:
             if allocated > step_peak:
                 step_peak = allocated
             continue
-        held = _holders.pop(id(event), None)
-        if held is None:
-            continue
-        entry = _live.get(held[1])
-        if entry is None:
-            continue
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _live[held[1]]
-            allocated -= entry[0]
+        entry = _live.pop(id(event), None)
+        if entry is not None:
+            allocated -= entry[1]
             num_frees += 1
 
 
