@@ -188,7 +188,11 @@ def test_ranks_and_agent_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
     launchers = {
         nproc: subprocess.Popen(
             [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--nproc", str(nproc), "sleeper.py"],
-            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )  # fmt: skip
         for nproc in (1, 2)
     }
