@@ -193,7 +193,7 @@ def test_ranks_and_agent_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-        )  # fmt: skip
+        )
         for nproc in (1, 2)
     }
     started: set[int] = set()
