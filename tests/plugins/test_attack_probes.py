@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -209,6 +210,37 @@ async def test_diagnose_of_a_capture_whose_files_name_paths_outside(client: Clie
     if result.is_error:
         assert tool_error(result)["code"] != "internal-error"
     assert after == expected, "diagnose wrote or deleted outside the workspace"
+
+
+async def test_diagnose_of_a_capture_with_planted_files(client: Client, arena: Arena) -> None:
+    """Links planted at the names diagnose writes (a report, the session's XSpace) and a FIFO or a link to
+    /dev/zero at a record's name (a read would block forever, or never end): refused, nothing outside touched."""
+    from tpu_agent.profile.layout import TRACE_FILE
+    from tpu_agent.profile.synthetic import write_capture
+
+    def plant_report(logdir: Path, raw: Path) -> None:
+        os.symlink(arena.outside / "notes.txt", logdir / "tpu-agent" / "report.json")
+
+    def plant_xspace(logdir: Path, raw: Path) -> None:
+        session = logdir / "plugins" / "profile" / json.loads((raw / "options.json").read_text())["session"]
+        session.mkdir(parents=True)
+        for host in ("localhost", "synthetic", "host", socket.gethostname()):
+            os.symlink(arena.outside / "notes.txt", session / f"{host}.xplane.pb")
+
+    def plant_fifo(logdir: Path, raw: Path) -> None:
+        (raw / TRACE_FILE.format(rank=0)).unlink()
+        os.mkfifo(raw / TRACE_FILE.format(rank=0))
+
+    def plant_zero(logdir: Path, raw: Path) -> None:
+        (raw / TRACE_FILE.format(rank=0)).unlink()
+        os.symlink("/dev/zero", raw / TRACE_FILE.format(rank=0))
+
+    for index, plant in enumerate((plant_report, plant_xspace, plant_fifo, plant_zero)):
+        logdir = arena.ws / "caps" / f"planted{index}"
+        plant(logdir, write_capture(logdir, steps=6))
+        error = await _refused(client, "tpu_diagnose", {"logdir": f"caps/planted{index}"},
+                               "path-outside-logdir", "damaged-capture")  # fmt: skip
+        assert f"planted{index}" in error["message"], error
 
 
 OVERSIZED = "x" * 100_000
