@@ -309,10 +309,13 @@ async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
     assert not any((arena.ws / ".tpu-agent" / "profiles").iterdir())  # a refused profile leaves no capture dir
     await _refused(client, "tpu_run", {"entrypoint": "sleeper.py", "nproc": 3, "wait_s": 0}, "too-many-ranks")
     await client.call_tool("tpu_job_cancel", {"job_id": started[0]})
-    again = await client.call_tool("tpu_run", {"entrypoint": "sleeper.py", "wait_s": 0})
-    assert not again.is_error, again.content[0].text
-    for job_id in (started[1], again.structured_content["job_id"]):
-        await client.call_tool("tpu_job_cancel", {"job_id": job_id})
+    # A freed slot takes the next job; a script named like an option is still the script (its name was
+    # once parsed as `tpu-agent run --env INJECTED=1.py`, setting a variable for every rank).
+    (arena.ws / "--env=INJECTED=1.py").write_text("import os\nprint('INJECTED', os.environ.get('INJECTED'))\n")
+    again = await client.call_tool("tpu_run", {"entrypoint": "--env=INJECTED=1.py", "wait_s": 40})
+    assert again.structured_content["state"] == "succeeded", again.content[0].text
+    assert "INJECTED None" in again.structured_content["log_tail"], again.structured_content["log_tail"]
+    await client.call_tool("tpu_job_cancel", {"job_id": started[1]})
 
 
 def _env(**extra: str) -> dict[str, str]:
