@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -211,6 +212,37 @@ async def test_diagnose_of_a_capture_whose_files_name_paths_outside(client: Clie
     assert after == expected, "diagnose wrote or deleted outside the workspace"
 
 
+async def test_diagnose_of_a_capture_with_planted_files(client: Client, arena: Arena) -> None:
+    """Links planted at the names diagnose writes (a report, the session's XSpace) and a FIFO or a link to
+    /dev/zero at a record's name (a read would block forever, or never end): refused, nothing outside touched."""
+    from tpu_agent.profile.layout import TRACE_FILE
+    from tpu_agent.profile.synthetic import write_capture
+
+    def plant_report(logdir: Path, raw: Path) -> None:
+        os.symlink(arena.outside / "notes.txt", logdir / "tpu-agent" / "report.json")
+
+    def plant_xspace(logdir: Path, raw: Path) -> None:
+        session = logdir / "plugins" / "profile" / json.loads((raw / "options.json").read_text())["session"]
+        session.mkdir(parents=True)
+        for host in ("localhost", "synthetic", "host", socket.gethostname()):
+            os.symlink(arena.outside / "notes.txt", session / f"{host}.xplane.pb")
+
+    def plant_fifo(logdir: Path, raw: Path) -> None:
+        (raw / TRACE_FILE.format(rank=0)).unlink()
+        os.mkfifo(raw / TRACE_FILE.format(rank=0))
+
+    def plant_zero(logdir: Path, raw: Path) -> None:
+        (raw / TRACE_FILE.format(rank=0)).unlink()
+        os.symlink("/dev/zero", raw / TRACE_FILE.format(rank=0))
+
+    for index, plant in enumerate((plant_report, plant_xspace, plant_fifo, plant_zero)):
+        logdir = arena.ws / "caps" / f"planted{index}"
+        plant(logdir, write_capture(logdir, steps=6))
+        error = await _refused(client, "tpu_diagnose", {"logdir": f"caps/planted{index}"},
+                               "path-outside-logdir", "damaged-capture")  # fmt: skip
+        assert f"planted{index}" in error["message"], error
+
+
 OVERSIZED = "x" * 100_000
 
 
@@ -277,10 +309,13 @@ async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
     assert not any((arena.ws / ".tpu-agent" / "profiles").iterdir())  # a refused profile leaves no capture dir
     await _refused(client, "tpu_run", {"entrypoint": "sleeper.py", "nproc": 3, "wait_s": 0}, "too-many-ranks")
     await client.call_tool("tpu_job_cancel", {"job_id": started[0]})
-    again = await client.call_tool("tpu_run", {"entrypoint": "sleeper.py", "wait_s": 0})
-    assert not again.is_error, again.content[0].text
-    for job_id in (started[1], again.structured_content["job_id"]):
-        await client.call_tool("tpu_job_cancel", {"job_id": job_id})
+    # A freed slot takes the next job; a script named like an option is still the script (its name was
+    # once parsed as `tpu-agent run --env INJECTED=1.py`, setting a variable for every rank).
+    (arena.ws / "--env=INJECTED=1.py").write_text("import os\nprint('INJECTED', os.environ.get('INJECTED'))\n")
+    again = await client.call_tool("tpu_run", {"entrypoint": "--env=INJECTED=1.py", "wait_s": 40})
+    assert again.structured_content["state"] == "succeeded", again.content[0].text
+    assert "INJECTED None" in again.structured_content["log_tail"], again.structured_content["log_tail"]
+    await client.call_tool("tpu_job_cancel", {"job_id": started[1]})
 
 
 def _env(**extra: str) -> dict[str, str]:
