@@ -239,7 +239,12 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
         _at_most(TINY_EXPERTS),
         "four experts keep routing (top-2 of 4) and the grouped-matmul path",
     ),
-    ShrinkRule("experts-per-token", ("num_experts_per_tok", "moe_topk", "moe_k"), _at_most(2), "top-2 routing"),
+    ShrinkRule(
+        "experts-per-token",
+        ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k"),
+        _at_most(2),
+        "top-2 routing",
+    ),
     ShrinkRule("expert-groups", ("n_group", "num_expert_group", "topk_group"), _at_most(1), "one routing group"),
     ShrinkRule(
         "vocab",
@@ -401,6 +406,9 @@ def _fill_unset_sizes(config: Any) -> None:
     for name, value in (("num_experts_per_tok", 2), ("vocab_size", TINY_VOCAB)):
         if name in values and values[name] is None:
             setattr(config, name, value)
+    nope, rope = values.get("qk_nope_head_dim"), values.get("qk_rope_head_dim")
+    if isinstance(values.get("qk_head_dim"), int) and isinstance(nope, int) and isinstance(rope, int):
+        config.qk_head_dim = nope + rope  # multi-head latent attention's query head: both parts, as shrunk
 
 
 def shrink_config(config: Any) -> Any:
