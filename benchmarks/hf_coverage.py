@@ -181,7 +181,9 @@ def render_markdown(results: list[dict[str, Any]], modes: tuple[str, ...], meta:
         'on `tpu` in each mode at `torch.set_float32_matmul_precision("highest")`, comparing every output and every',
         "gradient (parameters and floating inputs): per tensor, `max|tpu - cpu| <= atol + rtol * max|cpu|`, float32",
         "rtol 1e-5 / atol 1e-6, integers exact. Inputs: batch 2, sequence 8 with the second sequence's last two",
-        "positions padded (so attention masks take their real path), or 2 images at the config's size.",
+        "positions padded (so attention masks take their real path), or 2 images of the tiny configs' 64 x 64",
+        "pixels. Tiny configs: 2 layers (one of each kind where a config lists kinds per layer), width 64, 4 heads,",
+        "vocabulary 256, 4 experts, one block per stage; the rules are `SHRINK_RULES` in `tpu_agent/check/tiny.py`.",
         "",
         f"Run: {meta['date']}, transformers {meta['transformers']}, torch {meta['torch']}, "
         f"{len(results)} of {meta['selected']} selected architectures checked ({meta['available']} in the mappings)"
