@@ -244,5 +244,7 @@ def test_composite_configs_and_unset_sizes_give_what_the_class_reads() -> None:
     assert type(qwen).__name__ == "Qwen3_5TextConfig" and qwen.vocab_size == TINY_VOCAB
     ministral = shrink_config(AutoConfig.for_model("ministral"))  # head_dim is None in the default config
     assert ministral.head_dim == ministral.hidden_size // ministral.num_attention_heads
+    assert shrink_config(AutoConfig.for_model("granite_speech")).encoder_config.hidden_dim == 128  # 51M params before
+    assert shrink_config(AutoConfig.for_model("efficientnet")).hidden_dim == 2560  # derived from its width coefficient
     kimi = shrink_config(AutoConfig.for_model("kimi_linear"))  # latent attention's query head is both parts
     assert kimi.qk_head_dim == kimi.qk_nope_head_dim + kimi.qk_rope_head_dim and kimi.num_experts_per_token == 2

@@ -123,6 +123,12 @@ def _stage_window(value: Any, original: dict[str, Any]) -> Any:
     return _at_most(2)(value, original) if "depths" in original else value
 
 
+def _unless_scaled(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
+    """At most ``limit``, unless the config derives the value from a compound-scaling coefficient (EfficientNet's
+    ``hidden_dim`` must equal its scaled last stage)."""
+    return lambda value, original: value if "width_coefficient" in original else _at_most(limit)(value, original)
+
+
 SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ShrinkRule(
         "layers",
@@ -237,6 +243,13 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
         ),
         _at_most(TINY_FFN),
         "the feed-forward block at twice the width",
+    ),
+    ShrinkRule(
+        "hidden-dim",
+        ("hidden_dim",),
+        _unless_scaled(TINY_FFN),
+        "DistilBERT's feed-forward and Granite Speech's conformer width (EfficientNet derives its own from a "
+        "width coefficient, and keeps it)",
     ),
     ShrinkRule(
         "experts",
