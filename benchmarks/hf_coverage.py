@@ -400,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = cases[:: max(1, args.stride)]
     if args.limit:
         cases = cases[: args.limit]
+    compiled = compile_sample(every, args.compile_every)
+    cases = [case for case in cases if case_modes(case, modes, compiled)]  # --modes compile: the sample only
     options = CheckOptions(
         modes=modes,
         backend="emulated",
@@ -418,7 +420,6 @@ def main(argv: list[str] | None = None) -> int:
         "subset_note": f" (a subset: {run['command']})" if subset else "",
         "note": args.note,
     }
-    compiled = compile_sample(every, args.compile_every)
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     if args.resume and args.json and args.json.is_file():

@@ -346,8 +346,10 @@ def _keep_kinds(per_layer: list[Any], layers: int) -> list[Any]:
     would drop where there is room (Gemma 3's five sliding-window layers and one global keep one of each: the
     global layer's code runs, and configs that insist on a kind being present still build)."""
     head = per_layer[:layers]
+    if not all(isinstance(kind, str) for kind in per_layer):  # sizes or dilations per layer, not kinds
+        return head
     missing = [kind for kind in dict.fromkeys(per_layer) if kind not in head]
-    if not missing or len(missing) >= layers or not all(isinstance(kind, str) for kind in per_layer):
+    if not missing or len(missing) >= layers:
         return head
     return head[: layers - len(missing)] + missing
 
@@ -410,11 +412,14 @@ def _fit_state_space_heads(config: Any) -> None:
         if (expand * width) % size == 0:
             setattr(config, size_name, size)
             setattr(config, heads_name, expand * width // size)
+    if isinstance(values.get("mamba_d_ssm"), int) and isinstance(values.get("mamba_expand"), int) and width:
+        config.mamba_d_ssm = values["mamba_expand"] * width  # Falcon-H1's explicit mixer width overrides expand
 
 
 def _fill_unset_sizes(config: Any) -> None:
     """Sizes a default config leaves ``None`` for its checkpoint to set, which some models read unguarded
-    (``config.head_dim ** -0.5``): given the value a checkpoint of the tiny shape would carry."""
+    (``config.head_dim ** -0.5``), and sizes it derived from the full width when it was built: given the value a
+    checkpoint of the tiny shape would carry."""
     values = vars(config)
     heads, width = values.get("num_attention_heads"), values.get("hidden_size")
     if isinstance(heads, int) and heads and isinstance(width, int):
@@ -424,6 +429,10 @@ def _fill_unset_sizes(config: Any) -> None:
     for name, value in (("num_experts_per_tok", 2), ("vocab_size", TINY_VOCAB)):
         if name in values and values[name] is None:
             setattr(config, name, value)
+    if isinstance(width, int) and isinstance(values.get("attention_hidden_size"), int):
+        config.attention_hidden_size = 2 * width  # Zamba's shared attention reads the hidden state and embeddings
+    if isinstance(width, int) and isinstance(values.get("mamba_dt_rank"), int):
+        config.mamba_dt_rank = -(-width // 16)  # the time-step rank Mamba derives from the width
     nope, rope = values.get("qk_nope_head_dim"), values.get("qk_rope_head_dim")
     if isinstance(values.get("qk_head_dim"), int) and isinstance(nope, int) and isinstance(rope, int):
         config.qk_head_dim = nope + rope  # multi-head latent attention's query head: both parts, as shrunk
