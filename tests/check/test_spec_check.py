@@ -248,3 +248,11 @@ def test_composite_configs_and_unset_sizes_give_what_the_class_reads() -> None:
     assert shrink_config(AutoConfig.for_model("efficientnet")).hidden_dim == 2560  # derived from its width coefficient
     kimi = shrink_config(AutoConfig.for_model("kimi_linear"))  # latent attention's query head is both parts
     assert kimi.qk_head_dim == kimi.qk_nope_head_dim + kimi.qk_rope_head_dim and kimi.num_experts_per_token == 2
+
+
+def test_a_model_refusing_one_layer_of_each_kind_gets_its_first_layers() -> None:
+    from tpu_agent.check.build import build
+
+    # Zamba ties its hybrid layers' shared block, which needs two of them: its two first (Mamba) layers build
+    built = build(parse_model_spec("zamba"), max_parameters=10**9)
+    assert built.model.config.layers_block_type == ["linear_attention", "linear_attention"]

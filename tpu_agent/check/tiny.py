@@ -354,15 +354,16 @@ def _keep_kinds(per_layer: list[Any], layers: int) -> list[Any]:
     return head[: layers - len(missing)] + missing
 
 
-def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int | None) -> None:
-    """Lists with one entry per layer (``layer_types``, ``mlp_only_layers``-style index lists) follow the count."""
+def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int | None, every_kind: bool) -> None:
+    """Lists with one entry per layer (``layer_types``, ``mlp_only_layers``-style index lists) follow the count,
+    keeping every kind of layer when ``every_kind``."""
     if not original_layers or not layers or original_layers == layers:
         return
     for name, value in list(vars(config).items()):
         if not isinstance(value, list) or not value or _rule_for(name) is not None:
             continue
         if len(value) == original_layers:
-            setattr(config, name, _keep_kinds(value, layers))
+            setattr(config, name, _keep_kinds(value, layers) if every_kind else value[:layers])
         elif name.endswith(("_layers", "_idxs", "_indexes", "_indices", "_layer_ids")) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
@@ -438,15 +439,18 @@ def _fill_unset_sizes(config: Any) -> None:
         config.qk_head_dim = nope + rope  # multi-head latent attention's query head: both parts, as shrunk
 
 
-def shrink_config(config: Any) -> Any:
-    """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs."""
+def shrink_config(config: Any, every_kind: bool = True) -> Any:
+    """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs.
+
+    ``every_kind=False`` keeps the first layers of a per-layer list as they are, for the few models that do not
+    build with one layer of each kind (Zamba ties its hybrid layers' shared block, which takes two of them)."""
     from transformers import PretrainedConfig
 
     original = dict(vars(config))
     for name, value in original.items():
         rule = _rule_for(name)
         if isinstance(value, PretrainedConfig):
-            shrink_config(value)
+            shrink_config(value, every_kind)
         elif rule is not None:
             setattr(config, name, rule.value(value, original))
         elif any(word in name for word in _DROPOUT_WORDS) and isinstance(value, float):
@@ -455,7 +459,7 @@ def shrink_config(config: Any) -> Any:
         (n for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(original.get(n), int)), None
     )
     if layers_name is not None:
-        _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name))
+        _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name), every_kind)
     else:
         _fit_layer_patterns(config)
     heads, width = vars(config).get("num_attention_heads"), vars(config).get("hidden_size")
