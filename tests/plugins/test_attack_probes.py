@@ -128,6 +128,24 @@ async def test_per_call_workspace_cannot_leave_the_started_one(client: Client, a
     assert not inner.is_error and inner.structured_content["findings"]
 
 
+async def test_client_roots_bound_a_server_started_without_a_workspace(arena: Arena) -> None:
+    """Hosts that load the server from a plugin cache give no --workspace, only MCP roots: those are then the
+    boundary, and a workspace argument outside them is refused like one outside --workspace."""
+    from mcp.types import ListRootsResult, Root
+
+    async def roots(context: Any) -> ListRootsResult:
+        return ListRootsResult(roots=[Root(uri=arena.ws.resolve().as_uri(), name="project")])
+
+    (arena.ws / "pkg").mkdir()
+    async with Client(build_server(None), mode="legacy", list_roots_callback=roots) as client:
+        for escape in ("/etc", str(arena.outside), str(arena.ws / ".."), str(arena.ws / "escape-link")):
+            await _refused(client, "tpu_scan", {"workspace": escape}, "workspace-outside-roots")
+        await _refused(client, "tpu_plan_migration", {"workspace": "/etc"}, "workspace-outside-roots")  # any tool
+        inner = await client.call_tool("tpu_scan", {"workspace": str(arena.ws / "pkg")})
+        assert not inner.is_error, inner.content[0].text
+    arena.assert_untouched()
+
+
 async def test_paths_cannot_escape(client: Client, arena: Arena) -> None:
     for paths in (["../outside/secret.py"], [str(arena.outside / "secret.py")], ["linked_secret.py"],
                   ["escape-link/secret.py"], ["escape-link"], ["/etc/passwd"], [".", "../outside"]):  # fmt: skip
