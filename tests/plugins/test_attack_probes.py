@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -127,6 +128,24 @@ async def test_per_call_workspace_cannot_leave_the_started_one(client: Client, a
     assert not inner.is_error and inner.structured_content["findings"]
 
 
+async def test_client_roots_bound_a_server_started_without_a_workspace(arena: Arena) -> None:
+    """Hosts that load the server from a plugin cache give no --workspace, only MCP roots: those are then the
+    boundary, and a workspace argument outside them is refused like one outside --workspace."""
+    from mcp.types import ListRootsResult, Root
+
+    async def roots(context: Any) -> ListRootsResult:
+        return ListRootsResult(roots=[Root(uri=arena.ws.resolve().as_uri(), name="project")])
+
+    (arena.ws / "pkg").mkdir()
+    async with Client(build_server(None), mode="legacy", list_roots_callback=roots) as client:
+        for escape in ("/etc", str(arena.outside), str(arena.ws / ".."), str(arena.ws / "escape-link")):
+            await _refused(client, "tpu_scan", {"workspace": escape}, "workspace-outside-roots")
+        await _refused(client, "tpu_plan_migration", {"workspace": "/etc"}, "workspace-outside-roots")  # any tool
+        inner = await client.call_tool("tpu_scan", {"workspace": str(arena.ws / "pkg")})
+        assert not inner.is_error, inner.content[0].text
+    arena.assert_untouched()
+
+
 async def test_paths_cannot_escape(client: Client, arena: Arena) -> None:
     for paths in (["../outside/secret.py"], [str(arena.outside / "secret.py")], ["linked_secret.py"],
                   ["escape-link/secret.py"], ["escape-link"], ["/etc/passwd"], [".", "../outside"]):  # fmt: skip
@@ -211,6 +230,29 @@ async def test_diagnose_of_a_capture_whose_files_name_paths_outside(client: Clie
     assert after == expected, "diagnose wrote or deleted outside the workspace"
 
 
+async def test_diagnose_of_a_capture_with_planted_files(client: Client, arena: Arena) -> None:
+    """Links planted at the names diagnose writes (a report, the session's XSpace): refused, nothing outside
+    touched. (Records that would block or never end a read are probed over stdio, where a regression cannot
+    hang the test run.)"""
+    from tpu_agent.profile.synthetic import write_capture
+
+    def plant_report(logdir: Path, raw: Path) -> None:
+        os.symlink(arena.outside / "notes.txt", logdir / "tpu-agent" / "report.json")
+
+    def plant_xspace(logdir: Path, raw: Path) -> None:
+        session = logdir / "plugins" / "profile" / json.loads((raw / "options.json").read_text())["session"]
+        session.mkdir(parents=True)
+        for host in ("localhost", "synthetic", "host", socket.gethostname()):
+            os.symlink(arena.outside / "notes.txt", session / f"{host}.xplane.pb")
+
+    for index, plant in enumerate((plant_report, plant_xspace)):
+        logdir = arena.ws / "caps" / f"planted{index}"
+        plant(logdir, write_capture(logdir, steps=6))
+        error = await _refused(client, "tpu_diagnose", {"logdir": f"caps/planted{index}"},
+                               "path-outside-logdir", "damaged-capture")  # fmt: skip
+        assert f"planted{index}" in error["message"], error
+
+
 OVERSIZED = "x" * 100_000
 
 
@@ -277,10 +319,13 @@ async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
     assert not any((arena.ws / ".tpu-agent" / "profiles").iterdir())  # a refused profile leaves no capture dir
     await _refused(client, "tpu_run", {"entrypoint": "sleeper.py", "nproc": 3, "wait_s": 0}, "too-many-ranks")
     await client.call_tool("tpu_job_cancel", {"job_id": started[0]})
-    again = await client.call_tool("tpu_run", {"entrypoint": "sleeper.py", "wait_s": 0})
-    assert not again.is_error, again.content[0].text
-    for job_id in (started[1], again.structured_content["job_id"]):
-        await client.call_tool("tpu_job_cancel", {"job_id": job_id})
+    # A freed slot takes the next job; a script named like an option is still the script (its name was
+    # once parsed as `tpu-agent run --env INJECTED=1.py`, setting a variable for every rank).
+    (arena.ws / "--env=INJECTED=1.py").write_text("import os\nprint('INJECTED', os.environ.get('INJECTED'))\n")
+    again = await client.call_tool("tpu_run", {"entrypoint": "--env=INJECTED=1.py", "wait_s": 40})
+    assert again.structured_content["state"] == "succeeded", again.content[0].text
+    assert "INJECTED None" in again.structured_content["log_tail"], again.structured_content["log_tail"]
+    await client.call_tool("tpu_job_cancel", {"job_id": started[1]})
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -391,11 +436,18 @@ def _assert_still_serving(proc: subprocess.Popen[bytes], request_id: int) -> Non
 @pytest.mark.slow
 def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
     """A file nested deeper than any parser recurses and a FIFO named like a source (a read would block
-    forever) are skipped with a reason; the server answers the next call."""
+    forever) are skipped with a reason; a capture whose trace record is a FIFO is damage, not a hang; the
+    server answers the next call."""
+    from tpu_agent.profile.layout import TRACE_FILE
+    from tpu_agent.profile.synthetic import write_capture
+
     (arena.ws / "deep.py").write_text(
         "import torch\nx = " + "(" * 5_000 + "torch.cuda.synchronize()" + ")" * 5_000 + "\n"
     )
     os.mkfifo(arena.ws / "x.py")
+    trace = write_capture(arena.ws / "caps" / "fifo", steps=6) / TRACE_FILE.format(rank=0)
+    trace.unlink()
+    os.mkfifo(trace)
     proc = _start_stdio_server(arena)
     try:
         call = {"name": "tpu_scan", "arguments": {"paths": ["deep.py", "x.py", "train.py"]}}
@@ -404,7 +456,11 @@ def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
         skipped = answer["result"]["structuredContent"]["skipped"]
         assert any(entry.startswith("deep.py: ") for entry in skipped), skipped
         assert any(entry.startswith("x.py: ") for entry in skipped), skipped
-        _assert_still_serving(proc, 2)
+        call = {"name": "tpu_diagnose", "arguments": {"logdir": "caps/fifo"}}
+        answer = _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        assert answer and answer["result"]["isError"] is True, answer
+        assert "damaged-capture" in answer["result"]["content"][0]["text"] and trace.name in str(answer)
+        _assert_still_serving(proc, 3)
     finally:
         proc.kill()
         proc.wait()
