@@ -44,9 +44,10 @@ def test_deep_nesting_is_skipped_with_its_line_and_the_run_goes_on(tmp_path: Pat
         "import torch\nx = 1\ny = " + "(" * 5000 + "torch.zeros(1).cuda()" + ")" * 5000 + "\n"
     )
     (project / "lists.py").write_text("import torch\nz = " + "[" * 3000 + "'cuda'" + "]" * 3000 + "\n")
-    # enough ordinary work to use the worker pool, so a crash there would break the pool
+    # enough bytes to use the worker pool, so a crash there would break the pool (in long string literals:
+    # they count as work but parse in one token, which keeps the test cheap)
     for i in range(12):
-        (project / f"train{i}.py").write_text(CUDA + "".join(f"y{j} = torch.ones({j}).cuda()\n" for j in range(800)))
+        (project / f"train{i}.py").write_text(CUDA + f"NOTES = {'x' * 24_000!r}\n")
     result = run_cli("migrate", "--check", "--jobs", "2", "--format", "json", "proj", cwd=tmp_path)
     assert result.returncode == 1, result.stderr  # findings in the other files; no signal, no traceback
     report = json.loads(result.stdout)
