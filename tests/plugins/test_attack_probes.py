@@ -319,13 +319,10 @@ async def test_job_floods_are_bounded(client: Client, arena: Arena) -> None:
     assert not any((arena.ws / ".tpu-agent" / "profiles").iterdir())  # a refused profile leaves no capture dir
     await _refused(client, "tpu_run", {"entrypoint": "sleeper.py", "nproc": 3, "wait_s": 0}, "too-many-ranks")
     await client.call_tool("tpu_job_cancel", {"job_id": started[0]})
-    # A freed slot takes the next job; a script named like an option is still the script (its name was
-    # once parsed as `tpu-agent run --env INJECTED=1.py`, setting a variable for every rank).
-    (arena.ws / "--env=INJECTED=1.py").write_text("import os\nprint('INJECTED', os.environ.get('INJECTED'))\n")
-    again = await client.call_tool("tpu_run", {"entrypoint": "--env=INJECTED=1.py", "wait_s": 40})
-    assert again.structured_content["state"] == "succeeded", again.content[0].text
-    assert "INJECTED None" in again.structured_content["log_tail"], again.structured_content["log_tail"]
-    await client.call_tool("tpu_job_cancel", {"job_id": started[1]})
+    again = await client.call_tool("tpu_run", {"entrypoint": "sleeper.py", "wait_s": 0})
+    assert not again.is_error, again.content[0].text
+    for job_id in (started[1], again.structured_content["job_id"]):
+        await client.call_tool("tpu_job_cancel", {"job_id": job_id})
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -489,25 +486,29 @@ async def test_mcp_apply_removes_stale_temp_files_but_nothing_planted_as_a_link(
 
 
 SPAWNER = """\
-import subprocess, sys, time
+import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-print("grandchild", child.pid, flush=True)
+print("grandchild", child.pid, "INJECTED", os.environ.get("INJECTED"), flush=True)
 time.sleep(120)
 """
+#: A script named like an option: its name was once parsed as `tpu-agent run --env INJECTED=1.py`, which set a
+#: variable in every rank (and could name --rdzv-endpoint and the like) instead of running the script.
+SPAWNER_NAME = "--env=INJECTED=1.py"
 
 
 @pytest.mark.slow
 def test_jobs_die_with_a_killed_server(arena: Arena) -> None:
     """SIGKILL gives the server no chance to clean up: the job guard's lifeline does it."""
-    (arena.ws / "spawner.py").write_text(SPAWNER)
+    (arena.ws / SPAWNER_NAME).write_text(SPAWNER)
     proc = _start_stdio_server(arena)
     try:
-        call = {"name": "tpu_run", "arguments": {"entrypoint": "spawner.py", "wait_s": 0, "backend": "emulated"}}
+        call = {"name": "tpu_run", "arguments": {"entrypoint": SPAWNER_NAME, "wait_s": 0, "backend": "emulated"}}
         job = _rpc(proc, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})
         assert job and job["result"]["structuredContent"]["state"] == "running", job
         job_id = job["result"]["structuredContent"]["job_id"]
         log = arena.ws / ".tpu-agent" / "jobs" / job_id / "output.log"
         assert _wait_until(lambda: log.exists() and "grandchild" in log.read_text(), 60), log.read_text()
+        assert "INJECTED None" in log.read_text()  # the script ran as the script
         processes = _processes_in(arena.ws)
         assert len(processes) >= 3  # guard, tpu-agent run (and its rank), the grandchild
     finally:

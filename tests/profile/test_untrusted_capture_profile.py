@@ -271,22 +271,31 @@ def test_fuzzed_xplane_never_crashes(tmp_path_factory: pytest.TempPathFactory, c
         )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "damage"),
-    [
-        (OPTIONS_FILE, '{"steps": '),
-        (CAPTURE_FILE.format(rank=0), '{"window": "oops"}'),
-        (TRACE_FILE.format(rank=0), '{"traceEvents": [{"cat": "cpu_op", "ph": "X"}]}'),
-        (EVENTS_FILE_PATTERN.format(rank=0), '{"kind": "step", "time_ns": "soon"}\n'),
-    ],
-)
-def test_cli_on_damaged_capture_exits_2_naming_the_file(tmp_path: Path, name: str, damage: str) -> None:
+DAMAGES = {
+    OPTIONS_FILE: '{"steps": ',
+    CAPTURE_FILE.format(rank=0): '{"window": "oops"}',
+    TRACE_FILE.format(rank=0): '{"traceEvents": [{"cat": "cpu_op", "ph": "X"}]}',
+    EVENTS_FILE_PATTERN.format(rank=0): '{"kind": "step", "time_ns": "soon"}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGES))
+def test_each_damaged_record_is_a_usage_error_naming_it(tmp_path: Path, name: str) -> None:
     raw = write_capture(tmp_path, steps=6)
-    (raw / name).write_text(damage, encoding="utf-8")
+    (raw / name).write_text(DAMAGES[name], encoding="utf-8")
+    with pytest.raises(TpuAgentError) as error:
+        diagnose(tmp_path)
+    assert error.value.exit_code == ExitCode.USAGE and name in error.value.message, error.value
+
+
+@pytest.mark.slow
+def test_cli_on_a_damaged_capture_exits_2_naming_the_file(tmp_path: Path) -> None:
+    """What the command line makes of any of them (one run: the error's exit code is mapped in one place)."""
+    raw = write_capture(tmp_path, steps=6)
+    (raw / OPTIONS_FILE).write_text(DAMAGES[OPTIONS_FILE], encoding="utf-8")
     result = run_cli("diagnose", str(tmp_path))
     assert result.returncode == ExitCode.USAGE, result.stderr
-    assert "Traceback" not in result.stderr and name in result.stderr.replace("\n", "")
+    assert "Traceback" not in result.stderr and OPTIONS_FILE in result.stderr.replace("\n", "")
 
 
 @pytest.mark.slow
