@@ -76,6 +76,7 @@ def round_operand(
     ``version`` is the base's version counter as of the op (DeferAndFuse's executor runs an op after recording
     has advanced the counters; the recorder keeps the value each MXU operand had); default: the current one."""
     base = operand._base
+    base_elem: Any  # the base wrapper's CPU data: a plain tensor, or anything else while Dynamo traces
     if base is None:
         base, base_elem = operand, elem
     else:
