@@ -143,6 +143,7 @@ def steps(models: list[str], n_steps: int, warmup: int) -> None:
         f"{'model':<7}{'cpu':>9}{'bare':>9}{'strict':>9}{'fused':>9}"
         f"{'bare/cpu':>10}{'strict/cpu':>12}{'strict/bare':>13}{'fused/strict':>14}"
     )
+    ratios: dict[str, list[float]] = {"bare/cpu": [], "strict/cpu": [], "strict/bare": [], "fused/strict": []}
     for name in models:
         torch.manual_seed(0)
         base = build(name)
@@ -169,6 +170,9 @@ def steps(models: list[str], n_steps: int, warmup: int) -> None:
                     times[column].append(time.thread_time() - start)
                 torch.tpu.eager_mode = "strict"
         ms = {column: min(values) * 1e3 for column, values in times.items()}
+        for key in ratios:
+            top, bottom = key.split("/")
+            ratios[key].append(ms[top] / ms[bottom])
         print(
             f"{name:<7}{ms['cpu']:>9.2f}{ms['bare']:>9.2f}{ms['strict']:>9.2f}{ms['fused']:>9.2f}"
             f"{ms['bare'] / ms['cpu']:>9.2f}x{ms['strict'] / ms['cpu']:>11.2f}x"
@@ -178,6 +182,12 @@ def steps(models: list[str], n_steps: int, warmup: int) -> None:
         medians = {column: statistics.median(values) * 1e3 for column, values in times.items()}
         print(f"{'':<7}" + "".join(f"{medians[c]:>9.2f}" for c in runs) + "  (median step)")
     print(f"AdamW on tpu tensors: {'foreach' if tpu_foreach else 'per-parameter'}")
+    medians = {key: statistics.median(values) for key, values in ratios.items()}
+    print(
+        "median over models: " + ", ".join(f"{key} {value:.2f}x" for key, value in medians.items()) + "\n"
+        f"Strict can come no closer to CPU than the bare dispatcher ({medians['bare/cpu']:.2f}x); "
+        f"the emulation's own work (MXU rounding, memory accounting, op tables) adds {medians['strict/bare']:.2f}x"
+    )
 
 
 def main() -> None:
