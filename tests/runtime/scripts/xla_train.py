@@ -36,7 +36,8 @@ class Block(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         b, t = tokens.shape
-        # a factory on the input's device, as GPT models build positions (must stay on tpu when compiled)
+        # a factory on the input's device, as GPT models build positions (must stay on tpu when compiled); while
+        # Dynamo traces, it meets the embedding's tpu weight in one op (a graph break when that was refused)
         x = self.embed(tokens) + self.position(torch.arange(t, device=tokens.device))
         d = x.shape[-1]
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
@@ -97,6 +98,7 @@ def run(mode: str, precision: str, steps: int) -> dict:
         "compile_events": sum(1 for e in log if isinstance(e, events.Compile) and is_xla(e.function)),
         "cache_hit_events": sum(1 for e in log if isinstance(e, events.CacheHit)),
         "fallbacks": [e.op for e in log if isinstance(e, events.FallbackOp)],
+        "graph_breaks": [e.reason for e in log if isinstance(e, events.GraphBreak)],
         "cache": {"requests": stats["requests"], "hits": stats["hits"], "compiles": stats["compiles"]},
     }
 

@@ -20,7 +20,6 @@ graph around them (see :mod:`tpu_agent.runtime.xla.partition`).
 
 from __future__ import annotations
 
-import atexit
 import operator
 import threading
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
+from jax._src.lib import _jax
 
 from tpu_agent.runtime.emulated import ops, state
 from tpu_agent.runtime.xla import extra_ops, torchax_compat
@@ -171,10 +171,9 @@ class Lowered:
     output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
 
     def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
-        arrays = [_aliases.array(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+        arrays = [to_jax(t) if isinstance(t, torch.Tensor) else t for t in inputs]
         key = _next_key() if self.uses_rng else _NO_KEY
         flat, mutated = self.executable(key, *arrays)
-        _aliases.rotate()
         for index, value in zip(self.mutated_inputs, mutated, strict=True):
             target = inputs[index]
             assert isinstance(target, torch.Tensor)  # only tensor inputs are ever written (compile_graph)
@@ -199,50 +198,31 @@ def _next_key() -> jax.Array:
     return jax.random.key_data(jax.random.PRNGKey(seed))
 
 
-class _AliasCache:
-    """JAX arrays that alias CPU tensors' memory, reused by the next call that passes the same tensor.
-
-    Making a JAX array over a tensor costs ~0.1-0.3 ms (more than a small op); parameters and optimizer state
-    are passed to every step's executable. An alias always shows the tensor's current values (same memory),
-    and while it is cached it holds the tensor's storage, so no other tensor can take its address. Entries a
-    call did not use are dropped at the next call, so the cache holds no more than the latest inputs."""
-
-    def __init__(self) -> None:
-        self.now: dict[tuple[int, torch.Size, torch.dtype], jax.Array] = {}
-        self.previous: dict[tuple[int, torch.Size, torch.dtype], jax.Array] = {}
-
-    def array(self, t: torch.Tensor) -> jax.Array:
-        if not t.is_contiguous() or t.dtype is torch.bool:
-            return to_jax(t)
-        key = (t.data_ptr(), t.shape, t.dtype)
-        found = self.now.get(key)
-        if found is None:
-            found = self.previous.pop(key, None)
-        if found is None:
-            found = to_jax(t)
-            if t.numel() and found.unsafe_buffer_pointer() != t.data_ptr():
-                return found  # a copy, not an alias: it would go stale
-        self.now[key] = found
-        return found
-
-    def rotate(self) -> None:
-        self.previous = self.now
-        self.now = {}
-
-    def clear(self) -> None:
-        self.now, self.previous = {}, {}
-
-
-_aliases = _AliasCache()
-atexit.register(_aliases.clear)  # before interpreter teardown: the aliases hold device tensors' storages
+# The conversions below run for every input and output of every executable call, so they use the DLPack entry
+# points of torch and jaxlib directly: ``jax.dlpack.from_dlpack`` and ``torch.from_dlpack`` add ~40 us of
+# Python checks per array (device lookups, dtype canonicalisation), which on a graph with a hundred parameters
+# cost more than running it. The direct calls make the same zero-copy alias (checked by the tests).
+_CPU_DEVICE = jax.devices("cpu")[0]
+_DLPACK_CPU = 1  # DLDeviceType.kDLCPU
+# dtypes DLPack carries as they are; 64-bit ones go through jax's path, which narrows them to the 32-bit types
+# the executables are compiled for (x64 is off), and bool through a copy (DLPack bool support varies).
+_DIRECT_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
-    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of dlpack dtypes)."""
+    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of DLPack dtypes)."""
     if t.dtype is torch.bool:
         return jnp.asarray(t.numpy())
     if not t.is_contiguous():
         t = t.contiguous()
+    if t.dtype in _DIRECT_DTYPES:
+        source = t.detach() if t.requires_grad else t
+        try:
+            return _jax.dlpack_managed_tensor_to_buffer(
+                torch._C._to_dlpack(source), _CPU_DEVICE, None, None, _DLPACK_CPU
+            )
+        except Exception:  # noqa: BLE001 - unaligned or unusual storage: the general path below copies it
+            pass
     try:
         return jax.dlpack.from_dlpack(t.detach())
     except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
@@ -253,7 +233,7 @@ def to_torch(a: jax.Array) -> torch.Tensor:
     """A CPU tensor over a JAX array's buffer (no copy)."""
     if a.dtype == jnp.bool_:
         return torch.from_numpy(jax.device_get(a).copy())
-    return torch.from_dlpack(a)
+    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=None))
 
 
 class _Interpreter(torch.fx.Interpreter):
