@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.split_module import split_module
 
 from tpu_agent.runtime import events
@@ -49,12 +50,15 @@ def user_site(node: torch.fx.Node) -> events.Site | None:
 def graph_signature(gm: torch.fx.GraphModule) -> str:
     """Stable over identical graphs (the code and any constant tensors baked into it), whatever object holds them."""
     digest = hashlib.sha1(gm.code.encode())
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            value = getattr(gm, node.target, None)
-            if isinstance(value, torch.Tensor):
-                digest.update(f"{node.target}{tuple(value.shape)}{value.dtype}".encode())
-                digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    # AOTAutograd hands graphs over inside its fake mode; a constant (``torch.as_tensor(511, device=x.device)``
+    # folded by Dynamo) is real data, read outside it
+    with unset_fake_temporarily():
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(gm, node.target, None)
+                if isinstance(value, torch.Tensor):
+                    digest.update(f"{node.target}{tuple(value.shape)}{value.dtype}".encode())
+                    digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:20]
 
 

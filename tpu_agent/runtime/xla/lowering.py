@@ -241,12 +241,12 @@ class _Interpreter(torch.fx.Interpreter):
 
     def __init__(self, gm: torch.fx.GraphModule, env: Any) -> None:
         super().__init__(gm)
-        self.env = env
+        self.torchax_env = env  # not ``self.env``: the Interpreter keeps its node values there
 
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor):
-            return self.env.j2t_iso(to_jax(value.detach().cpu()))
+            return self.torchax_env.j2t_iso(to_jax(value.detach().cpu()))
         return value
 
 
