@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ class Plan:
     outputs: list[Any]  # produced tpu tensors that are not views: filled with results
     floats: list[float]  # the Python float arguments of the nodes, in order (left out of the key)
     key: str
+    views: list[Any] = field(default_factory=list)  # the view nodes, in graph order (their outputs alias bases)
 
 
 def _storage_buffer(elem: torch.Tensor) -> torch.Tensor:
@@ -146,14 +147,16 @@ def plan(graph: Graph) -> Plan:
     """Inputs, output tensors and a structural cache key for ``graph`` (raises :class:`NotPlannable`)."""
     planner = _Planner()
     parts = planner.parts
+    views = []
     for node in graph.nodes:
         args = planner.read(node.args)
         kwargs = planner.read(list(node.kwargs.items())) if node.kwargs else ""
-        parts.append(
-            f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, node.func.is_view)}@{node.precision.name}"
-        )
+        is_view = node.func.is_view
+        if is_view:
+            views.append(node)
+        parts.append(f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, is_view)}@{node.precision.name}")
     key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
-    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key)
+    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views)
 
 
 def _replay_function(graph: Graph, graph_plan: Plan, floats: list[float]) -> Callable[..., list[torch.Tensor]]:
@@ -369,7 +372,7 @@ class XlaExecutor:
             runner = self.runners[key] if key in self.runners else self._build(graph, graph_plan)
             if runner is not None:
                 # inputs are written back only after the executable ran, so a failure here leaves them intact
-                results = runner(*graph_plan.buffers, *graph_plan.floats)
+                results = runner(*graph_plan.buffers, *graph_plan.floats, specialisation=graph_plan.key)
                 _materialise(graph, graph_plan, results)
                 return
         except Exception as error:  # noqa: BLE001 - never a crash: the op-by-op executor runs what XLA cannot take
@@ -392,7 +395,8 @@ class XlaExecutor:
             self.baked.add(graph_plan.key)
             key = (graph_plan.key, tuple(graph_plan.floats))
             gm = _with_float_inputs(gm, len(graph_plan.floats))
-        runner = GraphRunner(gm, f"deferred graph {graph.hash}", graph.nodes[0].site)
+        # each node's matmul rounding is traced into the graph (kernels.run_on_cpu at its recorded precision)
+        runner = GraphRunner(gm, f"deferred graph {graph.hash}", graph.nodes[0].site, state.Precision.HIGHEST)
         self._remember(key, runner)
         return runner
 
@@ -417,13 +421,12 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
     for wrapper, value in zip(graph_plan.outputs, results, strict=True):
         if wrapper._elem is None:
             tt.materialized(wrapper, _with_layout(value, wrapper))
-    for node in graph.nodes:
-        if node.func.is_view:
-            base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
-            for view in _tensors_in(node.outputs):
-                if type(view) is tt.TpuTensor and view._elem is None:
-                    assert base._elem is not None  # the base was materialised before its views (graph order)
-                    tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
+    for node in graph_plan.views:
+        base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
+        for view in _tensors_in(node.outputs):
+            if type(view) is tt.TpuTensor and view._elem is None:
+                assert base._elem is not None  # the base was materialised before its views (graph order)
+                tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
 
 
 def _with_layout(value: torch.Tensor, wrapper: Any) -> torch.Tensor:

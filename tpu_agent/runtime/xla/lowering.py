@@ -23,13 +23,15 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from jax._src.lax.lax import _convert_element_type  # the one way to make a weakly typed value from an array
 from jax._src.lib import _jax
 
 from tpu_agent.runtime.emulated import ops, state
@@ -161,7 +163,8 @@ def unsupported_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 class Lowered:
     """A compiled graph: call with the CPU input tensors, get the graph's outputs as CPU tensors.
 
-    Inputs the graph wrote into have been updated in place when the call returns."""
+    Inputs the graph wrote into have been updated in place when the call returns. The graph's float inputs
+    reach the executable packed in one f32 vector (see :func:`compile_graph`)."""
 
     executable: Any
     out_spec: Any
@@ -169,22 +172,38 @@ class Lowered:
     mutated_inputs: list[int]
     uses_rng: bool
     output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
+    float_positions: list[int] = field(default_factory=list)  # inputs that are Python floats
+
+    def __post_init__(self) -> None:
+        # a flat list or tuple of outputs (every DeferAndFuse graph, most AOTAutograd ones) is built directly:
+        # unflattening a pytree costs ~15 us a leaf
+        spec = self.out_spec
+        kind = list if spec.type is not None and issubclass(spec.type, list) else spec.type  # fx's immutable_list
+        flat = kind in (list, tuple) and all(child.is_leaf() for child in spec.children())
+        self._flat_type: type | None = kind if flat else None
 
     def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
-        arrays = [to_jax(t) if isinstance(t, torch.Tensor) else t for t in inputs]
         key = _next_key() if self.uses_rng else _NO_KEY
-        flat, mutated = self.executable(key, *arrays)
+        if self.float_positions:
+            floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float32)
+            arrays = [to_jax(t) for t in inputs if isinstance(t, torch.Tensor)]
+            flat, mutated = self.executable(key, *arrays, floats)
+        else:
+            flat, mutated = self.executable(key, *[to_jax(t) for t in inputs])
         for index, value in zip(self.mutated_inputs, mutated, strict=True):
             target = inputs[index]
             assert isinstance(target, torch.Tensor)  # only tensor inputs are ever written (compile_graph)
             target.copy_(to_torch(value))
         leaves = list(self.static_leaves)
         outputs = iter(flat)
+        dtypes = self.output_dtypes
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
                 result = to_torch(next(outputs))
-                dtype = self.output_dtypes[i] if i < len(self.output_dtypes) else None
+                dtype = dtypes[i] if i < len(dtypes) else None
                 leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
+        if self._flat_type is not None:
+            return leaves if self._flat_type is list else tuple(leaves)
         return pytree.tree_unflatten(leaves, self.out_spec)
 
 
@@ -315,9 +334,17 @@ def trace_graph(
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
 ) -> Lowered:
-    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes."""
+    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
+
+    The graph's float inputs (an optimizer's learning rate and bias corrections: two or more per parameter) are
+    packed into one f32 vector argument: JAX turns each Python scalar argument into a device buffer of its own
+    at every call, which cost more than the whole AdamW update of a small model."""
     traced = trace_graph(gm, example_inputs, precision)
-    executable = jax.jit(traced.function).lower(*traced.abstract).compile()
+    float_positions = [i for i, t in enumerate(example_inputs) if not isinstance(t, torch.Tensor)]
+    function, abstract = traced.function, traced.abstract
+    if float_positions:
+        function, abstract = _packing_floats(traced, float_positions)
+    executable = jax.jit(function).lower(*abstract).compile()
     return Lowered(
         executable=executable,
         out_spec=traced.found["spec"],
@@ -325,7 +352,32 @@ def compile_graph(
         mutated_inputs=traced.found["mutated"],
         uses_rng=_uses_rng(gm),
         output_dtypes=_output_dtypes(gm),
+        float_positions=float_positions,
     )
+
+
+def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+    """``traced.function`` taking its float inputs as one f32 vector after the tensors, and its abstract args."""
+    count = len(traced.abstract) - 1
+    is_float = set(float_positions)
+    tensor_positions = [i for i in range(count) if i not in is_float]
+
+    def packed(key: jax.Array, *arrays: jax.Array) -> Any:
+        *tensors, floats = arrays
+        merged: list[Any] = [None] * count
+        for position, array in zip(tensor_positions, tensors, strict=True):
+            merged[position] = array
+        for index, position in enumerate(float_positions):
+            # weakly typed, as the Python scalar it stands for (``x_bf16 * lr`` stays bf16)
+            merged[position] = _convert_element_type(floats[index], weak_type=True)
+        return traced.function(key, *merged)
+
+    abstract = [
+        traced.abstract[0],
+        *(traced.abstract[1 + i] for i in tensor_positions),
+        jax.ShapeDtypeStruct((len(float_positions),), jnp.float32),
+    ]
+    return packed, abstract
 
 
 def _output_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype | None]:
