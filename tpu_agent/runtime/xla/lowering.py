@@ -144,8 +144,6 @@ def has_lowering(target: Any) -> bool:
         return True
     if target.namespace in _COLLECTIVE_NAMESPACES:
         return False
-    if isinstance(target, torch._ops.OpOverload) and any(tag in target.tags for tag in _DATA_DEPENDENT_TAGS):
-        return False
     env = environment()
     try:
         env._get_op_or_decomp(target)
@@ -154,9 +152,26 @@ def has_lowering(target: Any) -> bool:
     return True
 
 
+def is_data_dependent(node: torch.fx.Node) -> bool:
+    """Whether the op's output shape depends on its input values here. The tags say whether it *can*
+    (``aten.index.Tensor`` has one for boolean masks); the traced output says whether it did: an unknown size
+    (an unbacked symbol) or no recorded shape at all. Integer indexing, as every GPT-2 and BERT forward has,
+    has a static shape and is lowered."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or not any(tag in target.tags for tag in _DATA_DEPENDENT_TAGS):
+        return False
+    value = node.meta.get("val")
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return not values or not all(
+        isinstance(v, torch.Tensor) and all(isinstance(size, int) for size in v.shape) for v in values
+    )
+
+
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The call nodes of ``gm`` torchax cannot lower."""
-    return [n for n in gm.graph.nodes if n.op == "call_function" and not has_lowering(n.target)]
+    """The call nodes of ``gm`` torchax cannot lower (or whose output shapes an XLA program cannot fix)."""
+    return [
+        n for n in gm.graph.nodes if n.op == "call_function" and (is_data_dependent(n) or not has_lowering(n.target))
+    ]
 
 
 @dataclass
