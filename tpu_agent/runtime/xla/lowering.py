@@ -240,7 +240,9 @@ _CPU_DEVICE = jax.devices("cpu")[0]
 _DLPACK_CPU = 1  # DLDeviceType.kDLCPU
 # dtypes DLPack carries as they are; 64-bit ones go through jax's path, which narrows them to the 32-bit types
 # the executables are compiled for (x64 is off), and bool through a copy (DLPack bool support varies).
-_DIRECT_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8})
+_DIRECT_DTYPES = frozenset(
+    {torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8}
+)
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
