@@ -9,6 +9,8 @@ that load from other processes hits all of them alike. Steps are timed by the st
 the work runs on it), which load from other processes barely moves; wall-clock times are printed next to it.
 
 Targets (issue 10): Strict <= 2x CPU and DeferAndFuse no slower than Strict, on the median over the models.
+What any Python tensor subclass pays per op on these models, before emulating anything, is measured beside
+Strict by ``dispatch_floor.py`` (the floor these ratios cannot go below in this design).
 
     python benchmarks/hf_step_bench.py [--models llama,bert,gpt2,t5] [--steps 10] [--warmup 3] [--rounds 3]
 """

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+#: How much of a caller's text an error message repeats.
+ECHO_CHARS = 120
+
 
 class ExitCode(IntEnum):
     """Stable process exit codes of every ``tpu-agent`` command (scripts and CI depend on them)."""
@@ -39,3 +42,22 @@ class TpuAgentError(Exception):
 
     def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message, "hint": self.hint}
+
+
+def clipped(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` as an error message may repeat it: whole when short, else its start and its length, so an
+    oversized path, id or code never comes back whole."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def file_error(error: OSError) -> TpuAgentError:
+    """An operating-system error about a file the user named (a name too long, no permission, a full disk, a
+    file gone meanwhile): said with the file and the system's words, not as a tpu-agent bug."""
+    name = clipped(str(error.filename)) if error.filename is not None else "a file"
+    return TpuAgentError(
+        "file-error",
+        f"{name}: {error.strerror or type(error).__name__}",
+        "Check the path (and its permissions, and the free space where it is written), then run again.",
+    )

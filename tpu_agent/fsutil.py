@@ -8,6 +8,7 @@ the target with one ``os.replace``. A crash at any point leaves either the old f
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -67,6 +68,50 @@ def _replace_atomically(path: Path, write: Callable[[BinaryIO, str], object]) ->
         except FileNotFoundError:
             pass
         raise
+
+
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def not_regular(mode: int) -> str | None:
+    """What a non-regular file is (``"a FIFO"``...), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "not a regular file")
+
+
+def read_regular(path: Path, *, limit: int | None = None, follow_symlinks: bool = False) -> bytes:
+    """The bytes of ``path`` if it is a regular file (of at most ``limit`` bytes), else :class:`OSError` with a
+    readable ``strerror``.
+
+    For files someone else chose (a tree to migrate, a capture's records, the sources its call sites name): a
+    FIFO would block the reader forever and ``/dev/zero`` never ends, so the file is opened without blocking
+    (and, unless ``follow_symlinks``, without following a link) and checked with ``fstat`` on the open
+    descriptor before anything is read.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    try:
+        kind = not_regular(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise OSError(errno.EFBIG, f"larger than the {limit} bytes tpu-agent reads from such a file")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str, encoding: str = "utf-8", newline: str | None = None) -> None:

@@ -86,3 +86,29 @@ def test_merged_runs_make_one_page_with_sampled_modes_marked() -> None:
     assert "| compile | 1 | 1 | 0 | 0 | 0 | 100.0% |  |" in page
     assert "| BModel | bmodel | causal-lm | pass | error | pass | RuntimeError: boom N at m.py:3 in f |" in page
     assert "(1 re-checked, 0 of them passed in fresh processes)" in page
+    assert "compile: checked on a sample only" in page
+
+
+def test_compile_sample_is_the_same_for_any_selection_and_runs_are_listed_to_reproduce() -> None:
+    bench = _bench()
+    every = [bench.Case(f"t{i}", "causal-lm", f"C{i}") for i in range(9)]
+    assert bench.compile_sample(every, 4) == {"C0", "C4", "C8"}
+    modes = ("strict", "defer-and-fuse", "compile")
+    assert bench.case_modes(every[4], modes, {"C4"}) == modes
+    assert bench.case_modes(every[5], modes, {"C4"}) == ("strict", "defer-and-fuse")
+    run = bench.run_record(["--only", "llama", "--note", "two words"])
+    assert run["command"] == "python benchmarks/hf_coverage.py --only llama --note 'two words'" and run["commit"]
+    first, second = _result("AModel", strict="pass"), _result("BModel", strict="pass")
+    first["runs"], second["runs"] = [{**run, "wall_s": 120}], [{**run, "wall_s": 120}]
+    meta = {
+        "date": "d",
+        "transformers": "t",
+        "torch": "p",
+        "selected": 2,
+        "available": 2,
+        "subset_note": "",
+        "note": "",
+    }
+    page = bench.render_markdown([first, second], ("strict",), {**meta, "merge_command": "python m.py --merge a b"})
+    assert f"    {run['command']}\n\nat {run['commit']} on {run['date']}: 2 architectures, 2 min wall" in page
+    assert page.endswith("    python m.py --merge a b\n")

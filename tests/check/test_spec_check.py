@@ -184,3 +184,75 @@ def test_a_derived_config_that_is_not_tiny_is_refused_before_allocating(monkeypa
     with pytest.raises(TpuAgentError) as caught:
         build(parse_model_spec("llama"), max_parameters=10**9)
     assert caught.value.code == "tiny-config-too-large" and "LlamaConfig" in caught.value.message
+
+
+def test_depth_is_capped_wherever_the_config_keeps_it() -> None:
+    from transformers import AutoConfig
+
+    # Nemotron 3.5's language model derives its 52 layers from a per-layer kind list: one layer of each kind stays
+    speech = shrink_config(AutoConfig.for_model("nemo_speechlm"))
+    assert speech.text_config.layers_block_type == ["linear_attention", "moe", "full_attention"]
+    assert speech.audio_token_id < TINY_VOCAB  # a composite config's ids index its text model's vocabulary
+    assert shrink_config(AutoConfig.for_model("xlstm")).num_blocks == 2  # 32 before
+    assert shrink_config(AutoConfig.for_model("hrm_text")).num_layers_per_stack == 2  # 16 before
+    gemma3 = shrink_config(AutoConfig.for_model("gemma3_text"))  # five sliding-window layers to one global
+    assert gemma3.layer_types == ["sliding_attention", "full_attention"]
+
+
+def test_a_derived_config_still_too_deep_is_refused_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpu_agent.check import tiny
+    from tpu_agent.check.build import build
+
+    monkeypatch.setattr(tiny, "TINY_MAX_LAYER_LIST", 1)
+    with pytest.raises(TpuAgentError) as caught:
+        build(parse_model_spec("llama"), max_parameters=10**9)
+    assert caught.value.code == "tiny-config-too-deep"
+    assert "model.layers" in caught.value.message and "LlamaConfig" in caught.value.message
+
+
+def test_vision_configs_shrink_images_stages_and_windows() -> None:
+    from transformers import AutoConfig, ResNetForImageClassification
+
+    from tpu_agent.check.tiny import TINY_IMAGE
+
+    assert shrink_config(AutoConfig.for_model("vit")).image_size == TINY_IMAGE
+    assert tuple(shrink_config(AutoConfig.for_model("pvt_v2")).image_size) == (TINY_IMAGE, TINY_IMAGE)
+    convnext = shrink_config(AutoConfig.for_model("convnext"))  # stored as tuples
+    assert (convnext.depths, convnext.hidden_sizes) == ((1, 1, 1, 1), (8, 16, 32, 64))
+    swin = shrink_config(AutoConfig.for_model("swin"))  # heads divide every stage width; the window fits 2 tokens
+    assert (swin.num_heads, swin.window_size) == ((2, 4, 8, 16), 2)
+    resnet = shrink_config(AutoConfig.for_model("resnet"))  # keeps no image size: takes the tiny one
+    pixels = example_inputs(ResNetForImageClassification(resnet), resnet, "image-classification")["pixel_values"]
+    assert pixels.shape == (2, 3, TINY_IMAGE, TINY_IMAGE)
+
+
+def test_image_classifiers_that_read_tokens_get_tokens() -> None:
+    from transformers import AutoConfig, ImageGPTForImageClassification
+
+    config = shrink_config(AutoConfig.for_model("imagegpt"))
+    inputs = example_inputs(ImageGPTForImageClassification(config), config, "image-classification")
+    assert "pixel_values" not in inputs and int(inputs["input_ids"].max()) < config.vocab_size
+
+
+def test_composite_configs_and_unset_sizes_give_what_the_class_reads() -> None:
+    import transformers
+    from transformers import AutoConfig
+
+    from tpu_agent.check.build import _part_for
+
+    qwen = _part_for(transformers.Qwen3_5ForCausalLM, shrink_config(AutoConfig.for_model("qwen3_5")))
+    assert type(qwen).__name__ == "Qwen3_5TextConfig" and qwen.vocab_size == TINY_VOCAB
+    ministral = shrink_config(AutoConfig.for_model("ministral"))  # head_dim is None in the default config
+    assert ministral.head_dim == ministral.hidden_size // ministral.num_attention_heads
+    assert shrink_config(AutoConfig.for_model("granite_speech")).encoder_config.hidden_dim == 128  # 51M params before
+    assert shrink_config(AutoConfig.for_model("efficientnet")).hidden_dim == 2560  # derived from its width coefficient
+    kimi = shrink_config(AutoConfig.for_model("kimi_linear"))  # latent attention's query head is both parts
+    assert kimi.qk_head_dim == kimi.qk_nope_head_dim + kimi.qk_rope_head_dim and kimi.num_experts_per_token == 2
+
+
+def test_a_model_refusing_one_layer_of_each_kind_gets_its_first_layers() -> None:
+    from tpu_agent.check.build import build
+
+    # Zamba ties its hybrid layers' shared block, which needs two of them: its two first (Mamba) layers build
+    built = build(parse_model_spec("zamba"), max_parameters=10**9)
+    assert built.model.config.layers_block_type == ["linear_attention", "linear_attention"]

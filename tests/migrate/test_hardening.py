@@ -44,9 +44,10 @@ def test_deep_nesting_is_skipped_with_its_line_and_the_run_goes_on(tmp_path: Pat
         "import torch\nx = 1\ny = " + "(" * 5000 + "torch.zeros(1).cuda()" + ")" * 5000 + "\n"
     )
     (project / "lists.py").write_text("import torch\nz = " + "[" * 3000 + "'cuda'" + "]" * 3000 + "\n")
-    # enough ordinary work to use the worker pool, so a crash there would break the pool
+    # enough bytes to use the worker pool, so a crash there would break the pool (in long string literals:
+    # they count as work but parse in one token, which keeps the test cheap)
     for i in range(12):
-        (project / f"train{i}.py").write_text(CUDA + "".join(f"y{j} = torch.ones({j}).cuda()\n" for j in range(800)))
+        (project / f"train{i}.py").write_text(CUDA + f"NOTES = {'x' * 24_000!r}\n")
     result = run_cli("migrate", "--check", "--jobs", "2", "--format", "json", "proj", cwd=tmp_path)
     assert result.returncode == 1, result.stderr  # findings in the other files; no signal, no traceback
     report = json.loads(result.stdout)
@@ -210,3 +211,32 @@ def test_notebook_syntax_errors_name_the_cell_and_the_position_in_it(tmp_path: P
     assert result.skipped_reason.startswith(
         f"{result.display_path}:3:9: does not parse as Python 3 (cell 3: invalid syntax)"
     )  # column of "*", 1-based
+
+
+@pytest.mark.slow
+def test_overlong_paths_are_usage_errors_in_every_command(tmp_path: Path) -> None:
+    """A 100,000-character path made `migrate` (and diagnose, run, profile, estimate) end with an OSError
+    traceback and exit code 4; it is a usage error naming the start of the path, whatever the command."""
+    from typer.testing import CliRunner
+
+    from tpu_agent.cli import app
+
+    long_name = "x" * 100_000
+    result = run_cli("migrate", "--check", long_name, cwd=tmp_path, timeout=60)  # the original report, for real
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "File name too long" in result.stderr and "(100000 characters)" in result.stderr
+    assert len(result.stderr) < 1000
+    (tmp_path / "train.py").write_text(CUDA)
+    for args in (
+        ["diagnose", long_name],
+        ["run", "--backend", "emulated", f"{long_name}.py"],
+        ["profile", f"{long_name}.py"],
+        ["estimate", f"{long_name}.py"],
+        ["migrate", "--output-dir", long_name, str(tmp_path / "train.py")],
+        ["migrate", "--check", "--format", "json", long_name],
+        ["rules", long_name],
+        ["migrate", "--check", "--select", long_name, str(tmp_path / "train.py")],
+    ):
+        outcome = CliRunner().invoke(app, args)
+        assert outcome.exit_code == 2 and not isinstance(outcome.exception, OSError), (args[:2], outcome.output[-500:])
+        assert long_name[:1000] not in outcome.output, args[:2]  # the argument is named, not echoed whole

@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -127,6 +128,24 @@ async def test_per_call_workspace_cannot_leave_the_started_one(client: Client, a
     assert not inner.is_error and inner.structured_content["findings"]
 
 
+async def test_client_roots_bound_a_server_started_without_a_workspace(arena: Arena) -> None:
+    """Hosts that load the server from a plugin cache give no --workspace, only MCP roots: those are then the
+    boundary, and a workspace argument outside them is refused like one outside --workspace."""
+    from mcp.types import ListRootsResult, Root
+
+    async def roots(context: Any) -> ListRootsResult:
+        return ListRootsResult(roots=[Root(uri=arena.ws.resolve().as_uri(), name="project")])
+
+    (arena.ws / "pkg").mkdir()
+    async with Client(build_server(None), mode="legacy", list_roots_callback=roots) as client:
+        for escape in ("/etc", str(arena.outside), str(arena.ws / ".."), str(arena.ws / "escape-link")):
+            await _refused(client, "tpu_scan", {"workspace": escape}, "workspace-outside-roots")
+        await _refused(client, "tpu_plan_migration", {"workspace": "/etc"}, "workspace-outside-roots")  # any tool
+        inner = await client.call_tool("tpu_scan", {"workspace": str(arena.ws / "pkg")})
+        assert not inner.is_error, inner.content[0].text
+    arena.assert_untouched()
+
+
 async def test_paths_cannot_escape(client: Client, arena: Arena) -> None:
     for paths in (["../outside/secret.py"], [str(arena.outside / "secret.py")], ["linked_secret.py"],
                   ["escape-link/secret.py"], ["escape-link"], ["/etc/passwd"], [".", "../outside"]):  # fmt: skip
@@ -209,6 +228,29 @@ async def test_diagnose_of_a_capture_whose_files_name_paths_outside(client: Clie
     if result.is_error:
         assert tool_error(result)["code"] != "internal-error"
     assert after == expected, "diagnose wrote or deleted outside the workspace"
+
+
+async def test_diagnose_of_a_capture_with_planted_files(client: Client, arena: Arena) -> None:
+    """Links planted at the names diagnose writes (a report, the session's XSpace): refused, nothing outside
+    touched. (Records that would block or never end a read are probed over stdio, where a regression cannot
+    hang the test run.)"""
+    from tpu_agent.profile.synthetic import write_capture
+
+    def plant_report(logdir: Path, raw: Path) -> None:
+        os.symlink(arena.outside / "notes.txt", logdir / "tpu-agent" / "report.json")
+
+    def plant_xspace(logdir: Path, raw: Path) -> None:
+        session = logdir / "plugins" / "profile" / json.loads((raw / "options.json").read_text())["session"]
+        session.mkdir(parents=True)
+        for host in ("localhost", "synthetic", "host", socket.gethostname()):
+            os.symlink(arena.outside / "notes.txt", session / f"{host}.xplane.pb")
+
+    for index, plant in enumerate((plant_report, plant_xspace)):
+        logdir = arena.ws / "caps" / f"planted{index}"
+        plant(logdir, write_capture(logdir, steps=6))
+        error = await _refused(client, "tpu_diagnose", {"logdir": f"caps/planted{index}"},
+                               "path-outside-logdir", "damaged-capture")  # fmt: skip
+        assert f"planted{index}" in error["message"], error
 
 
 OVERSIZED = "x" * 100_000
@@ -391,11 +433,18 @@ def _assert_still_serving(proc: subprocess.Popen[bytes], request_id: int) -> Non
 @pytest.mark.slow
 def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
     """A file nested deeper than any parser recurses and a FIFO named like a source (a read would block
-    forever) are skipped with a reason; the server answers the next call."""
+    forever) are skipped with a reason; a capture whose trace record is a FIFO is damage, not a hang; the
+    server answers the next call."""
+    from tpu_agent.profile.layout import TRACE_FILE
+    from tpu_agent.profile.synthetic import write_capture
+
     (arena.ws / "deep.py").write_text(
         "import torch\nx = " + "(" * 5_000 + "torch.cuda.synchronize()" + ")" * 5_000 + "\n"
     )
     os.mkfifo(arena.ws / "x.py")
+    trace = write_capture(arena.ws / "caps" / "fifo", steps=6) / TRACE_FILE.format(rank=0)
+    trace.unlink()
+    os.mkfifo(trace)
     proc = _start_stdio_server(arena)
     try:
         call = {"name": "tpu_scan", "arguments": {"paths": ["deep.py", "x.py", "train.py"]}}
@@ -404,7 +453,11 @@ def test_stdio_scan_of_crafted_files_skips_them_and_lives(arena: Arena) -> None:
         skipped = answer["result"]["structuredContent"]["skipped"]
         assert any(entry.startswith("deep.py: ") for entry in skipped), skipped
         assert any(entry.startswith("x.py: ") for entry in skipped), skipped
-        _assert_still_serving(proc, 2)
+        call = {"name": "tpu_diagnose", "arguments": {"logdir": "caps/fifo"}}
+        answer = _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        assert answer and answer["result"]["isError"] is True, answer
+        assert "damaged-capture" in answer["result"]["content"][0]["text"] and trace.name in str(answer)
+        _assert_still_serving(proc, 3)
     finally:
         proc.kill()
         proc.wait()
@@ -433,25 +486,29 @@ async def test_mcp_apply_removes_stale_temp_files_but_nothing_planted_as_a_link(
 
 
 SPAWNER = """\
-import subprocess, sys, time
+import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-print("grandchild", child.pid, flush=True)
+print("grandchild", child.pid, "INJECTED", os.environ.get("INJECTED"), flush=True)
 time.sleep(120)
 """
+#: A script named like an option: its name was once parsed as `tpu-agent run --env INJECTED=1.py`, which set a
+#: variable in every rank (and could name --rdzv-endpoint and the like) instead of running the script.
+SPAWNER_NAME = "--env=INJECTED=1.py"
 
 
 @pytest.mark.slow
 def test_jobs_die_with_a_killed_server(arena: Arena) -> None:
     """SIGKILL gives the server no chance to clean up: the job guard's lifeline does it."""
-    (arena.ws / "spawner.py").write_text(SPAWNER)
+    (arena.ws / SPAWNER_NAME).write_text(SPAWNER)
     proc = _start_stdio_server(arena)
     try:
-        call = {"name": "tpu_run", "arguments": {"entrypoint": "spawner.py", "wait_s": 0, "backend": "emulated"}}
+        call = {"name": "tpu_run", "arguments": {"entrypoint": SPAWNER_NAME, "wait_s": 0, "backend": "emulated"}}
         job = _rpc(proc, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})
         assert job and job["result"]["structuredContent"]["state"] == "running", job
         job_id = job["result"]["structuredContent"]["job_id"]
         log = arena.ws / ".tpu-agent" / "jobs" / job_id / "output.log"
         assert _wait_until(lambda: log.exists() and "grandchild" in log.read_text(), 60), log.read_text()
+        assert "INJECTED None" in log.read_text()  # the script ran as the script
         processes = _processes_in(arena.ws)
         assert len(processes) >= 3  # guard, tpu-agent run (and its rank), the grandchild
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -51,15 +52,30 @@ def nest(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("session", ["../../..", "../../../../escaped", "/tmp/abs-session", "a/../../b", "..", "x\ny"])
-def test_crafted_session_path_is_refused_by_the_cli(nest: tuple[Path, Path], session: str) -> None:
+def test_crafted_session_path_is_refused_by_the_cli(nest: tuple[Path, Path]) -> None:
+    """The issue's case through the real command line: a session of ``../../..`` used to make diagnose delete
+    and write files three directories up."""
     root, logdir = nest
-    _set_option(logdir, session=session)
+    _set_option(logdir, session="../../..")
     outside = {k: v for k, v in _tree(root).items() if not k.startswith("a/b/c/logdir/")}
     result = run_cli("diagnose", str(logdir), "--format", "json")
     assert result.returncode == ExitCode.REFUSED, result.stderr
     output = result.stdout + result.stderr  # --format json: the error is a JSON document on stdout
     assert "Traceback" not in output and "not a plain file name" in output and OPTIONS_FILE in output
+    assert {k: v for k, v in _tree(root).items() if not k.startswith("a/b/c/logdir/")} == outside
+
+
+@pytest.mark.parametrize("session", ["../../../../escaped", "/tmp/abs-session", "a/../../b", "..", "x\ny", 12, ""])
+def test_crafted_session_paths_are_refused(nest: tuple[Path, Path], session: object) -> None:
+    root, logdir = nest
+    _set_option(logdir, session=session)
+    outside = {k: v for k, v in _tree(root).items() if not k.startswith("a/b/c/logdir/")}
+    try:
+        diagnose(logdir)
+    except TpuAgentError as error:
+        assert error.exit_code in (ExitCode.REFUSED, ExitCode.USAGE) and OPTIONS_FILE in error.message
+    else:
+        assert session == ""  # no session named: diagnose picks its own name, inside the log directory
     assert {k: v for k, v in _tree(root).items() if not k.startswith("a/b/c/logdir/")} == outside
     assert not Path("/tmp/abs-session").exists()
 
@@ -88,6 +104,58 @@ def test_report_dir_symlinked_outside_is_refused(tmp_path: Path) -> None:
         diagnose(logdir)
     assert error.value.code == "path-outside-logdir"
     assert _tree(elsewhere) == before
+
+
+def _plant(link: Path, target: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+
+
+@pytest.mark.parametrize("name", ["tpu-agent/report.json", "tpu-agent/report.md", "tpu-agent/report.html", "session"])
+def test_a_link_planted_at_a_file_diagnose_writes_is_refused(tmp_path: Path, name: str) -> None:
+    """Directories were confined, but a report or XSpace file that is itself a link was written through."""
+    logdir = tmp_path / "logdir"
+    raw = write_capture(logdir, steps=6)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("user data\n", encoding="utf-8")
+    if name == "session":  # the session diagnose (re)writes, with links at every XSpace name it may use
+        session = logdir / "plugins" / "profile" / json.loads((raw / OPTIONS_FILE).read_text())["session"]
+        for host in ("localhost", "synthetic", "host", socket.gethostname()):
+            _plant(session / f"{host}.xplane.pb", victim)
+    else:
+        _plant(logdir / name, victim)
+    with pytest.raises(TpuAgentError) as error:
+        diagnose(logdir)
+    assert error.value.code == "path-outside-logdir" and str(victim) in error.value.message
+    assert victim.read_text(encoding="utf-8") == "user data\n"
+
+
+def test_a_link_planted_at_the_annotated_copy_of_a_foreign_session_is_refused(tmp_path: Path) -> None:
+    logdir = tmp_path / "xprof"  # TensorBoard's layout: <logdir>/plugins/profile/<session>/*.xplane.pb
+    session = logdir / "plugins" / "profile" / "2026_01_01_00_00_00"
+    shutil.copytree(_foreign_session(tmp_path), session)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("user data\n", encoding="utf-8")
+    for file in session.glob("*.xplane.pb"):
+        _plant(session.parent / f"{session.name}_tpu-agent" / file.name, victim)
+    with pytest.raises(TpuAgentError) as error:
+        diagnose(logdir)
+    assert error.value.code == "path-outside-logdir"
+    assert victim.read_text(encoding="utf-8") == "user data\n"
+
+
+@pytest.mark.slow
+def test_special_files_in_a_capture_are_named_not_read_by_the_cli(tmp_path: Path) -> None:
+    """A link to /dev/zero under a record's name was read until the OOM killer came (and a FIFO hung diagnose:
+    the MCP stdio probes replay that one)."""
+    trace = write_capture(tmp_path, steps=6) / TRACE_FILE.format(rank=0)
+    trace.unlink()
+    trace.symlink_to("/dev/zero")
+    result = run_cli("diagnose", str(tmp_path), timeout=60)
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    text = " ".join(result.stderr.split())
+    assert "Traceback" not in text and TRACE_FILE.format(rank=0) in text and "not read" in text, text
 
 
 def _foreign_session(tmp_path: Path) -> Path:
@@ -203,22 +271,31 @@ def test_fuzzed_xplane_never_crashes(tmp_path_factory: pytest.TempPathFactory, c
         )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "damage"),
-    [
-        (OPTIONS_FILE, '{"steps": '),
-        (CAPTURE_FILE.format(rank=0), '{"window": "oops"}'),
-        (TRACE_FILE.format(rank=0), '{"traceEvents": [{"cat": "cpu_op", "ph": "X"}]}'),
-        (EVENTS_FILE_PATTERN.format(rank=0), '{"kind": "step", "time_ns": "soon"}\n'),
-    ],
-)
-def test_cli_on_damaged_capture_exits_2_naming_the_file(tmp_path: Path, name: str, damage: str) -> None:
+DAMAGES = {
+    OPTIONS_FILE: '{"steps": ',
+    CAPTURE_FILE.format(rank=0): '{"window": "oops"}',
+    TRACE_FILE.format(rank=0): '{"traceEvents": [{"cat": "cpu_op", "ph": "X"}]}',
+    EVENTS_FILE_PATTERN.format(rank=0): '{"kind": "step", "time_ns": "soon"}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGES))
+def test_each_damaged_record_is_a_usage_error_naming_it(tmp_path: Path, name: str) -> None:
     raw = write_capture(tmp_path, steps=6)
-    (raw / name).write_text(damage, encoding="utf-8")
+    (raw / name).write_text(DAMAGES[name], encoding="utf-8")
+    with pytest.raises(TpuAgentError) as error:
+        diagnose(tmp_path)
+    assert error.value.exit_code == ExitCode.USAGE and name in error.value.message, error.value
+
+
+@pytest.mark.slow
+def test_cli_on_a_damaged_capture_exits_2_naming_the_file(tmp_path: Path) -> None:
+    """What the command line makes of any of them (one run: the error's exit code is mapped in one place)."""
+    raw = write_capture(tmp_path, steps=6)
+    (raw / OPTIONS_FILE).write_text(DAMAGES[OPTIONS_FILE], encoding="utf-8")
     result = run_cli("diagnose", str(tmp_path))
     assert result.returncode == ExitCode.USAGE, result.stderr
-    assert "Traceback" not in result.stderr and name in result.stderr.replace("\n", "")
+    assert "Traceback" not in result.stderr and OPTIONS_FILE in result.stderr.replace("\n", "")
 
 
 @pytest.mark.slow

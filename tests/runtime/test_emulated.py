@@ -116,6 +116,13 @@ def test_memory_stats_track_allocations(basics: tuple[dict, Path]) -> None:
     assert out["peak_at_least"] is True
 
 
+def test_optimizers_take_the_foreach_path_and_foreach_writes_advance_versions(basics: tuple[dict, Path]) -> None:
+    foreach = basics[0]["foreach"]
+    assert foreach["adamw_path"] == "foreach"
+    assert foreach["version_advanced"] is True
+    assert "modified by an inplace operation" in foreach["autograd_sees_write"]["message"]
+
+
 def test_precision_remap_and_unsupported_ops(basics: tuple[dict, Path]) -> None:
     out, _ = basics
     assert out["matmul_precision"] == "medium"

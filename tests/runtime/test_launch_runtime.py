@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +169,50 @@ def test_second_privateuse1_backend_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert "'npu'" in flat(result.stderr) and "PrivateUse1" in flat(result.stderr)
     assert "user code ran" not in result.stdout
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's PR_SET_PDEATHSIG")
+def test_ranks_and_agent_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
+    """SIGKILL (or the OOM killer) gives the launcher no chance to stop anything: the ranks of a one-process
+    and of a two-process run, and the two-process run's elastic agent, must still end with it."""
+    _write(tmp_path / "sleeper.py", "import os, time\nprint('rank', os.getpid(), os.getppid(), flush=True)\n"
+           "time.sleep(300)\n")  # fmt: skip
+    launchers = {
+        nproc: subprocess.Popen(
+            [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--nproc", str(nproc), "sleeper.py"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for nproc in (1, 2)
+    }
+    started: set[int] = set()
+    try:
+        for nproc, launcher in launchers.items():
+            for _ in range(nproc):
+                line = launcher.stdout.readline()  # type: ignore[union-attr]
+                assert line.startswith("rank "), line
+                started |= {int(pid) for pid in line.split()[1:]}  # the rank and its parent (launcher or agent)
+        started -= {launcher.pid for launcher in launchers.values()}
+        assert len(started) == 4  # 1 + 2 ranks and the agent
+    finally:
+        for launcher in launchers.values():
+            launcher.kill()
+            launcher.wait()
+    deadline = time.monotonic() + 40  # the agent's own shutdown may wait for its ranks
+    while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in started if _alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "processes outlived their SIGKILLed launcher"

@@ -52,12 +52,33 @@ def _hf_class(model_type: str, task: str) -> Any:
     return cls
 
 
-def _parameter_count_on_meta(cls: Any, config: Any) -> int:
+@dataclass(frozen=True)
+class MetaSize:
+    """What a config builds, found on the meta device (no memory allocated): its parameter count and its
+    longest module list (the depth, wherever the config keeps it)."""
+
+    parameters: int
+    longest_list: int
+    longest_list_name: str
+
+
+def _size_on_meta(cls: Any, config: Any) -> MetaSize:
     import torch
 
     with torch.device("meta"):
         model = cls(config)
-    return sum(parameter.numel() for parameter in model.parameters())
+    lists = [(len(module), name) for name, module in model.named_modules() if isinstance(module, torch.nn.ModuleList)]
+    length, name = max(lists, default=(0, ""))
+    return MetaSize(sum(parameter.numel() for parameter in model.parameters()), length, name)
+
+
+def _part_for(cls: Any, config: Any) -> Any:
+    """The config ``cls`` takes: ``config`` itself, or the part of a composite config of the class's own config type
+    (Qwen3.5's, Llama 4's and Musicgen's causal LMs take the text or decoder part of their model type's config)."""
+    wanted = getattr(cls, "config_class", None)
+    if not isinstance(wanted, type) or isinstance(config, wanted):
+        return config
+    return next((part for part in vars(config).values() if isinstance(part, wanted)), config)
 
 
 def _finish(model: Any, inputs: Any, info: ModelInfo) -> Built:
@@ -70,18 +91,31 @@ def _build_hf_type(spec: ModelSpec) -> Built:
     import torch
     from transformers import AutoConfig
 
-    from tpu_agent.check.tiny import TINY_MAX_PARAMETERS, example_inputs, shrink_config
+    from tpu_agent.check.tiny import TINY_MAX_LAYER_LIST, TINY_MAX_PARAMETERS, example_inputs, shrink_config
 
     task = spec.task or ""
-    config = shrink_config(AutoConfig.for_model(spec.target))
     cls = _hf_class(spec.target, task)
-    count = _parameter_count_on_meta(cls, config)
-    if count > TINY_MAX_PARAMETERS:
+    config = _part_for(cls, shrink_config(AutoConfig.for_model(spec.target)))
+    try:
+        size = _size_on_meta(cls, config)
+    except Exception:  # a model that refuses one layer of each kind: its first layers as they come, as before
+        config = _part_for(cls, shrink_config(AutoConfig.for_model(spec.target), every_kind=False))
+        size = _size_on_meta(cls, config)
+    own_config = "check a model directory holding a small config.json of your own, or a module:factory"
+    if size.parameters > TINY_MAX_PARAMETERS:
         raise TpuAgentError(
             "tiny-config-too-large",
-            f"the tiny config derived for {spec.target!r} still describes {count:,} parameters (over "
+            f"the tiny config derived for {spec.target!r} still describes {size.parameters:,} parameters (over "
             f"{TINY_MAX_PARAMETERS:,}): a size attribute of {type(config).__name__} has no shrink rule",
-            "check a model directory holding a small config.json of your own, or a module:factory",
+            own_config,
+        )
+    if size.longest_list > TINY_MAX_LAYER_LIST:
+        raise TpuAgentError(
+            "tiny-config-too-deep",
+            f"the tiny config derived for {spec.target!r} still builds {size.longest_list} modules in "
+            f"{size.longest_list_name} (over {TINY_MAX_LAYER_LIST}): a depth attribute of {type(config).__name__} "
+            "has no shrink rule",
+            own_config,
         )
     torch.manual_seed(SEED)
     model = cls(config)
@@ -99,7 +133,7 @@ def _build_directory(spec: ModelSpec, max_parameters: int) -> Built:
     task = spec.task or ""
     config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     cls = _hf_class(config.model_type, task)
-    count = _parameter_count_on_meta(cls, config)
+    count = _size_on_meta(cls, config).parameters
     if count > max_parameters:
         raise TpuAgentError(
             "model-too-large",

@@ -2,11 +2,15 @@
 
 transformers' test suite builds tiny models from per-model tester classes that the wheel does not ship, so a
 config is shrunk here by rules: each :class:`ShrinkRule` is one record naming the attributes it touches and
-the value it gives them. Rules only ever shrink (a value already below the target stays), recurse into
-sub-configs (``text_config``, ``vision_config``, encoder/decoder), and keep the invariants most
-architectures assert: heads divide the width, key/value heads divide the heads, token ids fit the vocabulary,
-per-layer lists have one entry per layer. An architecture whose constraints these rules miss fails to build;
-the caller reports it as a build error (it never reaches the ``tpu`` device, so it says nothing about it).
+the value it gives them. Rules only ever shrink (a value already below the target stays; a size a default config
+leaves unset gets the tiny one), recurse into sub-configs (``text_config``, ``vision_config``, encoder/decoder),
+and keep the invariants most architectures assert: heads divide the width, key/value heads divide the heads,
+token ids fit the vocabulary, per-layer lists have one entry per layer and keep one layer of each kind. An
+architecture whose constraints these rules miss fails to build; the caller reports it as a build error (it never
+reaches the ``tpu`` device, so it says nothing about it).
+
+A little over 500 lines: most of it is the rule table, one record per family of attributes, kept in one place so
+that a reader sees every shrink a coverage figure rests on.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ TINY_VOCAB = 256
 TINY_MAX_PARAMETERS = 50_000_000
 TINY_EXPERTS = 4
 TINY_MAX_POSITIONS = 512
+TINY_IMAGE = 64  # pixels per side: cheap for every CNN / ViT here, and still divisible by their strides and windows
+# A module list longer than this in a derived config is a depth no rule caught (a layer count in a field of its own,
+# a per-layer list, a stage pattern): refused before it runs for minutes instead of seconds.
+TINY_MAX_LAYER_LIST = 32
 BATCH = 2
 SEQ_LEN = 8
 
@@ -47,6 +55,7 @@ class ShrinkRule:
     attributes: tuple[str, ...]
     value: Callable[[Any, dict[str, Any]], Any]  # (current value, original attributes of the config) -> new value
     why: str
+    suffixes: tuple[str, ...] = ()  # also every attribute whose name ends so (a family of fields, named per model)
 
 
 def _at_most(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
@@ -65,26 +74,59 @@ def _kv_heads(value: Any, original: dict[str, Any]) -> Any:
     return 2
 
 
+def _is_int_sequence(value: Any) -> bool:
+    """A per-stage list or tuple of sizes (configs store either; the shrunk value keeps the type)."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
+
+
 def _per_stage(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
     """Lists with one width per stage (CNNs, hierarchical ViTs): scale every stage down, keep the ratios."""
 
     def shrink(value: Any, _: dict[str, Any]) -> Any:
-        if not (
-            isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
+        if not _is_int_sequence(value) or max(value) <= limit:
             return value
         top = max(value)
-        if top <= limit:
-            return value
-        return [max(8, (v * limit // top) // 8 * 8) for v in value]
+        return type(value)(max(8, (v * limit // top) // 8 * 8) for v in value)
 
     return shrink
 
 
-def _ones(value: Any, _: dict[str, Any]) -> Any:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return [min(v, 1) for v in value]
-    return value
+def _depth(value: Any, original: dict[str, Any]) -> Any:
+    """A depth: one number (at most :data:`TINY_LAYERS`) or one per stage (one block each)."""
+    if _is_int_sequence(value):
+        return type(value)(min(v, 1) for v in value)
+    return _at_most(TINY_LAYERS)(value, original)
+
+
+def _side(value: Any, _: dict[str, Any]) -> Any:
+    """An image side (or a (height, width) pair) at most :data:`TINY_IMAGE` pixels."""
+    if _is_int_sequence(value):
+        return type(value)(min(v, TINY_IMAGE) for v in value)
+    return _at_most(TINY_IMAGE)(value, _)
+
+
+def _heads(value: Any, original: dict[str, Any]) -> Any:
+    """A head count, or one per stage: a power of two at most the stage's, so it divides the shrunk stage widths
+    (Swin's (3, 6, 12, 24) heads over widths 64 * 2**stage become (2, 4, 8, 16))."""
+    if _is_int_sequence(value):
+        return type(value)(1 << (v.bit_length() - 1) if v > 0 else v for v in value)
+    return _at_most(TINY_HEADS)(value, original)
+
+
+def _stage_window(value: Any, original: dict[str, Any]) -> Any:
+    """A hierarchical model's attention window (Swin's 7): its last stage sees the image at 1/32 of its side, two
+    tokens wide at 64 pixels, and transformers builds the position-bias table for the configured window."""
+    return _at_most(2)(value, original) if "depths" in original else value
+
+
+def _unless_scaled(limit: int) -> Callable[[Any, dict[str, Any]], Any]:
+    """At most ``limit``, unless the config derives the value from a compound-scaling coefficient (EfficientNet's
+    ``hidden_dim`` must equal its scaled last stage)."""
+    return lambda value, original: value if "width_coefficient" in original else _at_most(limit)(value, original)
 
 
 SHRINK_RULES: tuple[ShrinkRule, ...] = (
@@ -102,6 +144,13 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "decoder_num_layers",
             "text_layers",
             "num_self_attends_per_block",
+            "num_blocks",
+            "num_layers_per_stack",
+            "speech_encoder_layers",
+            "t2u_encoder_layers",
+            "t2u_decoder_layers",
+            "conf_num_hidden_layers",
+            "num_global_layers",
         ),
         _at_most(TINY_LAYERS),
         "two layers still exercise the layer-to-layer path (and alternating layer kinds start at layer 0 and 1)",
@@ -120,6 +169,8 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "projection_dim",
             "dim",
             "d_latents",
+            "emb_dim",
+            "embedding_dim",
         ),
         _at_most(TINY_WIDTH),
         "a 64-wide model keeps every code path of a 4096-wide one at a fraction of the cost",
@@ -127,8 +178,21 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ShrinkRule(
         "heads",
         ("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads", "num_heads"),
-        _at_most(TINY_HEADS),
-        "four heads of 16 divide the 64-wide model",
+        _heads,
+        "four heads of 16 divide the 64-wide model; per-stage head counts become powers of two (they divide the "
+        "shrunk stage widths)",
+    ),
+    ShrinkRule(
+        "kv-sharing",
+        ("num_kv_shared_layers",),
+        _at_most(0),
+        "layers reusing an earlier layer's keys and values need an earlier layer of their kind: two layers have none",
+    ),
+    ShrinkRule(
+        "norm-groups",
+        ("num_groups",),
+        _at_most(8),
+        "group-norm groups divide the narrowest shrunk stage (eight channels)",
     ),
     ShrinkRule(
         "kv-heads",
@@ -169,6 +233,7 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
             "n_inner",
             "moe_intermediate_size",
             "shared_expert_intermediate_size",
+            "moe_shared_expert_intermediate_size",
             "expert_ffn_hidden_size",
             "dense_intermediate_size",
             "dim_ff",
@@ -180,18 +245,32 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
         "the feed-forward block at twice the width",
     ),
     ShrinkRule(
+        "hidden-dim",
+        ("hidden_dim",),
+        _unless_scaled(TINY_FFN),
+        "DistilBERT's feed-forward and Granite Speech's conformer width (EfficientNet derives its own from a "
+        "width coefficient, and keeps it)",
+    ),
+    ShrinkRule(
         "experts",
         ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
         _at_most(TINY_EXPERTS),
         "four experts keep routing (top-2 of 4) and the grouped-matmul path",
     ),
-    ShrinkRule("experts-per-token", ("num_experts_per_tok", "moe_topk", "moe_k"), _at_most(2), "top-2 routing"),
+    ShrinkRule(
+        "experts-per-token",
+        ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k"),
+        _at_most(2),
+        "top-2 routing",
+    ),
     ShrinkRule("expert-groups", ("n_group", "num_expert_group", "topk_group"), _at_most(1), "one routing group"),
     ShrinkRule(
         "vocab",
         ("vocab_size", "vocab_size_per_layer_input"),
         _at_most(TINY_VOCAB),
-        "a 256-token vocabulary (token ids are remapped); per-layer embedding tables (Gemma 3n / 4) too",
+        "a 256-token vocabulary (token ids are remapped); per-layer embedding tables (Gemma 3n / 4) and the other "
+        "tables a model keeps (entities, hashed n-grams, glyph shapes) too",
+        suffixes=("_vocab_size", "_vocab"),
     ),
     ShrinkRule(
         "per-layer-input",
@@ -220,12 +299,34 @@ SHRINK_RULES: tuple[ShrinkRule, ...] = (
     ShrinkRule(
         "stage-depths",
         ("depths", "num_block_repeats", "stage_num_blocks", "block_repeats"),
-        _ones,
-        "one block per stage",
+        _depth,
+        "one block per stage (a single depth: two blocks)",
+    ),
+    ShrinkRule(
+        "stage-window",
+        ("window_size",),
+        _stage_window,
+        "a window of two tokens fits every stage of a 64-pixel image (models without stages keep theirs)",
+    ),
+    ShrinkRule(
+        "image-size",
+        ("image_size",),
+        _side,
+        "64-pixel images: a 224-pixel one costs twelve times as much and exercises no other code path",
     ),
 )
 
 _RULE_BY_ATTRIBUTE = {attribute: rule for rule in SHRINK_RULES for attribute in rule.attributes}
+_RULE_BY_SUFFIX = {suffix: rule for rule in SHRINK_RULES for suffix in rule.suffixes}
+
+
+def _rule_for(name: str) -> ShrinkRule | None:
+    rule = _RULE_BY_ATTRIBUTE.get(name)
+    if rule is None:
+        rule = next((rule for suffix, rule in _RULE_BY_SUFFIX.items() if name.endswith(suffix)), None)
+    return rule
+
+
 _DROPOUT_WORDS = ("dropout", "drop_rate", "drop_path")
 
 
@@ -240,15 +341,29 @@ def _fit_token_ids(config: Any, vocab: int) -> None:
             setattr(config, name, [v % vocab for v in value])
 
 
-def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int | None) -> None:
-    """Lists with one entry per layer (``layer_types``, ``mlp_only_layers``-style index lists) follow the count."""
+def _keep_kinds(per_layer: list[Any], layers: int) -> list[Any]:
+    """The first ``layers`` entries of a per-layer list, with the last ones swapped for the kinds of layer they
+    would drop where there is room (Gemma 3's five sliding-window layers and one global keep one of each: the
+    global layer's code runs, and configs that insist on a kind being present still build)."""
+    head = per_layer[:layers]
+    if not all(isinstance(kind, str) for kind in per_layer):  # sizes or dilations per layer, not kinds
+        return head
+    missing = [kind for kind in dict.fromkeys(per_layer) if kind not in head]
+    if not missing or len(missing) >= layers:
+        return head
+    return head[: layers - len(missing)] + missing
+
+
+def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int | None, every_kind: bool) -> None:
+    """Lists with one entry per layer (``layer_types``, ``mlp_only_layers``-style index lists) follow the count,
+    keeping every kind of layer when ``every_kind``."""
     if not original_layers or not layers or original_layers == layers:
         return
     for name, value in list(vars(config).items()):
-        if not isinstance(value, list) or not value or name in _RULE_BY_ATTRIBUTE:
+        if not isinstance(value, list) or not value or _rule_for(name) is not None:
             continue
         if len(value) == original_layers:
-            setattr(config, name, value[:layers])
+            setattr(config, name, _keep_kinds(value, layers) if every_kind else value[:layers])
         elif name.endswith(("_layers", "_idxs", "_indexes", "_indices", "_layer_ids")) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
@@ -256,9 +371,27 @@ def _fit_per_layer_lists(config: Any, original_layers: int | None, layers: int |
             setattr(config, name, kept or [layers - 1])
 
 
+# Names of per-layer kind lists that a config derives its layer count from (NemotronH's ``layers_block_type``).
+_LAYER_PATTERN_WORDS = ("layer", "block", "pattern")
+
+
+def _fit_layer_patterns(config: Any) -> None:
+    """A config that stores no layer count but one kind per layer (a list of strings, or a string with one
+    character per layer) gets one layer of each kind, in the order the kinds first appear: the depth becomes
+    the number of kinds, and every kind of layer (attention, recurrent, MoE...) still runs."""
+    for name, value in list(vars(config).items()):
+        if not any(word in name for word in _LAYER_PATTERN_WORDS):
+            continue
+        if isinstance(value, list) and len(value) > TINY_LAYERS and all(isinstance(v, str) for v in value):
+            setattr(config, name, list(dict.fromkeys(value)))
+        elif isinstance(value, str) and len(value) > TINY_LAYERS and name.endswith("pattern"):
+            setattr(config, name, "".join(dict.fromkeys(value)))
+
+
 # Mamba-2-style mixers: (heads, head size, expansion) attribute names, with heads * head size == expansion * width.
 _STATE_SPACE_HEADS = (
     ("num_heads", "head_dim", "expand"),
+    ("mamba_num_heads", "mamba_head_dim", "expand"),
     ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
     ("n_mamba_heads", "mamba_headdim", "mamba_expand"),
 )
@@ -280,30 +413,63 @@ def _fit_state_space_heads(config: Any) -> None:
         if (expand * width) % size == 0:
             setattr(config, size_name, size)
             setattr(config, heads_name, expand * width // size)
+    if isinstance(values.get("mamba_d_ssm"), int) and isinstance(values.get("mamba_expand"), int) and width:
+        config.mamba_d_ssm = values["mamba_expand"] * width  # Falcon-H1's explicit mixer width overrides expand
 
 
-def shrink_config(config: Any) -> Any:
-    """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs."""
+def _fill_unset_sizes(config: Any) -> None:
+    """Sizes a default config leaves ``None`` for its checkpoint to set, which some models read unguarded
+    (``config.head_dim ** -0.5``), and sizes it derived from the full width when it was built: given the value a
+    checkpoint of the tiny shape would carry."""
+    values = vars(config)
+    heads, width = values.get("num_attention_heads"), values.get("hidden_size")
+    if isinstance(heads, int) and heads and isinstance(width, int):
+        for name, value in (("head_dim", width // heads), ("num_key_value_heads", heads)):
+            if name in values and values[name] is None:
+                setattr(config, name, value)
+    for name, value in (("num_experts_per_tok", 2), ("vocab_size", TINY_VOCAB)):
+        if name in values and values[name] is None:
+            setattr(config, name, value)
+    if isinstance(width, int) and isinstance(values.get("attention_hidden_size"), int):
+        config.attention_hidden_size = 2 * width  # Zamba's shared attention reads the hidden state and embeddings
+    if isinstance(width, int) and isinstance(values.get("mamba_dt_rank"), int):
+        config.mamba_dt_rank = -(-width // 16)  # the time-step rank Mamba derives from the width
+    nope, rope = values.get("qk_nope_head_dim"), values.get("qk_rope_head_dim")
+    if isinstance(values.get("qk_head_dim"), int) and isinstance(nope, int) and isinstance(rope, int):
+        config.qk_head_dim = nope + rope  # multi-head latent attention's query head: both parts, as shrunk
+
+
+def shrink_config(config: Any, every_kind: bool = True) -> Any:
+    """Shrink ``config`` (a ``PretrainedConfig``) in place by :data:`SHRINK_RULES`, recursing into sub-configs.
+
+    ``every_kind=False`` keeps the first layers of a per-layer list as they are, for the few models that do not
+    build with one layer of each kind (Zamba ties its hybrid layers' shared block, which takes two of them)."""
     from transformers import PretrainedConfig
 
     original = dict(vars(config))
     for name, value in original.items():
+        rule = _rule_for(name)
         if isinstance(value, PretrainedConfig):
-            shrink_config(value)
-        elif name in _RULE_BY_ATTRIBUTE:
-            setattr(config, name, _RULE_BY_ATTRIBUTE[name].value(value, original))
+            shrink_config(value, every_kind)
+        elif rule is not None:
+            setattr(config, name, rule.value(value, original))
         elif any(word in name for word in _DROPOUT_WORDS) and isinstance(value, float):
             setattr(config, name, 0.0)
     layers_name = next(
         (n for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(original.get(n), int)), None
     )
     if layers_name is not None:
-        _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name))
+        _fit_per_layer_lists(config, original[layers_name], getattr(config, layers_name), every_kind)
+    else:
+        _fit_layer_patterns(config)
     heads, width = vars(config).get("num_attention_heads"), vars(config).get("hidden_size")
     if isinstance(heads, int) and isinstance(width, int) and heads and width % heads:
         config.num_attention_heads = 1
+    _fill_unset_sizes(config)
     _fit_state_space_heads(config)
     vocab = getattr(config, "vocab_size", None)
+    if vocab is None and isinstance(vars(config).get("text_config"), PretrainedConfig):  # ids index the text model's
+        vocab = getattr(config.text_config, "vocab_size", None)
     if isinstance(vocab, int):
         _fit_token_ids(config, vocab)
     languages = vars(config).get("languages")
@@ -339,9 +505,9 @@ def example_inputs(model: Any, config: Any, task: str) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = getattr(text_config, "vocab_size", None) or TINY_VOCAB
-    if main_input == "pixel_values" or task == "image-classification":
+    if main_input == "pixel_values" or (task == "image-classification" and "pixel_values" in parameters):
         vision = getattr(config, "vision_config", None) or config
-        size = getattr(vision, "image_size", 224)
+        size = getattr(vision, "image_size", TINY_IMAGE)  # a CNN without one takes any size
         size = size[0] if isinstance(size, (list, tuple)) else size
         channels = getattr(vision, "num_channels", 3)
         inputs["pixel_values"] = torch.randn(BATCH, channels, size, size, generator=generator)

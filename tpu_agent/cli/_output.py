@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.errors import ExitCode, TpuAgentError, file_error
 
 console = Console()
 console_err = Console(stderr=True)
@@ -62,7 +62,9 @@ def fail(error: TpuAgentError, output_format: OutputFormat = OutputFormat.text) 
 
 
 def handles_errors(func: F) -> F:
-    """Decorator for command bodies: a :class:`TpuAgentError` becomes a clean message and its exit code.
+    """Decorator for command bodies: a :class:`TpuAgentError` becomes a clean message and its exit code, and
+    so does an operating-system error about a named file (``File name too long`` for a 100,000-character
+    argument was a traceback and exit code 4).
 
     The command's ``output_format`` keyword (when it has one) decides whether the error is JSON.
     """
@@ -73,6 +75,10 @@ def handles_errors(func: F) -> F:
             return func(*args, **kwargs)
         except TpuAgentError as error:
             fail(error, kwargs.get("output_format", OutputFormat.text))
+        except OSError as error:
+            if error.filename is None:
+                raise
+            fail(file_error(error), kwargs.get("output_format", OutputFormat.text))
 
     return wrapper  # type: ignore[return-value]
 

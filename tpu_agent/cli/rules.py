@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_agent.cli._output import console, handles_errors, print_json
-from tpu_agent.errors import TpuAgentError
+from tpu_agent.errors import TpuAgentError, clipped
 
 # The rule catalogues are imported inside the command: every `tpu-agent` invocation imports this module,
 # and the migration rules pull in libcst.
@@ -61,7 +61,7 @@ def _find(code: str, records: list[dict[str, Any]]) -> dict[str, Any]:
             return record
     raise TpuAgentError(
         "unknown-rule",
-        f"unknown rule or diagnostic code {code!r}",
+        f"unknown rule or diagnostic code {clipped(code)}",
         "run `tpu-agent rules` to list them (migration rules TPU101 ... TPU8xx, diagnostics such as HS-1 or SH-2)",
     )
 

@@ -12,7 +12,6 @@ from tpu_agent.cli._output import (
     FORMAT_HELP,
     OutputFormat,
     console,
-    fail,
     handles_errors,
     print_json,
 )
@@ -62,6 +61,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+@handles_errors
 def run(
     command: list[str] = typer.Argument(
         ..., metavar="SCRIPT [ARGS]...", help="Script path (or module name with -m) and its arguments."
@@ -96,24 +96,21 @@ def run(
 ) -> None:
     from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
 
-    try:
-        target = LaunchTarget(command[0], list(command[1:]), is_module=module)
-        options = RunOptions(
-            nproc=nproc,
-            backend=backend.value,
-            chip=chip,
-            eager_mode=eager_mode.value if eager_mode is not None else None,
-            nnodes=nnodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint,
-            master_port=master_port,
-            env={**_parse_env(env), **({COMPILER_ENV: compiler.value} if compiler is not None else {})},
-            timeout_s=timeout,
-            rdzv_backend=rdzv_backend,
-        )
-        code = launch(target, options)
-    except TpuAgentError as error:
-        fail(error)
+    target = LaunchTarget(command[0], list(command[1:]), is_module=module)
+    options = RunOptions(
+        nproc=nproc,
+        backend=backend.value,
+        chip=chip,
+        eager_mode=eager_mode.value if eager_mode is not None else None,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        master_port=master_port,
+        env={**_parse_env(env), **({COMPILER_ENV: compiler.value} if compiler is not None else {})},
+        timeout_s=timeout,
+        rdzv_backend=rdzv_backend,
+    )
+    code = launch(target, options)
     raise typer.Exit(code)
 
 

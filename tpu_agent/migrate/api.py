@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.fsutil import atomic_write_bytes, atomic_write_text
+from tpu_agent.fsutil import atomic_write_bytes, atomic_write_text, not_regular, read_regular
 from tpu_agent.migrate.model import ApplyResult, FileResult, MigrateOptions, Plan, sha256_bytes
 from tpu_agent.migrate.safety import (
     OUTPUT_MARKER,
@@ -167,7 +167,7 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
     migrated = {real(r.path): r.migrated_bytes for r in pending if r.migrated_bytes is not None}
     # Files an earlier apply already migrated in place hold their migrated bytes; copying them is right.
     # The copy leaves out what discovery never walks (VCS data, virtual environments, caches, build output).
-    from tpu_agent.migrate.engine.discovery import SKIP_DIRS, TEMP_FILE_RE, not_regular, read_regular
+    from tpu_agent.migrate.engine.discovery import SKIP_DIRS, TEMP_FILE_RE
 
     base = _common_base(plan.roots)
     written: list[Path] = []

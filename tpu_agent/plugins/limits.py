@@ -8,6 +8,8 @@ the resource bounds (concurrent jobs, ranks per job). Text that came from the ca
 
 from __future__ import annotations
 
+from tpu_agent.errors import ECHO_CHARS, clipped
+
 #: Longest path a tool accepts (Linux ``PATH_MAX``); longer ones cannot name a file anyway.
 MAX_PATH_CHARS = 4096
 #: Paths one scan or plan call may name.
@@ -32,16 +34,6 @@ DEFAULT_MAX_RANKS = 8
 MAX_RANKS = 64
 #: Finished jobs the server remembers for tpu_job_status; older ones are forgotten first.
 MAX_FINISHED_JOBS = 100
-
-#: How much of a caller's text an error message repeats.
-ECHO_CHARS = 120
-
-
-def clipped(text: str, limit: int = ECHO_CHARS) -> str:
-    """``text`` as an error message may repeat it: whole when short, else its start and its length."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 __all__ = [

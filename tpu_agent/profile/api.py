@@ -40,7 +40,7 @@ from tpu_agent.profile.options import ProfileOptions
 from tpu_agent.profile.report import render as render_report
 from tpu_agent.profile.report.document import SCHEMA_VERSION, build_document
 from tpu_agent.profile.rules import run_rules
-from tpu_agent.profile.untrusted import confined, reading, safe_name
+from tpu_agent.profile.untrusted import confined, reading, safe_name, write_confined
 from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
 from tpu_agent.runtime.envvars import EVENTS_DIR_ENV, HOOKS_ENV
 
@@ -72,7 +72,7 @@ def _write_reports(diagnosis: Diagnosis, root: Path) -> list[Path]:
     paths = []
     for fmt in REPORT_FORMATS:
         path = out / f"report.{_EXTENSIONS[fmt]}"
-        atomic_write_text(path, render(diagnosis, fmt))
+        write_confined(root, path, render(diagnosis, fmt).encode("utf-8"))
         paths.append(path)
     return paths
 
@@ -117,7 +117,7 @@ def _diagnose_own(logdir: Path, root: Path, chip: str | None) -> Diagnosis:
     _drop_xprof_caches(session, root)
     with reading(raw, "the capture"):  # e.g. timestamps an XSpace cannot hold
         diagnosis.xplane_paths = xplane.write_session(
-            session, model.ranks.values(), diagnosis.findings, model.config.world_size
+            session, model.ranks.values(), diagnosis.findings, model.config.world_size, root
         )
     return diagnosis
 
@@ -163,7 +163,7 @@ def _diagnose_xspace(files: list[Path], root: Path, chip: str | None) -> Diagnos
         target = target_dir / path.name
         rank_id = _rank_of(path, index)
         with reading(path, "the XSpace (.xplane.pb)"):
-            xplane.annotate(path, target, [f for f in diagnosis.findings if f.rank in (None, rank_id)])
+            xplane.annotate(path, target, [f for f in diagnosis.findings if f.rank in (None, rank_id)], root)
         diagnosis.xplane_paths.append(target)
     return diagnosis
 

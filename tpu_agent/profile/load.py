@@ -31,7 +31,7 @@ from tpu_agent.profile.model import (
     Step,
     Weight,
 )
-from tpu_agent.profile.untrusted import damaged, reading, valid_dataclass
+from tpu_agent.profile.untrusted import damaged, reading, valid_dataclass, vet_files
 from tpu_agent.runtime import events as ev
 
 _CAPTURE_NAME = re.compile(r"capture-rank(\d{1,6})\.json")
@@ -178,6 +178,7 @@ def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None
 
 def load_raw(directory: Path) -> ProfileModel:
     """Load a capture written by ``tpu-agent profile`` (the raw directory)."""
+    vet_files(directory)  # every record read below is then a plain file of bounded size
     options_path = directory / OPTIONS_FILE
     options: dict[str, Any] = _read_json_object(options_path, "the profile options") if options_path.exists() else {}
     with reading(directory, "the runtime event log (events-rank*.jsonl)"):

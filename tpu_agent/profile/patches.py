@@ -12,10 +12,16 @@ import os
 import re
 from pathlib import Path
 
+from tpu_agent.fsutil import read_regular
+
+#: A capture names the user's source files; a huge or odd one is skipped, not read.
+MAX_SOURCE_BYTES = 2_000_000
+
 
 def _read(path: str) -> list[str] | None:
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+        source = read_regular(Path(path), limit=MAX_SOURCE_BYTES, follow_symlinks=True)  # a capture names it
+        return source.decode("utf-8").splitlines(keepends=True)
     except (OSError, UnicodeDecodeError):
         return None
 

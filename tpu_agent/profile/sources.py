@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_agent.fsutil import read_regular
 from tpu_agent.profile import patches
+from tpu_agent.profile.patches import MAX_SOURCE_BYTES
 
-MAX_SOURCE_BYTES = 2_000_000  # a capture names the files; a huge or odd one is skipped, not parsed
 _GUARD = re.compile(
     r"tensor '(?:[A-Za-z_]\w*\[')?(?P<name>[A-Za-z_]\w*)'?\]?' size mismatch at index (?P<dim>\d+)\. "
     r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
@@ -53,10 +54,7 @@ def parse_guard(reason: str) -> ShapeGuard | None:
 @functools.lru_cache(maxsize=32)
 def _tree(path: str) -> ast.Module | None:
     try:
-        file = Path(path)
-        if not file.is_file() or file.stat().st_size > MAX_SOURCE_BYTES:
-            return None
-        return ast.parse(file.read_text(encoding="utf-8"))
+        return ast.parse(read_regular(Path(path), limit=MAX_SOURCE_BYTES, follow_symlinks=True).decode("utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

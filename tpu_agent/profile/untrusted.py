@@ -12,7 +12,9 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -22,9 +24,12 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.fsutil import atomic_write_bytes, not_regular
 
 DAMAGED_HINT = "re-run `tpu-agent profile` to capture again, or point diagnose at an undamaged log directory"
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: The largest capture file diagnose reads (protobuf's own limit for an XSpace); a larger one is damage, not data.
+MAX_CAPTURE_FILE_BYTES = 2**31 - 1
 _INT_LIMIT = 2**63  # what a protobuf int64 or a timestamp in ns can hold; larger is damage, not data
 _READ_ERRORS = (
     OSError,
@@ -83,6 +88,30 @@ def confined(root: Path, path: Path) -> Path:
             ExitCode.REFUSED,
         )
     return resolved
+
+
+def vet_files(directory: Path) -> None:
+    """Refuse a capture directory holding anything diagnose could read that is not a plain file of readable size:
+    a symlink, FIFO or device planted under a record's name (``/dev/zero`` never ends, a FIFO blocks the
+    reader forever) is named as damage before any record is opened. Checked with ``lstat``, so nothing is
+    followed; subdirectories are not read and pass."""
+    for path in sorted(directory.iterdir()):
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode):
+            continue
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else not_regular(info.st_mode)
+        if kind is not None:
+            raise damaged(path, f"{kind}, where tpu-agent writes plain files: not read")
+        if info.st_size > MAX_CAPTURE_FILE_BYTES:
+            raise damaged(path, f"{info.st_size} bytes, more than the {MAX_CAPTURE_FILE_BYTES} diagnose reads")
+
+
+def write_confined(root: Path, path: Path, data: bytes) -> None:
+    """The one way diagnose writes into a log directory: the file itself is checked before the atomic write,
+    because a symlink planted at a report's or an XSpace's own name leads out as surely as one at a directory
+    (and :func:`tpu_agent.fsutil.atomic_write_bytes` writes through links)."""
+    confined(root, path)
+    atomic_write_bytes(path, data)
 
 
 Checker = Callable[[Any], bool]

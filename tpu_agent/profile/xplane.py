@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.fsutil import atomic_write_bytes
+from tpu_agent.fsutil import read_regular
 from tpu_agent.profile.model import Finding, Op, RankProfile, Step
+from tpu_agent.profile.untrusted import MAX_CAPTURE_FILE_BYTES, write_confined
 from tpu_agent.profile.xplane_schema import XSpace
 from tpu_agent.runtime import events as ev
 
@@ -230,14 +231,15 @@ def build_xspace(rank: RankProfile, findings: Iterable[Finding]) -> Any:
 
 
 def write_session(
-    session_dir: Path, ranks: Iterable[RankProfile], findings: list[Finding], world_size: int
+    session_dir: Path, ranks: Iterable[RankProfile], findings: list[Finding], world_size: int, root: Path
 ) -> list[Path]:
-    """Write one ``.xplane.pb`` per rank into ``session_dir``; each rank's file carries its findings."""
+    """Write one ``.xplane.pb`` per rank into ``session_dir``; each rank's file carries its findings. Nothing is
+    written outside ``root`` (the log directory), whatever links the session directory holds."""
     paths = []
     for rank in ranks:
         own = [f for f in findings if f.rank in (None, rank.rank)]
         path = session_dir / xplane_filename(rank.host, rank.rank, world_size)
-        atomic_write_bytes(path, build_xspace(rank, own).SerializeToString())
+        write_confined(root, path, build_xspace(rank, own).SerializeToString())
         paths.append(path)
     return paths
 
@@ -247,7 +249,7 @@ def write_session(
 
 def parse(path: Path) -> Any:
     space = XSpace()
-    space.ParseFromString(path.read_bytes())
+    space.ParseFromString(read_regular(path, limit=MAX_CAPTURE_FILE_BYTES, follow_symlinks=True))
     return space
 
 
@@ -302,8 +304,9 @@ def read_xspace(path: Path, rank_id: int = 0) -> RankProfile:
     return rank
 
 
-def annotate(source: Path, target: Path, findings: list[Finding]) -> None:
-    """Copy ``source`` to ``target`` with a diagnostics line added to its host plane (original untouched)."""
+def annotate(source: Path, target: Path, findings: list[Finding], root: Path) -> None:
+    """Copy ``source`` to ``target`` with a diagnostics line added to its host plane (original untouched);
+    ``target`` must stay inside ``root``."""
     space = parse(source)
     plane = next((p for p in space.planes if p.name == HOST_PLANE), None)
     if plane is None:
@@ -312,7 +315,7 @@ def annotate(source: Path, target: Path, findings: list[Finding]) -> None:
     origin = min((line.timestamp_ns for line in plane.lines if line.events), default=0)
     line_id = max((line.id for line in plane.lines), default=0) + 1
     builder.add_line(line_id, DIAGNOSTICS_LINE, finding_events(findings, origin), origin_ns=None)
-    atomic_write_bytes(target, space.SerializeToString())
+    write_confined(root, target, space.SerializeToString())
 
 
 __all__ = ["annotate", "build_xspace", "read_xspace", "session_name", "write_session"]

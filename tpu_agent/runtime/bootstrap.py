@@ -33,6 +33,7 @@ from types import TracebackType
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.envvars import BACKEND_ENV, HOOKS_ENV
+from tpu_agent.runtime.launcher import check_target, die_with_parent, module_not_found
 
 Finalizer = Callable[[], object]
 
@@ -97,7 +98,6 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
 
 def _prepare(argv: list[str]) -> tuple[str, bool, list[str]]:
     """Split the bootstrap's argv into (target, is_module, script args) and check the target exists."""
-    from tpu_agent.runtime.launcher import check_target, module_not_found
     from tpu_agent.runtime.options import LaunchTarget
 
     if not argv or argv == ["-m"]:
@@ -166,6 +166,7 @@ def _exit_status(code: object) -> int:
 
 
 def main(argv: list[str]) -> None:
+    die_with_parent(signal.SIGKILL)  # nobody supervises or reads a rank whose launcher (or agent) is gone
     try:
         target, is_module, args = _prepare(argv)
         sys.argv = [target, *args]  # before activation, so the run's RunInfo record shows the user's argv

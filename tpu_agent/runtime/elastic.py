@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.runtime.launcher import exit_code_of, note
+from tpu_agent.runtime.launcher import SUPERVISOR_PID_ENV, die_with_parent, exit_code_of, note
 
 RUN_DIR_ENV = "TPU_AGENT_RUN_DIR"
 EXIT_RECORD_PATTERN = "exit-rank{rank}.json"
@@ -95,6 +95,8 @@ def root_failure(failures: dict[int, Any], records: dict[int, dict[str, object]]
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent(signal.SIGTERM)  # a killed launcher stops the ranks as its Ctrl-C would
+    os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # the ranks' parent is this agent
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -5,10 +5,15 @@ One rank runs as a single child process (``python -m tpu_agent.runtime.bootstrap
 (``python -m tpu_agent.runtime.elastic``), so that this process never imports torch, can bound the run with
 a timeout from any thread, and can stop every rank by signalling one process: the agent, whose shutdown
 path stops its workers (they live in sessions of their own, so a signal to a process group would miss them).
+
+A launcher that is killed outright (SIGKILL, the OOM killer) can forward nothing, so every process it starts
+arms a death signal first (:func:`die_with_parent`): the agent is stopped like a Ctrl-C when the launcher
+goes, and each rank is killed when the process that started it (the launcher, or the agent) goes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import os
 import signal
@@ -35,12 +40,47 @@ TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns, so shell scripts 
 # The agent's own shutdown waits up to 30 s for workers before SIGKILLing them; give it that and a margin.
 AGENT_SHUTDOWN_GRACE_S = 40.0
 WORKER_SHUTDOWN_GRACE_S = 10.0
+#: The pid of the process that started a rank or an agent: :func:`die_with_parent` tells from it whether that
+#: process was already gone before the death signal was armed. The launcher sets it, the agent resets it.
+SUPERVISOR_PID_ENV = "TPU_AGENT_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def note(message: str) -> None:
     """One ``tpu-agent:`` line on stderr (stdout belongs to the user's script)."""
     sys.stderr.write(f"tpu-agent: {message}\n")
     sys.stderr.flush()
+
+
+def die_with_parent(signum: int) -> None:
+    """Have the kernel send ``signum`` to this process when the process that started it dies, however it dies.
+
+    Called first thing by the agent and by every rank started under :data:`SUPERVISOR_PID_ENV` (elsewhere a
+    no-op, as on systems without ``prctl``). ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the
+    child ends; both forking threads (the launcher's in :func:`launch`, the agent's main thread) wait for their
+    child, so that is when the process ends. The MCP job guard uses a pipe instead because its jobs are started
+    from worker threads that retire (:mod:`tpu_agent.plugins.jobguard`). A parent that died before the signal
+    was armed is caught by comparing the parent pid with the one the parent recorded.
+    """
+    recorded = os.environ.get(SUPERVISOR_PID_ENV, "")
+    if not recorded.isdigit() or not sys.platform.startswith("linux"):
+        return
+    try:
+        armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return
+    if armed and os.getppid() != int(recorded) and not _process_exists(int(recorded)):
+        os.kill(os.getpid(), signum)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def exit_code_of(returncode: int) -> int:
@@ -101,6 +141,7 @@ def build_env(choice: BackendChoice, options: RunOptions) -> dict[str, str]:
     env.update(options.env)
     env[BACKEND_ENV] = choice.name
     env[CHIP_ENV] = parse_target(options.chip).spec
+    env[SUPERVISOR_PID_ENV] = str(os.getpid())
     if options.eager_mode is not None:
         apply_env(eager_mode_env(options.eager_mode), env)
     if choice.name == "emulated" and torch_tpu_importable() and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:

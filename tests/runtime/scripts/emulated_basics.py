@@ -6,6 +6,7 @@ import sys
 import warnings
 
 import torch
+from torch.optim.optimizer import _default_to_fused_or_foreach
 
 from tpu_agent.runtime.emulated import activate
 
@@ -94,4 +95,17 @@ q = torch.randn(2, 4, 16, 8)
 attention = torch.nn.functional.scaled_dot_product_attention
 rounded = q.to(torch.bfloat16).float()
 out["sdpa_bf16_inputs"] = torch.equal(attention(q.to("tpu"), q.to("tpu"), q.to("tpu"), is_causal=True).cpu(), attention(rounded, rounded, rounded, is_causal=True))
+# AdamW defaults to its foreach path on the device, as on TorchTPU; a foreach write advances version counters,
+# so autograd still catches a saved tensor modified in place
+weights = [torch.nn.Parameter(torch.ones(2).to("tpu"))]
+saved = weights[0] * 1
+product = saved * saved  # saves `saved` for backward
+version_before = saved._version
+with torch.no_grad():
+    torch._foreach_add_([saved], [torch.ones(2).to("tpu")])
+out["foreach"] = {
+    "adamw_path": "foreach" if _default_to_fused_or_foreach(weights, False)[1] else "per-parameter",
+    "version_advanced": saved._version > version_before,
+    "autograd_sees_write": error_of(lambda: product.sum().backward()),
+}
 print(json.dumps(out))

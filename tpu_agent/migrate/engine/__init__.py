@@ -19,8 +19,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from tpu_agent.fsutil import read_regular
 from tpu_agent.migrate.analysis.crossmodule import PythonFile, imported_uses
-from tpu_agent.migrate.engine.discovery import Candidate, discover, read_regular
+from tpu_agent.migrate.engine.discovery import Candidate, discover
 from tpu_agent.migrate.engine.guard import SourceProblem, process_context, run_isolated
 from tpu_agent.migrate.engine.prefilter import may_need_migration
 from tpu_agent.migrate.engine.worker import migrate_file, whole_file_rules

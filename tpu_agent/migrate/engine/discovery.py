@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.fsutil import TEMP_PREFIX, TEMP_SUFFIX
+from tpu_agent.fsutil import TEMP_PREFIX, TEMP_SUFFIX, not_regular
 from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
 from tpu_agent.migrate.model import FileKind
 
@@ -75,13 +75,6 @@ _DEPENDENCY_FILE_RE = re.compile(
 TEMP_FILE_RE = re.compile(rf"{re.escape(TEMP_PREFIX)}.+\.[a-z0-9_]{{8}}{re.escape(TEMP_SUFFIX)}")
 # Younger temp files may belong to a write in progress (another run); they are left alone.
 STALE_TEMP_AGE_S = 10.0
-_SPECIAL_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a directory"),
-)
 
 
 def classify(name: str) -> FileKind | None:
@@ -113,13 +106,6 @@ class Discovered:
     stale_temp_files: list[Path] = field(default_factory=list)
 
 
-def not_regular(mode: int) -> str | None:
-    """What a non-regular file is (``"a FIFO"``...), or None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "not a regular file")
-
-
 def is_stale_temp_file(path: Path, now: float | None = None) -> bool:
     """A regular file named like our temporary files and old enough not to be a write in progress."""
     if not TEMP_FILE_RE.fullmatch(path.name):
@@ -129,23 +115,6 @@ def is_stale_temp_file(path: Path, now: float | None = None) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(info.st_mode) and (now or time.time()) - info.st_mtime >= STALE_TEMP_AGE_S
-
-
-def read_regular(path: Path) -> bytes:
-    """The bytes of ``path`` if it is a regular file, opened without following a symlink and without blocking
-    on a FIFO; :class:`OSError` (with a readable ``strerror``) otherwise."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
-    try:
-        kind = not_regular(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise OSError(0, f"{kind}, not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def display(path: Path, cwd: Path) -> str:

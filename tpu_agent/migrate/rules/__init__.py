@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.errors import ECHO_CHARS, ExitCode, TpuAgentError, clipped
 from tpu_agent.migrate.model import MigrateOptions, Rule
 from tpu_agent.migrate.rules import (
     amp,
@@ -51,7 +51,7 @@ def get_rule(code: str) -> Rule:
     if rule is None:
         raise TpuAgentError(
             "unknown-rule",
-            f"unknown rule code {code!r}",
+            f"unknown rule code {clipped(code)}",
             hint="run `tpu-agent rules` to list the codes (TPU101 ... TPU809)",
             exit_code=ExitCode.USAGE,
         )
@@ -75,7 +75,7 @@ def rule_codes(values: Iterable[str], option: str) -> frozenset[str]:
         these = "these" if len(unknown) > 1 else "this"
         raise TpuAgentError(
             "unknown-rule",
-            f"unknown rule code {', '.join(unknown)} in {option}: no rule code starts with {these}",
+            f"unknown rule code {', '.join(unknown)[:ECHO_CHARS]} in {option}: no rule code starts with {these}",
             "Run `tpu-agent rules` to list the rule codes (TPU101 ... TPU809); prefixes such as TPU2 select a family.",
             exit_code=ExitCode.USAGE,
         )

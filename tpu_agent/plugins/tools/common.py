@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,10 +33,10 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.errors import ExitCode, TpuAgentError, clipped
 from tpu_agent.plugins.jobs import JobManager
 from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, DEFAULT_MAX_RANKS, ECHO_CHARS
-from tpu_agent.plugins.workspace import Workspace, resolve_workspace
+from tpu_agent.plugins.workspace import Workspace, configured_workspace, resolve_workspace
 
 logger = logging.getLogger("tpu_agent.mcp")
 
@@ -57,16 +58,29 @@ class ServerState:
 
         Roots exist only on handshake-era (2025-11-25) connections whose client advertises them (VS Code,
         Cursor and Copilot load Agent Plugins with the plugin directory as cwd and no project variable).
+        They are then the boundary that a fixed workspace would otherwise be: a ``workspace`` argument must
+        name one of them or a directory inside one.
         """
         try:
-            return resolve_workspace(argument, self.configured_workspace)
+            chosen = resolve_workspace(argument, self.configured_workspace)
         except TpuAgentError as error:
             if error.code != "no-workspace":
                 raise
-            root = await _first_root(ctx)
-            if root is None:
+            roots = await _client_roots(ctx)
+            if not roots:
                 raise
-            return dataclasses.replace(resolve_workspace(root, None), source="roots")
+            return dataclasses.replace(resolve_workspace(roots[0], None), source="roots")
+        if chosen.source == "argument" and configured_workspace(self.configured_workspace) is None:
+            roots = [os.path.realpath(root) for root in await _client_roots(ctx)]
+            if roots and not any(chosen.root.is_relative_to(root) for root in roots):
+                raise TpuAgentError(
+                    "workspace-outside-roots",
+                    f"the workspace argument {clipped(str(argument))} is outside the roots this client shared "
+                    f"({', '.join(clipped(root) for root in roots[:3])})",
+                    "Omit workspace (the tools then use the first root) or pass a directory inside a root.",
+                    ExitCode.REFUSED,
+                )
+        return chosen
 
 
 def server_state(ctx: Context) -> ServerState:
@@ -76,23 +90,20 @@ def server_state(ctx: Context) -> ServerState:
     return state
 
 
-async def _first_root(ctx: Context) -> str | None:
-    """The first ``file://`` root the client lists, or None when it has no roots (or no back-channel)."""
+async def _client_roots(ctx: Context) -> list[str]:
+    """The ``file://`` roots the client lists, in its order; none when it has no roots (or no back-channel)."""
     capabilities = ctx.client_capabilities
     if capabilities is None or capabilities.roots is None:
-        return None
+        return []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             result = await ctx.session.list_roots()
     except MCPError as error:  # NoBackChannelError on 2026 connections, or the client refused
         logger.info("roots/list failed: %r", error)
-        return None
-    for root in result.roots:
-        uri = str(root.uri)
-        if uri.startswith("file://"):
-            return url2pathname(urlparse(uri).path)
-    return None
+        return []
+    uris = (str(root.uri) for root in result.roots)
+    return [url2pathname(urlparse(uri).path) for uri in uris if uri.startswith("file://")]
 
 
 def format_error(error: TpuAgentError) -> str:

@@ -190,7 +190,7 @@ async def _start_job(
     elif kind == "estimate":
         logdir = ws.artefact_dir("estimates", job_id, fresh=True)
         argv += ["--format", "json", "--output", ws.relative(logdir / ESTIMATE_FILE)]
-    argv += [ws.relative(script), *args]
+    argv += ["--", ws.relative(script), *args]  # a script named like an option ("--env=X=1.py") stays the script
     try:
         job = state.jobs.start(
             kind,

@@ -35,10 +35,12 @@ _META = torch.device("meta")
 
 class Node:
     """One recorded op: its ATen overload, arguments (tpu tensors by reference) and the tpu tensors it returned.
+    ``versions``: for an MXU op, its operands' base version counters when it was recorded (the rounding cache
+    of :mod:`mxu` keys on them), else ``None``.
 
     A slotted class rather than a dataclass: one is made per recorded op, on DeferAndFuse's hot path."""
 
-    __slots__ = ("func", "args", "kwargs", "outputs", "precision", "site", "signature")
+    __slots__ = ("func", "args", "kwargs", "outputs", "precision", "site", "signature", "versions")
 
     def __init__(
         self,
@@ -49,6 +51,7 @@ class Node:
         precision: state.Precision,
         site: events.Site | None,
         signature: str,
+        versions: tuple | None = None,
     ) -> None:
         self.func = func
         self.args = args
@@ -57,6 +60,7 @@ class Node:
         self.precision = precision
         self.site = site
         self.signature = signature
+        self.versions = versions
 
     def __repr__(self) -> str:
         return f"Node({self.signature})"
@@ -95,18 +99,34 @@ class CpuExecutor:
     """Runs a captured graph node by node on the CPU, with the same op semantics as Strict mode."""
 
     def run(self, graph: Graph, cause: str) -> None:
+        routes = tt._ROUTES
         for node in graph.nodes:
+            func = node.func
             try:
-                cargs = tt.unwrap_args(node.func, node.args)
-                ckwargs, _ = tt.unwrap_kwargs(node.func, node.kwargs) if node.kwargs else (node.kwargs, False)
-                # no tpu args: the rounding cache keys on version counters, which recording has already advanced
-                out = kernels.run_on_cpu(node.func, cargs, ckwargs, node.precision)
+                cargs = tt.unwrap_args(func, node.args)
+                ckwargs = tt.unwrap_kwargs(func, node.kwargs)[0] if node.kwargs else node.kwargs
+                route = routes.get(id(func))
+                if route is None or route.func is not func:
+                    route = tt.route_of(func)
+                if route.direct:
+                    out = route.plan.call(*cargs, **ckwargs)
+                else:  # the rounding cache keys on the version counters recording saw, not today's
+                    versions = node.versions
+                    args = node.args if versions is not None else None
+                    out = kernels.run_on_cpu(func, cargs, ckwargs, node.precision, args, route.plan, versions)
             except Exception as error:
                 where = f" recorded at {node.site}" if node.site else ""
                 raise DeferredExecutionError(
-                    f"{kernels.device_error(node.func, error)}\n  [DeferAndFuse] op {node.func}{where} failed when the pending graph was materialised by '{cause}'"
+                    f"{kernels.device_error(func, error)}\n  [DeferAndFuse] op {func}{where} failed when the pending graph was materialised by '{cause}'"
                 ) from error
-            _fill(node.outputs, out)
+            outputs = node.outputs
+            if type(outputs) is tt.TpuTensor and type(out) is torch.Tensor:  # the common case, inlined
+                if outputs._elem is None:
+                    tt.materialized(
+                        outputs, out if out.stride() == outputs.stride() else _in_recorded_layout(outputs, out)
+                    )
+            else:
+                _fill(outputs, out)
 
 
 def _fill(wrapped: Any, out: Any) -> None:
@@ -285,7 +305,10 @@ def _is_host_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
 def _all_materialized(args: tuple) -> bool:
     """A view of materialised tensors is pure metadata: it runs at once, so it aliases its base's data
     immediately (and survives ``Module.to``'s parameter swap, which re-homes tensor objects)."""
-    return all(type(a) is not tt.TpuTensor or a._elem is not None for a in args)
+    for a in args:
+        if type(a) is tt.TpuTensor and a._elem is None:
+            return False
+    return True
 
 
 def _is_host_upload(func: Any, args: tuple) -> bool:
@@ -330,6 +353,13 @@ _last_site: tuple[Any, events.Site | None] = (None, None)
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
+# Sites of user frames, per (code object, line): ops issued from the user's own code (a model defined in the
+# training script) get the frame's line without a stack walk or a new Site per op. Bounded like the shape cache.
+_user_sites: dict[tuple[Any, int], events.Site] = {}
+_library_code: dict[Any, bool] = {}
+MAX_SITES = 4096
+
+
 def _recording_site() -> events.Site | None:
     """The user line that issued the op :func:`record` is recording (called by record only: fixed depth)."""
     global _last_site
@@ -340,34 +370,72 @@ def _recording_site() -> events.Site | None:
     cached_frame, site = _last_site
     if frame is cached_frame:
         return site
-    site = events.user_call_site(4)
     code = frame.f_code
+    library = _library_code.get(code)
+    if library is None:
+        if len(_library_code) >= MAX_SITES:
+            _library_code.clear()
+        library = _library_code[code] = events.is_library_file(code.co_filename)
+    if not library:  # the caller is the user's line (what user_call_site would find first)
+        line = frame.f_lineno
+        site = _user_sites.get((code, line))
+        if site is None:
+            if len(_user_sites) >= MAX_SITES:
+                _user_sites.clear()
+            site = _user_sites[(code, line)] = events.Site(file=code.co_filename, line=line, function=code.co_name)
+        return site
+    site = events.user_call_site(4)
     # a generator's frame is resumed from other callers: its site can change while the frame lives
-    if not code.co_flags & _RESUMABLE and events.is_library_file(code.co_filename):
+    if not code.co_flags & _RESUMABLE:
         _last_site = (frame, site)
     return site
 
 
+_HIGHEST = state.Precision.HIGHEST
+
+
+def _operand_versions(positions: tuple[int, ...], args: tuple) -> tuple:
+    """The version counters of the MXU operands' bases now, parallel to ``positions`` (``None``: no tpu tensor)."""
+    versions = []
+    for p in positions:
+        a = args[p] if p < len(args) else None
+        if type(a) is tt.TpuTensor:
+            base = a._base
+            versions.append((base if base is not None else a)._version)
+        else:
+            versions.append(None)
+    return tuple(versions)
+
+
 def record(func: Any, args: tuple, kwargs: dict) -> Any:
-    """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors."""
-    plan = ops.plan_of(func)
+    """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors.
+
+    The hot path of DeferAndFuse: with the op's signature in the shape cache, recording costs a key, a lookup,
+    the output wrappers and a :class:`Node`, and must stay below what Strict pays to run the op."""
+    route = tt._ROUTES.get(id(func))
+    if route is None or route.func is not func:
+        route = tt.route_of(func)
+    plan = route.plan
     if not plan.plain_record:  # a transfer, view, host read or data-dependent op may have to run now
-        if plan.host_read is not None or _is_host_transfer(func, args, kwargs):
+        if plan.host_read is not None or (plan.transfer and _is_host_transfer(func, args, kwargs)):
             return _eager(func, args, kwargs, plan.host_read or "cpu")
-        if _is_host_upload(func, args) or (func.is_view and _all_materialized(args)):
+        if (plan.transfer and _is_host_upload(func, args)) or (plan.is_view and _all_materialized(args)):
             return tt.strict_dispatch(func, args, kwargs)
         if plan.data_dependent:
             return _eager(func, args, kwargs, "data_dependent")
         if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
             telemetry.emit_fallback(str(func))
             return _eager(func, args, kwargs, "fallback")
-    special = tt.special_for(func)
-    if special is not None:
-        special(func, args, kwargs)
+    if route.special is not None:
+        route.special(func, args, kwargs)
     key = shape_cache.key_of(func, args, kwargs) if not plan.metadata_inplace else None
     inferred = shape_cache.lookup(key) if key is not None else None
     if inferred is not None:
-        outputs = shape_cache.build(inferred.outputs, args, kwargs)
+        description = inferred.outputs
+        if description[0] == "new":  # the common case: one new tensor
+            outputs = tt.wrap_pending_layout(description[1])
+        else:
+            outputs = shape_cache.build(description, args, kwargs)
         signature = inferred.signature
     else:
         inferred_now = _infer(func, args, kwargs, key)
@@ -382,29 +450,35 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         if type(a) is torch.Tensor:
             recorded_args = tuple([_snapshot_host(x) for x in args])
             break
+    stack = state.precision_stack
+    precision = stack[-1] if stack else state.precision
     node = Node(
         func,
         recorded_args,
         {k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
         outputs,
-        state.effective_precision(),
+        precision,
         _recording_site(),
         signature,
+        _operand_versions(plan.mxu_operands, args) if plan.mxu_operands and precision is not _HIGHEST else None,
     )
     with _lock:
         nodes = _pending.nodes
         nodes.append(node)
         storages = _pending.storages
         for a in args:
-            if type(a) is tt.TpuTensor:
+            t = type(a)
+            if t is tt.TpuTensor:
                 elem = a._elem
                 if type(elem) is torch.Tensor:
-                    storages.add(storage_key(elem))
-            elif type(a) is list or type(a) is tuple:
+                    storages.add(elem.untyped_storage().data_ptr())  # storage_key, inlined
+            elif t is list or t is tuple:
                 _add_storages(a, storages)
         if kwargs:
             _add_storages(tuple(kwargs.values()), storages)
         full = len(nodes) >= MAX_GRAPH_OPS
+    if route.written_lists:
+        tt.bump_written_lists(route, args)
     if full:
         flush("size_limit")
     return outputs

@@ -37,21 +37,30 @@ def device_error(func: Any, error: Exception) -> Exception:
 
 
 def run_on_cpu(
-    func: Any, cargs: list, ckwargs: dict, precision: state.Precision, args: Any = None, plan: ops.OpPlan | None = None
+    func: Any,
+    cargs: list,
+    ckwargs: dict,
+    precision: state.Precision,
+    args: Any = None,
+    plan: ops.OpPlan | None = None,
+    versions: tuple | None = None,
 ) -> Any:
     """Execute one op on CPU data as the TPU would. ``args`` are the op's original (tpu) arguments, parallel
     to ``cargs`` (they let the MXU rounding reuse a weight's rounded copy); ``plan`` is ``func``'s, when the
-    caller has it."""
+    caller has it; ``versions`` are the MXU operands' base version counters as of the op, when it runs later
+    than it was issued (:func:`mxu.round_operand`), parallel to ``plan.mxu_operands``."""
     if plan is None:
         plan = ops.plan_of(func)
     positions = plan.mxu_operands
     if positions is not None:
-        mxu.check_operands(func, cargs)
+        if plan.same_dtype is not None:
+            mxu.check_operands(plan.same_dtype, cargs)
         if precision is not state.Precision.HIGHEST:
             cargs = list(cargs)
-            for p in positions:
+            for n, p in enumerate(positions):
                 if p < len(cargs):
-                    cargs[p] = mxu.mxu_operand(cargs[p], precision, args[p] if args is not None else None)
+                    operand = args[p] if args is not None else None
+                    cargs[p] = mxu.mxu_operand(cargs[p], precision, operand, versions[n] if versions else None)
     if plan.gap is not None:
         return cpu_gaps.compute(plan.gap, func, cargs, ckwargs)
     return plan.call(*cargs, **ckwargs)

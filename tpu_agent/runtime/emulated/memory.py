@@ -1,16 +1,16 @@
 """Device-memory accounting for the emulated ``tpu`` device (``torch.accelerator.memory_*``).
 
 The emulation keeps every tpu tensor's data in a CPU tensor, so there is no device allocator to ask. Instead
-each CPU storage that backs a tpu tensor is counted once, keyed by its base address, from the moment a tpu
-tensor first wraps it until the last CPU tensor that tpu tensors wrapped over it dies (a tpu tensor holds its
-CPU tensor, so that is when the last tpu tensor over the storage dies). That matches what a caching allocator reports as
-``allocated_bytes`` closely enough for peak-memory diagnostics (views share their base's storage, so they are
-free, as on a real device).
+each CPU storage that backs a tpu tensor is counted once, from the moment a tpu tensor first wraps it until the
+storage is freed. That matches what a caching allocator reports as ``allocated_bytes`` closely enough for
+peak-memory diagnostics (views share their base's storage, so they are free, as on a real device).
 
-The accounting is on the path of every op that makes a tensor, so it costs no Python call when a tensor dies:
-each tracked CPU tensor gets a weak reference whose callback is a list's ``append`` (C code), and the storages
-of dead tensors are released in a batch at the next allocation or read of the figures, which sees the same
-numbers an immediate release would have given.
+The accounting is on the path of every op that makes a tensor, so it costs as little as it can there. torch
+keeps one Python object per storage for the storage's whole life, so the storage itself carries the mark that
+it is counted (views and in-place results cost one lookup), and its death is seen through a weak reference
+whose callback is a list's ``append`` (C code, no Python call). Counting a new storage and seeing one die both
+append to one ordered event list, settled in order (allocation, peaks) when the figures are read or when it
+grows long; settling in order gives exactly the numbers an immediate count and release would have given.
 """
 
 from __future__ import annotations
@@ -21,9 +21,15 @@ from collections import OrderedDict
 from typing import Any
 
 _lock = threading.Lock()
-_live: dict[int, list[int]] = {}  # storage base address -> [nbytes, number of tracked tensors over it]
-_holders: dict[int, tuple[weakref.ref, int]] = {}  # id(weak reference) -> (it, the storage key of its tensor)
-_dead: list[weakref.ref] = []  # weak references whose tensors died; released by _release_dead
+_COUNTED = "_tpu_agent_counted"  # the mark a counted storage carries in its __dict__
+# id(weak reference to a counted storage) -> (that reference, kept alive so its callback fires; the storage's
+# nbytes), once settled
+_live: dict[int, tuple[weakref.ref, int]] = {}
+# Unsettled events, in the order they happened: (weak reference, nbytes) when a storage was first counted, the
+# weak reference alone when that storage was freed.
+_events: list[Any] = []
+_record = _events.append
+SETTLE_EVERY = 2048  # events; bounds the memory the unsettled records hold
 allocated = 0
 peak = 0
 step_peak = 0  # peak since the last MemorySample
@@ -32,48 +38,45 @@ num_frees = 0
 
 
 def track(elem: Any) -> None:
-    """Count ``elem``'s storage (once, however many tracked tensors share it) until ``elem`` dies."""
-    global allocated, peak, step_peak, num_allocs
-    key = elem.data_ptr() - elem.storage_offset() * elem.element_size()
-    holder = weakref.ref(elem, _dead.append)
-    with _lock:
-        if _dead:
-            _release_dead()
-        _holders[id(holder)] = (holder, key)
-        entry = _live.get(key)
-        if entry is not None:
-            entry[1] += 1
-            return
-        nbytes = elem.untyped_storage().nbytes()
-        _live[key] = [nbytes, 1]
-        allocated += nbytes
-        num_allocs += 1
-        if allocated > peak:
-            peak = allocated
-        if allocated > step_peak:
-            step_peak = allocated
+    """Count ``elem``'s storage (once, however many tracked tensors share it) until the storage is freed."""
+    storage = elem.untyped_storage()
+    marks = storage.__dict__
+    if _COUNTED in marks:
+        return
+    marks[_COUNTED] = True
+    _record((weakref.ref(storage, _record), storage.nbytes()))
+    if len(_events) >= SETTLE_EVERY:
+        with _lock:
+            _settle()
 
 
-def _release_dead() -> None:
-    """Release the storages of tensors that died since the last call (the caller holds ``_lock``)."""
-    global allocated, num_frees
-    while _dead:
-        holder = _dead.pop()  # atomic: a tensor dying meanwhile appends, and this loop takes it too
-        _, key = _holders.pop(id(holder))
-        entry = _live.get(key)
-        if entry is None:
+def _settle() -> None:
+    """Apply the unsettled events in order (the caller holds ``_lock``)."""
+    global allocated, peak, step_peak, num_allocs, num_frees
+    count = len(_events)
+    batch = _events[:count]
+    del _events[:count]  # events appended meanwhile (a storage freed) stay, after these
+    for event in batch:
+        if type(event) is tuple:
+            holder, nbytes = event
+            _live[id(holder)] = (holder, nbytes)
+            allocated += nbytes
+            num_allocs += 1
+            if allocated > peak:
+                peak = allocated
+            if allocated > step_peak:
+                step_peak = allocated
             continue
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _live[key]
-            allocated -= entry[0]
+        entry = _live.pop(id(event), None)
+        if entry is not None:
+            allocated -= entry[1]
             num_frees += 1
 
 
 def allocated_bytes() -> int:
     """Bytes of the storages that live tpu tensors hold now."""
     with _lock:
-        _release_dead()
+        _settle()
         return allocated
 
 
@@ -81,7 +84,7 @@ def take_step_peak() -> tuple[int, int]:
     """Current bytes and the peak since the previous call (for the per-step MemorySample)."""
     global step_peak
     with _lock:
-        _release_dead()
+        _settle()
         result = (allocated, step_peak)
         step_peak = allocated
     return result
@@ -90,7 +93,7 @@ def take_step_peak() -> tuple[int, int]:
 def reset_peak() -> None:
     global peak, step_peak
     with _lock:
-        _release_dead()
+        _settle()
         peak = allocated
         step_peak = allocated
 
@@ -98,7 +101,7 @@ def reset_peak() -> None:
 def stats() -> OrderedDict[str, Any]:
     """The subset of the caching-allocator stat keys that ``torch.accelerator`` helpers read."""
     with _lock:
-        _release_dead()
+        _settle()
         values = {
             "allocated_bytes.all.current": allocated,
             "allocated_bytes.all.peak": peak,

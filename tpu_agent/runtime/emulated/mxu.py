@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tpu_agent.runtime.emulated import ops, state
+from tpu_agent.runtime.emulated import state
 
 _Tensor = torch.Tensor
 
@@ -49,8 +49,14 @@ def _round_dense(t: torch.Tensor, precision: state.Precision) -> torch.Tensor:
 # wrapper's version counter is shared by all its views, so any in-place write invalidates the entry.
 # Parameters are held strongly (they live all run; weakrefs would block ``Module.to``'s tensor swap),
 # other bases weakly, so the cache never keeps activations alive. Cleared at every optimizer step.
-_rounded: dict[tuple[int, state.Precision], tuple[Any, int, torch.Tensor, bool]] = {}
+# keyed by _cache_key (ints hash in C, enums not): (base or a weak reference to it, its version, the rounded copy,
+# whether the reference is strong, the views of the rounded copy cut so far by layout)
+_rounded: dict[int, tuple[Any, int, torch.Tensor, bool, dict]] = {}
 ROUNDED_CACHE_ENTRIES = 1024
+
+
+def _cache_key(base: Any, precision: state.Precision) -> int:
+    return id(base) * 4 + precision.value
 
 
 def clear_cache() -> None:
@@ -58,59 +64,72 @@ def clear_cache() -> None:
     _rounded.clear()
 
 
-def _evict(key: tuple[int, state.Precision]) -> Any:
+def _evict(key: int) -> Any:
     return lambda _ref: _rounded.pop(key, None)
 
 
-def round_operand(operand: Any, elem: torch.Tensor, precision: state.Precision) -> torch.Tensor:
-    """``elem`` (the CPU data of wrapper ``operand``) rounded for the MXU, reusing its base's rounding."""
-    base = operand._base if operand._base is not None else operand
-    base_elem = getattr(base, "_elem", None)
-    if (
-        base_elem is None
-        or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
-        or type(base_elem) is not _Tensor
-        or base_elem.storage_offset() != 0
-        or not base_elem.is_contiguous()
-        or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
-    ):
+def round_operand(
+    operand: Any, elem: torch.Tensor, precision: state.Precision, version: int | None = None
+) -> torch.Tensor:
+    """``elem`` (the CPU data of wrapper ``operand``) rounded for the MXU, reusing its base's rounding.
+
+    ``version`` is the base's version counter as of the op (DeferAndFuse's executor runs an op after recording
+    has advanced the counters; the recorder keeps the value each MXU operand had); default: the current one."""
+    base = operand._base
+    base_elem: Any  # the base wrapper's CPU data: a plain tensor, or anything else while Dynamo traces
+    if base is None:
+        base, base_elem = operand, elem
+    else:
+        base_elem = getattr(base, "_elem", None)
+        if (
+            type(base_elem) is not _Tensor
+            or type(elem) is not _Tensor  # fake tensors while Dynamo traces: no storage to compare
+            or base_elem.untyped_storage().data_ptr() != elem.untyped_storage().data_ptr()
+        ):
+            return _round_dense(elem, precision)
+    if type(base_elem) is not _Tensor or base_elem.storage_offset() != 0 or not base_elem.is_contiguous():
         return _round_dense(elem, precision)
-    key = (id(base), precision)
-    version = base._version
+    key = _cache_key(base, precision)
+    if version is None:
+        version = base._version
     entry = _rounded.get(key)
     if entry is not None and entry[1] == version and (entry[0] if entry[3] else entry[0]()) is base:
-        rounded_base = entry[2]
+        rounded_base, views = entry[2], entry[4]
     else:
-        rounded_base = _round_dense(base_elem, precision)
+        rounded_base, views = _round_dense(base_elem, precision), {}
         if len(_rounded) >= ROUNDED_CACHE_ENTRIES:
             _rounded.clear()
         strong = base.is_leaf and base.requires_grad
-        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong)
+        _rounded[key] = (base if strong else weakref.ref(base, _evict(key)), version, rounded_base, strong, views)
     if elem is base_elem:
         return rounded_base
-    return rounded_base.as_strided(elem.shape, elem.stride(), elem.storage_offset())
+    # the same views of a base recur (a weight's transpose feeds every step's matmuls): cut each once
+    layout = (elem.shape, elem.stride(), elem.storage_offset())
+    view = views.get(layout)
+    if view is None:
+        view = views[layout] = rounded_base.as_strided(*layout)
+    return view
 
 
-def mxu_operand(t: Any, precision: state.Precision, operand: Any = None) -> Any:
+def mxu_operand(t: Any, precision: state.Precision, operand: Any = None, version: int | None = None) -> Any:
     """An MXU input as TorchTPU sees it: f32/f16 rounded to bf16 (DEFAULT) or ~16 bits (HIGH).
-    ``operand`` is the wrapper ``t`` came from, when known (enables the rounding cache)."""
+    ``operand`` is the wrapper ``t`` came from, when known (enables the rounding cache; ``version``: see
+    :func:`round_operand`)."""
     if not isinstance(t, _Tensor):
         return t
     dtype = t.dtype
     if dtype is torch.float32:
         if operand is not None and getattr(operand, "_elem", None) is t:
-            return round_operand(operand, t, precision)
+            return round_operand(operand, t, precision, version)
         return _round_dense(t, precision)
     if dtype is torch.float16 and precision is state.Precision.DEFAULT:
         return t.to(torch.bfloat16).to(torch.float16)
     return t
 
 
-def check_operands(func: Any, cargs: list) -> None:
-    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode)."""
-    spec = ops.SAME_DTYPE_OPERANDS.get(func)
-    if spec is None:
-        return
+def check_operands(spec: tuple[str, int, int], cargs: list) -> None:
+    """TorchTPU's own operand checks for the ops in :data:`ops.SAME_DTYPE_OPERANDS` (any eager mode); ``spec`` is
+    the op's entry there (its ``OpPlan.same_dtype``)."""
     name, i, j = spec
     a, b = cargs[i], cargs[j]
     if isinstance(a, _Tensor) and isinstance(b, _Tensor) and a.dtype != b.dtype:

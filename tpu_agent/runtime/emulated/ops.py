@@ -192,12 +192,15 @@ class OpPlan:
     func: Any
     call: Any  # the overload's C++ entry (``OpOverload._op``): calling it skips ``OpOverload.__call__``'s frame
     mxu_operands: tuple[int, ...] | None
+    same_dtype: tuple[str, int, int] | None  # SAME_DTYPE_OPERANDS' entry: (op name, operand, operand)
     gap: Any  # the cpu_gaps.CpuGap that computes inputs the CPU kernel refuses, if any
     host_read: str | None  # HostSync cause when the op returns data to the host
     data_dependent: bool
     storage_changing: bool
     metadata_inplace: bool
     mixed_device_ok: bool
+    is_view: bool
+    transfer: bool  # in TRANSFER_OPS: may move data between host and device
     # DeferAndFuse records the op without looking further at its arguments (no transfer, view or host read
     # that may run it at once instead)
     plain_record: bool
@@ -219,12 +222,15 @@ def plan_of(func: Any) -> OpPlan:
         func=func,
         call=getattr(func, "_op", func),
         mxu_operands=MXU_OPERANDS.get(func),
+        same_dtype=SAME_DTYPE_OPERANDS.get(func),
         gap=cpu_gaps.BY_OP.get(func),
         host_read=host_read,
         data_dependent=data_dependent,
         storage_changing=storage_changing,
         metadata_inplace=func in METADATA_INPLACE_OPS,
         mixed_device_ok=func in MIXED_DEVICE_OK,
+        is_view=is_view,
+        transfer=func in TRANSFER_OPS,
         plain_record=not (host_read or data_dependent or storage_changing or is_view or func in TRANSFER_OPS),
     )
     _PLANS[id(func)] = plan

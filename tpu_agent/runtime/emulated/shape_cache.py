@@ -23,6 +23,7 @@ import torch
 from tpu_agent.runtime.emulated import tensor as tt
 
 _Tensor = torch.Tensor
+_TpuTensor = tt.TpuTensor
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout})
 MAX_ENTRIES = 8192
 
@@ -72,15 +73,25 @@ def _needs_exact_floats(func: Any) -> bool:
 
 def key_of(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     """The signature of this call, or ``None`` when an argument cannot be part of one."""
-    exact = _needs_exact_floats(func)
+    exact = _exact_floats.get(id(func))
+    if exact is None:
+        exact = _needs_exact_floats(func)
+    positional = []
     try:
-        positional = tuple([_arg_key(a, exact) for a in args])
+        for a in args:
+            if type(a) is _TpuTensor:  # _arg_key's first case, inlined: most arguments are tpu tensors
+                layout = a._layout
+                if layout is None:
+                    layout = a._layout = layout_key(a)
+                positional.append(layout)
+            else:
+                positional.append(_arg_key(a, exact))
         named = tuple([(k, _arg_key(v, exact)) for k, v in kwargs.items()]) if kwargs else ()
     except _Uncacheable:
         return None
     # overloads live forever; id avoids hashing them in Python. Symbolic sizes (while Dynamo traces) make the
     # key unhashable: lookup and store treat such a key as a miss.
-    return (id(func), positional, named)
+    return (id(func), tuple(positional), named)
 
 
 @dataclass(frozen=True)

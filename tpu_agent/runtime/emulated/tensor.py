@@ -381,9 +381,10 @@ def _unwrap_leaf(func: Any, x: Any) -> Any:
         e = x._elem
         return e if e is not None else unwrap(x)
     if t is list or t is tuple:
-        if all(type(y) in _PLAIN_SCALARS for y in x):  # sizes, dims, strides: nothing to unwrap
-            return x
-        return t([_unwrap_leaf(func, y) for y in x])
+        for y in x:  # a loop, not all(): sizes, dims and strides reach here on most view ops
+            if type(y) not in _PLAIN_SCALARS:
+                return t([_unwrap_leaf(func, y) for y in x])
+        return x  # sizes, dims, strides: nothing to unwrap
     if isinstance(x, _Tensor):
         if x.device.type == "tpu":
             # Not a TpuTensor yet on the tpu device: a factory's result while Dynamo or AOTAutograd trace
@@ -476,28 +477,87 @@ class WrapperTooSmall(RuntimeError):
     """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
 
 
+class Route:
+    """What the dispatcher does with one overload, decided once per process: its op plan, the check that must
+    run before it (:data:`_SPECIAL`), whether its CPU kernel can be called directly (no MXU rounding and no
+    CPU-gap computation to go through :func:`kernels.run_on_cpu`), and the tensor-list arguments it writes in
+    place. Read per op instead of the tables."""
+
+    __slots__ = ("func", "plan", "special", "direct", "written_lists")
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        self.plan = ops.plan_of(func)
+        self.special = _SPECIAL.get(id(func))
+        self.direct = self.plan.mxu_operands is None and self.plan.gap is None
+        self.written_lists = tuple(
+            i
+            for i, argument in enumerate(func._schema.arguments)
+            if argument.alias_info is not None
+            and argument.alias_info.is_write
+            and isinstance(argument.type, torch.ListType)
+        )
+
+
+def bump_written_lists(route: Route, args: tuple) -> None:
+    """Advance the version counters of the tensors an in-place foreach op wrote (``_foreach_add_``'s list).
+
+    For a single tensor the ADInplaceOrView kernel above this dispatcher does it; for tensor lists it does not
+    reach the wrappers (the CPU kernel bumps the CPU data's counters only). Autograd's saved-tensor checks and
+    the MXU rounding cache key on these counters, so an optimizer's foreach update must advance them, as it
+    does for tensors on a device without the emulation."""
+    for i in route.written_lists:
+        if i < len(args):
+            torch._C._increment_version([t for t in args[i] if type(t) is TpuTensor])
+
+
+_ROUTES: dict[int, Route] = {}
+
+
+def route_of(func: Any) -> Route:
+    """``func``'s :class:`Route`, keyed by identity (overloads live as long as the process)."""
+    route = _ROUTES.get(id(func))
+    if route is None or route.func is not func:
+        route = _ROUTES[id(func)] = Route(func)
+    return route
+
+
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
-    plan = ops.plan_of(func)
+    route = _ROUTES.get(id(func))
+    if route is None or route.func is not func:
+        route = route_of(func)
     if state.log_enabled:
         telemetry.op_counts[func] += 1
-    special = _SPECIAL.get(id(func))
-    if special is not None:
-        special(func, args, kwargs)
+    if route.special is not None:
+        route.special(func, args, kwargs)
     cargs = unwrap_args(func, args)
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
         if to_host:
-            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, plan)
+            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, route.plan)
     else:
         ckwargs = kwargs
-    out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, plan)
+    if route.direct:
+        out = route.plan.call(*cargs, **ckwargs)
+    else:
+        out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, route.plan)
     if state.debug_checks:
         from tpu_agent.runtime.emulated import debug
 
         debug.check(func, cargs, ckwargs, out)
-    result = rewrap(out, args, cargs, kwargs, ckwargs)
-    if plan.metadata_inplace:
+    if type(out) is _Tensor:  # the common case: one new tensor, or an in-place op's own argument
+        for i, c in enumerate(cargs):
+            if c is out and type(args[i]) is TpuTensor:
+                result = args[i]
+                break
+        else:
+            result = rewrap(out, args, cargs, kwargs, ckwargs) if kwargs else wrap(out)
+    else:
+        result = rewrap(out, args, cargs, kwargs, ckwargs)
+    if route.plan.metadata_inplace:
         sync_metadata(result, out)
+    if route.written_lists:
+        bump_written_lists(route, args)
     return result
 
 
@@ -529,7 +589,7 @@ _SPECIAL[id(torch.ops.aten._to_copy.default)] = _to_copy_op
 
 
 def special_for(func: Any) -> Any:
-    return _SPECIAL.get(id(func))
+    return route_of(func).special
 
 
 # The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).
