@@ -234,7 +234,19 @@ def _probe_values(floats: list[float]) -> list[float]:
     ]
 
 
-def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, bool]:
+# Ops whose lowering branches in Python on a float argument (``native_dropout``'s decomposition tests ``p != 0``):
+# a float reaching them stays a constant of the executable, and its value part of the cache key.
+_CONCRETE_FLOAT_OPS = frozenset(
+    {
+        torch.ops.aten.native_dropout.default,
+        torch.ops.aten.dropout.default,
+        torch.ops.aten.bernoulli.p,
+        torch.ops.aten.bernoulli_.float,
+    }
+)
+
+
+def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, tuple[int, ...] | None]:
     """The traced graph with the nodes' float arguments turned into inputs after the buffers.
 
     An optimizer's learning rate and bias corrections are Python floats that change every step; baked into
@@ -242,29 +254,37 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
     distinct probe values: a literal that holds probe ``i`` in the second trace and float ``i`` in the first is
     float ``i`` flowing straight into an op, and becomes input ``i``. If the traces differ anywhere else (a
     float shaped the graph or was transformed by a decomposition), nothing is lifted and the second value is
-    False: the floats stay constants of this executable and must be part of its cache key."""
+    None: the floats stay constants of this executable and must be part of its cache key. Otherwise the second
+    value names the floats that stay constants all the same (those reaching :data:`_CONCRETE_FLOAT_OPS`): their
+    values key the executable."""
     baked = trace(graph, graph_plan, graph_plan.floats)
     if not graph_plan.floats:
-        return baked, True
+        return baked, ()
     probes = _probe_values(graph_plan.floats)
     try:
         probed = trace(graph, graph_plan, probes)
     except Exception:  # noqa: BLE001 - an op refused a probe value (it checks the float): keep the floats baked
-        return baked, False
+        return baked, None
     index_of_probe = {p: i for i, p in enumerate(probes) if p != graph_plan.floats[i]}
     real_nodes, probe_nodes = list(baked.graph.nodes), list(probed.graph.nodes)
     if len(real_nodes) != len(probe_nodes):
-        return baked, False
+        return baked, None
     uses: list[tuple[torch.fx.Node, list[Any], dict[str, Any]]] = []
     lifted: set[int] = set()
+    concrete: set[int] = set()
     for real, probe in zip(real_nodes, probe_nodes, strict=True):
         if real.op != probe.op or real.target != probe.target:
-            return baked, False
+            return baked, None
         matched = _match_literals(
-            (real.args, real.kwargs), (probe.args, probe.kwargs), graph_plan.floats, index_of_probe, lifted
+            (real.args, real.kwargs),
+            (probe.args, probe.kwargs),
+            graph_plan.floats,
+            index_of_probe,
+            concrete if real.target in _CONCRETE_FLOAT_OPS else lifted,
+            keep_value=real.target in _CONCRETE_FLOAT_OPS,
         )
         if matched is None:
-            return baked, False
+            return baked, None
         if matched:
             uses.append((probe, *matched))
     last_input = [n for n in probe_nodes if n.op == "placeholder"][-1]
@@ -284,7 +304,7 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
             order.append(scalars[i])
     _reorder_placeholders(probed.graph, len(graph_plan.buffers), scalars)
     probed.recompile()
-    return probed, True
+    return probed, tuple(sorted(concrete))
 
 
 class _Lifted:
@@ -295,10 +315,16 @@ class _Lifted:
 
 
 def _match_literals(
-    real: Any, probe: Any, floats: list[float], index_of_probe: dict[float, int], lifted: set[int]
+    real: Any,
+    probe: Any,
+    floats: list[float],
+    index_of_probe: dict[float, int],
+    lifted: set[int],
+    keep_value: bool = False,
 ) -> Any:
-    """``probe`` with lifted literals replaced by :class:`_Lifted` markers, or None when the traces differ
-    elsewhere; an empty tuple when nothing in it is lifted."""
+    """``probe`` with lifted literals replaced by :class:`_Lifted` markers (with ``keep_value``: by the real
+    value, the float's index still added to ``lifted``), or None when the traces differ elsewhere; an empty
+    tuple when nothing in it is lifted."""
     changed = False
 
     def walk(r: Any, p: Any) -> Any:
@@ -312,7 +338,7 @@ def _match_literals(
             if r == floats[i] or (math.isnan(r) and math.isnan(floats[i])):
                 lifted.add(i)
                 changed = True
-                return _Lifted(i)
+                return r if keep_value else _Lifted(i)
             raise _Differs
         if isinstance(r, torch.fx.Node) and isinstance(p, torch.fx.Node):
             return p
@@ -359,17 +385,26 @@ class XlaExecutor:
 
     def __init__(self) -> None:
         self.cpu = CpuExecutor()
-        # by structural key (floats left out) and, where floats could not be lifted, their values;
+        # by structural key (floats left out) and the values of the floats that stay constants;
         # None: this graph runs on the CPU executor
-        self.runners: dict[tuple[str, tuple[float, ...] | None], GraphRunner | None] = {}
-        self.baked: set[str] = set()
+        self.runners: dict[tuple[str, tuple[float, ...]], GraphRunner | None] = {}
+        # per structural key, which floats stay constants (lift_floats; None: all of them)
+        self.constants: dict[str, tuple[int, ...] | None] = {}
+
+    def _key(self, graph_plan: Plan) -> tuple[str, tuple[float, ...]]:
+        constants = self.constants.get(graph_plan.key, ())
+        floats = graph_plan.floats
+        return graph_plan.key, tuple(floats) if constants is None else tuple(floats[i] for i in constants)
 
     def run(self, graph: Graph, cause: str) -> None:
         key = None
         try:
             graph_plan = plan(graph)
-            key = (graph_plan.key, tuple(graph_plan.floats) if graph_plan.key in self.baked else None)
-            runner = self.runners[key] if key in self.runners else self._build(graph, graph_plan)
+            key = self._key(graph_plan)
+            if key in self.runners:
+                runner = self.runners[key]
+            else:
+                key, runner = self._build(graph, graph_plan)
             if runner is not None:
                 # inputs are written back only after the executable ran, so a failure here leaves them intact
                 results = runner(*graph_plan.buffers, *graph_plan.floats, specialisation=graph_plan.key)
@@ -388,19 +423,18 @@ class XlaExecutor:
                 )
         self.cpu.run(graph, cause)
 
-    def _build(self, graph: Graph, graph_plan: Plan) -> GraphRunner:
-        gm, lifted = lift_floats(graph, graph_plan)
-        key: tuple[str, tuple[float, ...] | None] = (graph_plan.key, None)
-        if not lifted:
-            self.baked.add(graph_plan.key)
-            key = (graph_plan.key, tuple(graph_plan.floats))
+    def _build(self, graph: Graph, graph_plan: Plan) -> tuple[tuple[str, tuple[float, ...]], GraphRunner]:
+        gm, constants = lift_floats(graph, graph_plan)
+        if constants is None:
             gm = _with_float_inputs(gm, len(graph_plan.floats))
+        self.constants[graph_plan.key] = constants
+        key = self._key(graph_plan)
         # each node's matmul rounding is traced into the graph (kernels.run_on_cpu at its recorded precision)
         runner = GraphRunner(gm, f"deferred graph {graph.hash}", graph.nodes[0].site, state.Precision.HIGHEST)
         self._remember(key, runner)
-        return runner
+        return key, runner
 
-    def _remember(self, key: tuple[str, tuple[float, ...] | None], runner: GraphRunner | None) -> None:
+    def _remember(self, key: tuple[str, tuple[float, ...]], runner: GraphRunner | None) -> None:
         if len(self.runners) >= cache.MAX_EXECUTABLES:
             self.runners.clear()
         self.runners[key] = runner
