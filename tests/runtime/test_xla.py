@@ -82,6 +82,14 @@ def test_foreach_ops_decompose_to_per_tensor_loops_with_keyword_scalars() -> Non
         torch.testing.assert_close(got, x * 3)
 
 
+def test_gelu_lowers_to_torchs_formula() -> None:
+    x = torch.linspace(-12, 12, 2001)
+    for approximate in ("none", "tanh"):
+        lowered = jax.jit(functools.partial(extra_ops.gelu, approximate=approximate))(jnp.asarray(x.numpy()))
+        expected = torch.nn.functional.gelu(x, approximate=approximate).numpy()
+        np.testing.assert_allclose(np.asarray(lowered), expected, rtol=2e-6, atol=1e-6)
+
+
 def test_compiler_switch_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings.COMPILER_ENV, "XLA")
     assert settings.uses_xla()
@@ -130,7 +138,9 @@ def test_training_through_xla_matches_cpu_and_compiles_once(mode: str, training_
     out = training_runs[f"{mode}:highest:4"]
     np.testing.assert_allclose(out["tpu"], out["cpu"], rtol=2e-6, atol=2e-6)
     assert out["max_param_diff"] < 5e-3  # AdamW normalises tiny gradient differences up to ~lr
-    assert out["fallbacks"] == []
+    assert out["fallbacks"] == [] and out["graph_breaks"] == []
+    if mode == "compile":  # one whole graph each way: forward and backward, every step
+        assert out["cache"]["requests"] == 2 * 4
     assert out["compile_events"] == out["cache"]["compiles"] > 0
     # the first steps compile (optimizer state appears in step 1); the steady loop only hits the cache
     assert out["compiles_after_step"][-1] == out["compiles_after_step"][1]
@@ -171,6 +181,7 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
         if "# LINE masked_select" in t
     )
     assert ["aten.masked_select.default", "xla_semantics.py", masked_line] in out["fallbacks"]
+    assert all(0.15 < rate < 0.35 for rate in out["deferred_dropout"])
     assert not [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]  # every deferred graph compiled
 
 

@@ -9,7 +9,7 @@ token ids fit the vocabulary, per-layer lists have one entry per layer and keep 
 architecture whose constraints these rules miss fails to build; the caller reports it as a build error (it never
 reaches the ``tpu`` device, so it says nothing about it).
 
-A little over 500 lines: most of it is the rule table, one record per family of attributes, kept in one place so
+Why this module is long: most of it is the rule table, one record per family of attributes, kept in one place so
 that a reader sees every shrink a coverage figure rests on.
 """
 

@@ -48,6 +48,18 @@ def optimizer_steps() -> list:
     return [losses, [p.detach().cpu().flatten().tolist()[:4] for p in model.parameters()]]
 
 
+def deferred_dropout() -> list:
+    """DeferAndFuse steps with dropout: its p stays a constant of the executable (the lowering tests p != 0; lifted
+    into an input, the graph fell back to the CPU path) while the step's other float is lifted."""
+    torch.manual_seed(0)
+    x = torch.ones(64, 64).to("tpu")
+    rates = []
+    for scale in (1.5, 2.5):
+        y = F.dropout(x * scale, p=0.25, training=True)
+        rates.append(float((y == 0).float().mean().item()))
+    return rates
+
+
 def data_dependent() -> list:
     x = torch.tensor([-1.0, 2.0, -3.0, 4.0]).to("tpu")
     kept = x[x > 0]
@@ -122,6 +134,7 @@ out = {
         ("data_dependent", data_dependent),
     ]
 }
+out["deferred_dropout"] = run(FUSED, deferred_dropout)
 out["compiled"] = compiled_cases()
 out["data_dependent_in_graph"] = data_dependent_in_graph()
 from tpu_agent.runtime import events

@@ -36,8 +36,11 @@ class Block(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         b, t = tokens.shape
-        # a factory on the input's device, as GPT models build positions (must stay on tpu when compiled)
-        x = self.embed(tokens) + self.position(torch.arange(t, device=tokens.device))
+        # factories on the input's device, as GPT and TAPAS models build positions (they must stay on tpu when
+        # compiled): while Dynamo traces, the arange meets a tpu tensor in one op (refused as "two devices, tpu:0
+        # and tpu:0" once, a graph break), and Dynamo folds the as_tensor into a constant the backend reads
+        positions = torch.min(torch.arange(t, device=tokens.device), torch.as_tensor(15, device=tokens.device))
+        x = self.embed(tokens) + self.position(positions)
         d = x.shape[-1]
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -97,6 +100,7 @@ def run(mode: str, precision: str, steps: int) -> dict:
         "compile_events": sum(1 for e in log if isinstance(e, events.Compile) and is_xla(e.function)),
         "cache_hit_events": sum(1 for e in log if isinstance(e, events.CacheHit)),
         "fallbacks": [e.op for e in log if isinstance(e, events.FallbackOp)],
+        "graph_breaks": [e.reason for e in log if isinstance(e, events.GraphBreak)],
         "cache": {"requests": stats["requests"], "hits": stats["hits"], "compiles": stats["compiles"]},
     }
 

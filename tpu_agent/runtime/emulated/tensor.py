@@ -386,6 +386,11 @@ def _unwrap_leaf(func: Any, x: Any) -> Any:
                 return t([_unwrap_leaf(func, y) for y in x])
         return x  # sizes, dims, strides: nothing to unwrap
     if isinstance(x, _Tensor):
+        if x.device.type == "tpu":
+            # Not a TpuTensor yet on the tpu device: a factory's result while Dynamo or AOTAutograd trace
+            # (``torch.arange(n, device=x.device)`` makes a fake or functional tensor of the device itself); its
+            # counterpart on the data device is what the other operands' data meets (a traced copy, no data).
+            return x.to(DATA_DEVICE)
         _mixed_device(func, x)
     return x
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ class Plan:
     outputs: list[Any]  # produced tpu tensors that are not views: filled with results
     floats: list[float]  # the Python float arguments of the nodes, in order (left out of the key)
     key: str
+    views: list[Any] = field(default_factory=list)  # the view nodes, in graph order (their outputs alias bases)
 
 
 def _storage_buffer(elem: torch.Tensor) -> torch.Tensor:
@@ -146,14 +147,16 @@ def plan(graph: Graph) -> Plan:
     """Inputs, output tensors and a structural cache key for ``graph`` (raises :class:`NotPlannable`)."""
     planner = _Planner()
     parts = planner.parts
+    views = []
     for node in graph.nodes:
         args = planner.read(node.args)
         kwargs = planner.read(list(node.kwargs.items())) if node.kwargs else ""
-        parts.append(
-            f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, node.func.is_view)}@{node.precision.name}"
-        )
+        is_view = node.func.is_view
+        if is_view:
+            views.append(node)
+        parts.append(f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, is_view)}@{node.precision.name}")
     key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
-    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key)
+    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views)
 
 
 def _replay_function(graph: Graph, graph_plan: Plan, floats: list[float]) -> Callable[..., list[torch.Tensor]]:
@@ -231,7 +234,19 @@ def _probe_values(floats: list[float]) -> list[float]:
     ]
 
 
-def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, bool]:
+# Ops whose lowering branches in Python on a float argument (``native_dropout``'s decomposition tests ``p != 0``):
+# a float reaching them stays a constant of the executable, and its value part of the cache key.
+_CONCRETE_FLOAT_OPS = frozenset(
+    {
+        torch.ops.aten.native_dropout.default,
+        torch.ops.aten.dropout.default,
+        torch.ops.aten.bernoulli.p,
+        torch.ops.aten.bernoulli_.float,
+    }
+)
+
+
+def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, tuple[int, ...] | None]:
     """The traced graph with the nodes' float arguments turned into inputs after the buffers.
 
     An optimizer's learning rate and bias corrections are Python floats that change every step; baked into
@@ -239,29 +254,37 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
     distinct probe values: a literal that holds probe ``i`` in the second trace and float ``i`` in the first is
     float ``i`` flowing straight into an op, and becomes input ``i``. If the traces differ anywhere else (a
     float shaped the graph or was transformed by a decomposition), nothing is lifted and the second value is
-    False: the floats stay constants of this executable and must be part of its cache key."""
+    None: the floats stay constants of this executable and must be part of its cache key. Otherwise the second
+    value names the floats that stay constants all the same (those reaching :data:`_CONCRETE_FLOAT_OPS`): their
+    values key the executable."""
     baked = trace(graph, graph_plan, graph_plan.floats)
     if not graph_plan.floats:
-        return baked, True
+        return baked, ()
     probes = _probe_values(graph_plan.floats)
     try:
         probed = trace(graph, graph_plan, probes)
     except Exception:  # noqa: BLE001 - an op refused a probe value (it checks the float): keep the floats baked
-        return baked, False
+        return baked, None
     index_of_probe = {p: i for i, p in enumerate(probes) if p != graph_plan.floats[i]}
     real_nodes, probe_nodes = list(baked.graph.nodes), list(probed.graph.nodes)
     if len(real_nodes) != len(probe_nodes):
-        return baked, False
+        return baked, None
     uses: list[tuple[torch.fx.Node, list[Any], dict[str, Any]]] = []
     lifted: set[int] = set()
+    concrete: set[int] = set()
     for real, probe in zip(real_nodes, probe_nodes, strict=True):
         if real.op != probe.op or real.target != probe.target:
-            return baked, False
+            return baked, None
         matched = _match_literals(
-            (real.args, real.kwargs), (probe.args, probe.kwargs), graph_plan.floats, index_of_probe, lifted
+            (real.args, real.kwargs),
+            (probe.args, probe.kwargs),
+            graph_plan.floats,
+            index_of_probe,
+            concrete if real.target in _CONCRETE_FLOAT_OPS else lifted,
+            keep_value=real.target in _CONCRETE_FLOAT_OPS,
         )
         if matched is None:
-            return baked, False
+            return baked, None
         if matched:
             uses.append((probe, *matched))
     last_input = [n for n in probe_nodes if n.op == "placeholder"][-1]
@@ -281,7 +304,7 @@ def lift_floats(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, b
             order.append(scalars[i])
     _reorder_placeholders(probed.graph, len(graph_plan.buffers), scalars)
     probed.recompile()
-    return probed, True
+    return probed, tuple(sorted(concrete))
 
 
 class _Lifted:
@@ -292,10 +315,16 @@ class _Lifted:
 
 
 def _match_literals(
-    real: Any, probe: Any, floats: list[float], index_of_probe: dict[float, int], lifted: set[int]
+    real: Any,
+    probe: Any,
+    floats: list[float],
+    index_of_probe: dict[float, int],
+    lifted: set[int],
+    keep_value: bool = False,
 ) -> Any:
-    """``probe`` with lifted literals replaced by :class:`_Lifted` markers, or None when the traces differ
-    elsewhere; an empty tuple when nothing in it is lifted."""
+    """``probe`` with lifted literals replaced by :class:`_Lifted` markers (with ``keep_value``: by the real
+    value, the float's index still added to ``lifted``), or None when the traces differ elsewhere; an empty
+    tuple when nothing in it is lifted."""
     changed = False
 
     def walk(r: Any, p: Any) -> Any:
@@ -309,7 +338,7 @@ def _match_literals(
             if r == floats[i] or (math.isnan(r) and math.isnan(floats[i])):
                 lifted.add(i)
                 changed = True
-                return _Lifted(i)
+                return r if keep_value else _Lifted(i)
             raise _Differs
         if isinstance(r, torch.fx.Node) and isinstance(p, torch.fx.Node):
             return p
@@ -356,20 +385,29 @@ class XlaExecutor:
 
     def __init__(self) -> None:
         self.cpu = CpuExecutor()
-        # by structural key (floats left out) and, where floats could not be lifted, their values;
+        # by structural key (floats left out) and the values of the floats that stay constants;
         # None: this graph runs on the CPU executor
-        self.runners: dict[tuple[str, tuple[float, ...] | None], GraphRunner | None] = {}
-        self.baked: set[str] = set()
+        self.runners: dict[tuple[str, tuple[float, ...]], GraphRunner | None] = {}
+        # per structural key, which floats stay constants (lift_floats; None: all of them)
+        self.constants: dict[str, tuple[int, ...] | None] = {}
+
+    def _key(self, graph_plan: Plan) -> tuple[str, tuple[float, ...]]:
+        constants = self.constants.get(graph_plan.key, ())
+        floats = graph_plan.floats
+        return graph_plan.key, tuple(floats) if constants is None else tuple(floats[i] for i in constants)
 
     def run(self, graph: Graph, cause: str) -> None:
         key = None
         try:
             graph_plan = plan(graph)
-            key = (graph_plan.key, tuple(graph_plan.floats) if graph_plan.key in self.baked else None)
-            runner = self.runners[key] if key in self.runners else self._build(graph, graph_plan)
+            key = self._key(graph_plan)
+            if key in self.runners:
+                runner = self.runners[key]
+            else:
+                key, runner = self._build(graph, graph_plan)
             if runner is not None:
                 # inputs are written back only after the executable ran, so a failure here leaves them intact
-                results = runner(*graph_plan.buffers, *graph_plan.floats)
+                results = runner(*graph_plan.buffers, *graph_plan.floats, specialisation=graph_plan.key)
                 _materialise(graph, graph_plan, results)
                 return
         except Exception as error:  # noqa: BLE001 - never a crash: the op-by-op executor runs what XLA cannot take
@@ -385,18 +423,18 @@ class XlaExecutor:
                 )
         self.cpu.run(graph, cause)
 
-    def _build(self, graph: Graph, graph_plan: Plan) -> GraphRunner:
-        gm, lifted = lift_floats(graph, graph_plan)
-        key: tuple[str, tuple[float, ...] | None] = (graph_plan.key, None)
-        if not lifted:
-            self.baked.add(graph_plan.key)
-            key = (graph_plan.key, tuple(graph_plan.floats))
+    def _build(self, graph: Graph, graph_plan: Plan) -> tuple[tuple[str, tuple[float, ...]], GraphRunner]:
+        gm, constants = lift_floats(graph, graph_plan)
+        if constants is None:
             gm = _with_float_inputs(gm, len(graph_plan.floats))
-        runner = GraphRunner(gm, f"deferred graph {graph.hash}", graph.nodes[0].site)
+        self.constants[graph_plan.key] = constants
+        key = self._key(graph_plan)
+        # each node's matmul rounding is traced into the graph (kernels.run_on_cpu at its recorded precision)
+        runner = GraphRunner(gm, f"deferred graph {graph.hash}", graph.nodes[0].site, state.Precision.HIGHEST)
         self._remember(key, runner)
-        return runner
+        return key, runner
 
-    def _remember(self, key: tuple[str, tuple[float, ...] | None], runner: GraphRunner | None) -> None:
+    def _remember(self, key: tuple[str, tuple[float, ...]], runner: GraphRunner | None) -> None:
         if len(self.runners) >= cache.MAX_EXECUTABLES:
             self.runners.clear()
         self.runners[key] = runner
@@ -417,13 +455,12 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
     for wrapper, value in zip(graph_plan.outputs, results, strict=True):
         if wrapper._elem is None:
             tt.materialized(wrapper, _with_layout(value, wrapper))
-    for node in graph.nodes:
-        if node.func.is_view:
-            base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
-            for view in _tensors_in(node.outputs):
-                if type(view) is tt.TpuTensor and view._elem is None:
-                    assert base._elem is not None  # the base was materialised before its views (graph order)
-                    tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
+    for node in graph_plan.views:
+        base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
+        for view in _tensors_in(node.outputs):
+            if type(view) is tt.TpuTensor and view._elem is None:
+                assert base._elem is not None  # the base was materialised before its views (graph order)
+                tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
 
 
 def _with_layout(value: torch.Tensor, wrapper: Any) -> torch.Tensor:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.split_module import split_module
 
 from tpu_agent.runtime import events
@@ -49,12 +50,15 @@ def user_site(node: torch.fx.Node) -> events.Site | None:
 def graph_signature(gm: torch.fx.GraphModule) -> str:
     """Stable over identical graphs (the code and any constant tensors baked into it), whatever object holds them."""
     digest = hashlib.sha1(gm.code.encode())
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            value = getattr(gm, node.target, None)
-            if isinstance(value, torch.Tensor):
-                digest.update(f"{node.target}{tuple(value.shape)}{value.dtype}".encode())
-                digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    # AOTAutograd hands graphs over inside its fake mode; a constant (``torch.as_tensor(511, device=x.device)``
+    # folded by Dynamo) is real data, read outside it
+    with unset_fake_temporarily():
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(gm, node.target, None)
+                if isinstance(value, torch.Tensor):
+                    digest.update(f"{node.target}{tuple(value.shape)}{value.dtype}".encode())
+                    digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:20]
 
 
@@ -63,11 +67,17 @@ def _op_count(gm: torch.fx.GraphModule) -> int:
 
 
 class EagerOps(torch.fx.Interpreter):
-    """Runs a graph op by op on the CPU with the eager emulation's op semantics (MXU operand rounding)."""
+    """Runs a graph op by op on the CPU with the eager emulation's op semantics (MXU operand rounding at
+    ``precision``, or the thread's)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, precision: state.Precision | None = None) -> None:
+        super().__init__(gm)
+        self.precision = precision
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if isinstance(target, torch._ops.OpOverload):
-            return kernels.run_on_cpu(target, list(args), dict(kwargs), state.effective_precision())
+            precision = self.precision if self.precision is not None else state.effective_precision()
+            return kernels.run_on_cpu(target, list(args), dict(kwargs), precision)
         return super().call_function(target, args, kwargs)
 
 
@@ -85,10 +95,19 @@ class _Segment(torch.nn.Module):
 class GraphRunner:
     """An ATen graph run through XLA executables (compiled per input specialisation, cached)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, site: events.Site | None = None) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        site: events.Site | None = None,
+        precision: state.Precision | None = None,
+    ) -> None:
         self.gm = gm
         self.name = name
         self.site = site
+        # the matmul precision the lowering rounds at; None: the thread's at each call (torch.compile graphs).
+        # DeferAndFuse graphs have each op's recorded rounding traced in already: HIGHEST adds none.
+        self.precision = precision
         self.signature = graph_signature(gm)
         self.split: torch.fx.GraphModule | None = None
         self.compile_failed = False  # the graph did not lower after all: it runs op by op from then on
@@ -116,23 +135,25 @@ class GraphRunner:
         for name, sub in list(split.named_children()):
             index = int(name.removeprefix("submod_"))
             if index in eager_ids:
-                runner: Any = EagerOps(sub).run
+                runner: Any = EagerOps(sub, self.precision).run
             else:
-                runner = GraphRunner(sub, f"{self.name}#{index}", self.site)
+                runner = GraphRunner(sub, f"{self.name}#{index}", self.site, self.precision)
             setattr(split, name, _Segment(runner))
         return split
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, specialisation: Hashable | None = None) -> Any:
+        """Run the graph on ``args``. A caller that knows what the arguments' shapes and dtypes are (one runner
+        per planned DeferAndFuse graph) passes ``specialisation`` naming them, instead of having them read from
+        a few hundred arguments at every call."""
         if self.split is not None:
             return self.split(*args)
         if self.compile_failed or not all(isinstance(a, (torch.Tensor, float)) for a in args):
-            return EagerOps(self.gm).run(*args)
+            return EagerOps(self.gm, self.precision).run(*args)
         tensors: Sequence[torch.Tensor | float] = args
-        precision = state.effective_precision()
-        specialisation = (
-            tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors),
-            precision.name,
-        )
+        precision = self.precision if self.precision is not None else state.effective_precision()
+        if specialisation is None:
+            specialisation = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors)
+        specialisation = (specialisation, precision.name)
         try:
             executable = cache.executables.get_or_compile(
                 self.signature,
@@ -150,7 +171,7 @@ class GraphRunner:
                 events.emit(
                     events.FallbackOp, op=f"{self.name} ({type(error).__name__}: {error})"[:300], site=self.site
                 )
-            return EagerOps(self.gm).run(*args)
+            return EagerOps(self.gm, self.precision).run(*args)
         result = executable(list(tensors))
         for observe in graph_observers:
             observe(self, tensors, precision)

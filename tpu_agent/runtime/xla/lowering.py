@@ -20,17 +20,19 @@ graph around them (see :mod:`tpu_agent.runtime.xla.partition`).
 
 from __future__ import annotations
 
-import atexit
 import operator
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from jax._src.lax.lax import _convert_element_type  # the one way to make a weakly typed value from an array
+from jax._src.lib import _jax
 
 from tpu_agent.runtime.emulated import ops, state
 from tpu_agent.runtime.xla import extra_ops, torchax_compat
@@ -142,8 +144,6 @@ def has_lowering(target: Any) -> bool:
         return True
     if target.namespace in _COLLECTIVE_NAMESPACES:
         return False
-    if isinstance(target, torch._ops.OpOverload) and any(tag in target.tags for tag in _DATA_DEPENDENT_TAGS):
-        return False
     env = environment()
     try:
         env._get_op_or_decomp(target)
@@ -152,16 +152,34 @@ def has_lowering(target: Any) -> bool:
     return True
 
 
+def is_data_dependent(node: torch.fx.Node) -> bool:
+    """Whether the op's output shape depends on its input values here. The tags say whether it *can*
+    (``aten.index.Tensor`` has one for boolean masks); the traced output says whether it did: an unknown size
+    (an unbacked symbol) or no recorded shape at all. Integer indexing, as every GPT-2 and BERT forward has,
+    has a static shape and is lowered."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or not any(tag in target.tags for tag in _DATA_DEPENDENT_TAGS):
+        return False
+    value = node.meta.get("val")
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return not values or not all(
+        isinstance(v, torch.Tensor) and all(isinstance(size, int) for size in v.shape) for v in values
+    )
+
+
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The call nodes of ``gm`` torchax cannot lower."""
-    return [n for n in gm.graph.nodes if n.op == "call_function" and not has_lowering(n.target)]
+    """The call nodes of ``gm`` torchax cannot lower (or whose output shapes an XLA program cannot fix)."""
+    return [
+        n for n in gm.graph.nodes if n.op == "call_function" and (is_data_dependent(n) or not has_lowering(n.target))
+    ]
 
 
 @dataclass
 class Lowered:
     """A compiled graph: call with the CPU input tensors, get the graph's outputs as CPU tensors.
 
-    Inputs the graph wrote into have been updated in place when the call returns."""
+    Inputs the graph wrote into have been updated in place when the call returns. The graph's float inputs
+    reach the executable packed in one f32 vector (see :func:`compile_graph`)."""
 
     executable: Any
     out_spec: Any
@@ -169,23 +187,38 @@ class Lowered:
     mutated_inputs: list[int]
     uses_rng: bool
     output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
+    float_positions: list[int] = field(default_factory=list)  # inputs that are Python floats
+
+    def __post_init__(self) -> None:
+        # a flat list or tuple of outputs (every DeferAndFuse graph, most AOTAutograd ones) is built directly:
+        # unflattening a pytree costs ~15 us a leaf
+        spec = self.out_spec
+        kind = list if spec.type is not None and issubclass(spec.type, list) else spec.type  # fx's immutable_list
+        flat = kind in (list, tuple) and all(child.is_leaf() for child in spec.children())
+        self._flat_type: type | None = kind if flat else None
 
     def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
-        arrays = [_aliases.array(t) if isinstance(t, torch.Tensor) else t for t in inputs]
         key = _next_key() if self.uses_rng else _NO_KEY
-        flat, mutated = self.executable(key, *arrays)
-        _aliases.rotate()
+        if self.float_positions:
+            floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float32)
+            arrays = [to_jax(t) for t in inputs if isinstance(t, torch.Tensor)]
+            flat, mutated = self.executable(key, *arrays, floats)
+        else:
+            flat, mutated = self.executable(key, *[to_jax(t) for t in inputs])
         for index, value in zip(self.mutated_inputs, mutated, strict=True):
             target = inputs[index]
             assert isinstance(target, torch.Tensor)  # only tensor inputs are ever written (compile_graph)
             target.copy_(to_torch(value))
         leaves = list(self.static_leaves)
         outputs = iter(flat)
+        dtypes = self.output_dtypes
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
                 result = to_torch(next(outputs))
-                dtype = self.output_dtypes[i] if i < len(self.output_dtypes) else None
+                dtype = dtypes[i] if i < len(dtypes) else None
                 leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
+        if self._flat_type is not None:
+            return leaves if self._flat_type is list else tuple(leaves)
         return pytree.tree_unflatten(leaves, self.out_spec)
 
 
@@ -199,50 +232,33 @@ def _next_key() -> jax.Array:
     return jax.random.key_data(jax.random.PRNGKey(seed))
 
 
-class _AliasCache:
-    """JAX arrays that alias CPU tensors' memory, reused by the next call that passes the same tensor.
-
-    Making a JAX array over a tensor costs ~0.1-0.3 ms (more than a small op); parameters and optimizer state
-    are passed to every step's executable. An alias always shows the tensor's current values (same memory),
-    and while it is cached it holds the tensor's storage, so no other tensor can take its address. Entries a
-    call did not use are dropped at the next call, so the cache holds no more than the latest inputs."""
-
-    def __init__(self) -> None:
-        self.now: dict[tuple[int, torch.Size, torch.dtype], jax.Array] = {}
-        self.previous: dict[tuple[int, torch.Size, torch.dtype], jax.Array] = {}
-
-    def array(self, t: torch.Tensor) -> jax.Array:
-        if not t.is_contiguous() or t.dtype is torch.bool:
-            return to_jax(t)
-        key = (t.data_ptr(), t.shape, t.dtype)
-        found = self.now.get(key)
-        if found is None:
-            found = self.previous.pop(key, None)
-        if found is None:
-            found = to_jax(t)
-            if t.numel() and found.unsafe_buffer_pointer() != t.data_ptr():
-                return found  # a copy, not an alias: it would go stale
-        self.now[key] = found
-        return found
-
-    def rotate(self) -> None:
-        self.previous = self.now
-        self.now = {}
-
-    def clear(self) -> None:
-        self.now, self.previous = {}, {}
-
-
-_aliases = _AliasCache()
-atexit.register(_aliases.clear)  # before interpreter teardown: the aliases hold device tensors' storages
+# The conversions below run for every input and output of every executable call, so they use the DLPack entry
+# points of torch and jaxlib directly: ``jax.dlpack.from_dlpack`` and ``torch.from_dlpack`` add ~40 us of
+# Python checks per array (device lookups, dtype canonicalisation), which on a graph with a hundred parameters
+# cost more than running it. The direct calls make the same zero-copy alias (checked by the tests).
+_CPU_DEVICE = jax.devices("cpu")[0]
+_DLPACK_CPU = 1  # DLDeviceType.kDLCPU
+# dtypes DLPack carries as they are; 64-bit ones go through jax's path, which narrows them to the 32-bit types
+# the executables are compiled for (x64 is off), and bool through a copy (DLPack bool support varies).
+_DIRECT_DTYPES = frozenset(
+    {torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8}
+)
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
-    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of dlpack dtypes)."""
+    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of DLPack dtypes)."""
     if t.dtype is torch.bool:
         return jnp.asarray(t.numpy())
     if not t.is_contiguous():
         t = t.contiguous()
+    if t.dtype in _DIRECT_DTYPES:
+        source = t.detach() if t.requires_grad else t
+        try:
+            return _jax.dlpack_managed_tensor_to_buffer(
+                torch._C._to_dlpack(source), _CPU_DEVICE, None, None, _DLPACK_CPU
+            )
+        except Exception:  # noqa: BLE001 - unaligned or unusual storage: the general path below copies it
+            pass
     try:
         return jax.dlpack.from_dlpack(t.detach())
     except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
@@ -253,7 +269,7 @@ def to_torch(a: jax.Array) -> torch.Tensor:
     """A CPU tensor over a JAX array's buffer (no copy)."""
     if a.dtype == jnp.bool_:
         return torch.from_numpy(jax.device_get(a).copy())
-    return torch.from_dlpack(a)
+    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=None))
 
 
 class _Interpreter(torch.fx.Interpreter):
@@ -261,12 +277,12 @@ class _Interpreter(torch.fx.Interpreter):
 
     def __init__(self, gm: torch.fx.GraphModule, env: Any) -> None:
         super().__init__(gm)
-        self.env = env
+        self.torchax_env = env  # not ``self.env``: the Interpreter keeps its node values there
 
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor):
-            return self.env.j2t_iso(to_jax(value.detach().cpu()))
+            return self.torchax_env.j2t_iso(to_jax(value.detach().cpu()))
         return value
 
 
@@ -335,9 +351,17 @@ def trace_graph(
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor | float], precision: state.Precision
 ) -> Lowered:
-    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes."""
+    """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
+
+    The graph's float inputs (an optimizer's learning rate and bias corrections: two or more per parameter) are
+    packed into one f32 vector argument: JAX turns each Python scalar argument into a device buffer of its own
+    at every call, which cost more than the whole AdamW update of a small model."""
     traced = trace_graph(gm, example_inputs, precision)
-    executable = jax.jit(traced.function).lower(*traced.abstract).compile()
+    float_positions = [i for i, t in enumerate(example_inputs) if not isinstance(t, torch.Tensor)]
+    function, abstract = traced.function, traced.abstract
+    if float_positions:
+        function, abstract = _packing_floats(traced, float_positions)
+    executable = jax.jit(function).lower(*abstract).compile()
     return Lowered(
         executable=executable,
         out_spec=traced.found["spec"],
@@ -345,7 +369,32 @@ def compile_graph(
         mutated_inputs=traced.found["mutated"],
         uses_rng=_uses_rng(gm),
         output_dtypes=_output_dtypes(gm),
+        float_positions=float_positions,
     )
+
+
+def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+    """``traced.function`` taking its float inputs as one f32 vector after the tensors, and its abstract args."""
+    count = len(traced.abstract) - 1
+    is_float = set(float_positions)
+    tensor_positions = [i for i in range(count) if i not in is_float]
+
+    def packed(key: jax.Array, *arrays: jax.Array) -> Any:
+        *tensors, floats = arrays
+        merged: list[Any] = [None] * count
+        for position, array in zip(tensor_positions, tensors, strict=True):
+            merged[position] = array
+        for index, position in enumerate(float_positions):
+            # weakly typed, as the Python scalar it stands for (``x_bf16 * lr`` stays bf16)
+            merged[position] = _convert_element_type(floats[index], weak_type=True)
+        return traced.function(key, *merged)
+
+    abstract = [
+        traced.abstract[0],
+        *(traced.abstract[1 + i] for i in tensor_positions),
+        jax.ShapeDtypeStruct((len(float_positions),), jnp.float32),
+    ]
+    return packed, abstract
 
 
 def _output_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype | None]:

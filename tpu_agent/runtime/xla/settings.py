@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from typing import Any
 
 from tpu_agent.errors import TpuAgentError
 
@@ -100,6 +101,13 @@ def install_deferred_executor() -> None:
     activates the device (``tpu_agent.runtime.api.activate``) plugs it in here."""
     if deferred_uses_xla():
         from tpu_agent.runtime.emulated import deferred
-        from tpu_agent.runtime.xla.executor import XlaExecutor
 
-        deferred.executor_factory = XlaExecutor
+        deferred.executor_factory = _xla_executor
+
+
+def _xla_executor() -> Any:
+    """The XLA executor, imported at the first flush: JAX and the lowering take seconds to import, which a run
+    that never defers (Strict mode, or a script that only starts) should not pay before its first line."""
+    from tpu_agent.runtime.xla.executor import XlaExecutor
+
+    return XlaExecutor()
