@@ -58,6 +58,19 @@ def _result(class_name: str, **verdicts: str) -> dict[str, Any]:
     return {"case": {"model_type": class_name.lower(), "task": "causal-lm", "class_name": class_name}, "modes": modes}
 
 
+def _page_meta() -> dict[str, Any]:
+    """The run facts a page header needs, for a two-architecture sweep."""
+    return {
+        "date": "d",
+        "transformers": "t",
+        "torch": "p",
+        "selected": 2,
+        "available": 2,
+        "subset_note": "",
+        "note": "",
+    }
+
+
 def test_merged_runs_make_one_page_with_sampled_modes_marked() -> None:
     bench = _bench()
     eager = [
@@ -72,15 +85,7 @@ def test_merged_runs_make_one_page_with_sampled_modes_marked() -> None:
         ["strict", "defer-and-fuse"],
         ["strict", "defer-and-fuse", "compile"],
     ]
-    meta = {
-        "date": "d",
-        "transformers": "t",
-        "torch": "p",
-        "selected": 2,
-        "available": 2,
-        "subset_note": "",
-        "note": "",
-    }
+    meta = _page_meta()
     page = bench.render_markdown(merged, ("strict", "defer-and-fuse", "compile"), meta)
     assert "| defer-and-fuse | 2 | 1 | 0 | 1 | 0 | 50.0% | >= 98% |" in page
     assert "| compile | 1 | 1 | 0 | 0 | 0 | 100.0% |  |" in page
@@ -100,15 +105,7 @@ def test_compile_sample_is_the_same_for_any_selection_and_runs_are_listed_to_rep
     assert run["command"] == "python benchmarks/hf_coverage.py --only llama --note 'two words'" and run["commit"]
     first, second = _result("AModel", strict="pass"), _result("BModel", strict="pass")
     first["runs"], second["runs"] = [{**run, "wall_s": 120}], [{**run, "wall_s": 120}]
-    meta = {
-        "date": "d",
-        "transformers": "t",
-        "torch": "p",
-        "selected": 2,
-        "available": 2,
-        "subset_note": "",
-        "note": "",
-    }
+    meta = _page_meta()
     page = bench.render_markdown([first, second], ("strict",), {**meta, "merge_command": "python m.py --merge a b"})
     assert f"    {run['command']}\n\nat {run['commit']} on {run['date']}: 2 architectures, 2 min wall" in page
     assert page.endswith("    python m.py --merge a b\n")
