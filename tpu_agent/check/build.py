@@ -95,11 +95,15 @@ def _build_hf_type(spec: ModelSpec) -> Built:
 
     task = spec.task or ""
     cls = _hf_class(spec.target, task)
-    config = _part_for(cls, shrink_config(AutoConfig.for_model(spec.target)))
+
+    def tiny_config(every_kind: bool) -> Any:
+        return _part_for(cls, shrink_config(AutoConfig.for_model(spec.target), every_kind=every_kind))
+
+    config = tiny_config(every_kind=True)
     try:
         size = _size_on_meta(cls, config)
     except Exception:  # a model that refuses one layer of each kind: its first layers as they come, as before
-        config = _part_for(cls, shrink_config(AutoConfig.for_model(spec.target), every_kind=False))
+        config = tiny_config(every_kind=False)
         size = _size_on_meta(cls, config)
     own_config = "check a model directory holding a small config.json of your own, or a module:factory"
     if size.parameters > TINY_MAX_PARAMETERS:

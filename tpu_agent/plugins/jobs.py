@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from tpu_agent.errors import TpuAgentError
-from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, MAX_FINISHED_JOBS, clipped
+from tpu_agent.errors import TpuAgentError, clipped
+from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, MAX_FINISHED_JOBS
 from tpu_agent.plugins.workspace import Workspace
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.

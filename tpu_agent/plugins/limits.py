@@ -3,12 +3,10 @@
 The tool schemas publish these as ``maxLength``/``maxItems``/``maximum`` so a client can see them, the
 server refuses anything larger as ``invalid-argument`` before a tool runs, and the job manager enforces
 the resource bounds (concurrent jobs, ranks per job). Text that came from the caller is echoed back only
-:func:`clipped`, so an oversized id or path never returns whole in an error message.
+:func:`tpu_agent.errors.clipped`, so an oversized id or path never returns whole in an error message.
 """
 
 from __future__ import annotations
-
-from tpu_agent.errors import ECHO_CHARS, clipped
 
 #: Longest path a tool accepts (Linux ``PATH_MAX``); longer ones cannot name a file anyway.
 MAX_PATH_CHARS = 4096
@@ -39,7 +37,6 @@ MAX_FINISHED_JOBS = 100
 __all__ = [
     "DEFAULT_MAX_JOBS",
     "DEFAULT_MAX_RANKS",
-    "ECHO_CHARS",
     "MAX_CHIP_CHARS",
     "MAX_FINISHED_JOBS",
     "MAX_ID_CHARS",
@@ -51,5 +48,4 @@ __all__ = [
     "MAX_RULE_CODE_CHARS",
     "MAX_SCRIPT_ARGS",
     "MAX_SCRIPT_ARG_CHARS",
-    "clipped",
 ]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.errors import ExitCode, TpuAgentError, clipped
 from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.migrate.model import (
     FileKind,
@@ -31,7 +31,6 @@ from tpu_agent.migrate.model import (
     Safety,
     sha256_bytes,
 )
-from tpu_agent.plugins.limits import clipped
 from tpu_agent.plugins.workspace import Workspace
 
 PLAN_FORMAT = 1

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.errors import ExitCode, TpuAgentError, clipped
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.plugins.limits import MAX_PATH_CHARS, clipped
+from tpu_agent.plugins.limits import MAX_PATH_CHARS
 
 #: Environment variables that name the project directory, first match wins. ``TPU_AGENT_WORKSPACE`` is
 #: ours (for hosts that cannot pass arguments); ``CLAUDE_PROJECT_DIR`` is set by Claude Code.

@@ -78,8 +78,8 @@ def _process_exists(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, owned by another user
+        pass
     return True
 
 

@@ -30,10 +30,10 @@ from pydantic import Field
 from tpu_agent.check.model import MODES
 from tpu_agent.check.spec import WEIGHT_FILES, WEIGHT_INDEXES, parse_model_spec
 from tpu_agent.check.tiny import TASK_MAPPINGS
-from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.errors import ExitCode, TpuAgentError, clipped
 from tpu_agent.plugins import models
 from tpu_agent.plugins.jobs import Job, JobState, new_job_id
-from tpu_agent.plugins.limits import MAX_PATH_CHARS, clipped
+from tpu_agent.plugins.limits import MAX_PATH_CHARS
 from tpu_agent.plugins.tools.args import BackendArg, ChipArg, TimeoutArg, WaitArg, WorkspaceArg
 from tpu_agent.plugins.tools.common import ToolSpec, in_thread, server_state, tool_hints
 from tpu_agent.plugins.tools.jobs import CHECK_FILE, job_result, report_file, wait_for_job

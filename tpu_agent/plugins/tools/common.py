@@ -33,9 +33,9 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tpu_agent.errors import ExitCode, TpuAgentError, clipped
+from tpu_agent.errors import ECHO_CHARS, ExitCode, TpuAgentError, clipped
 from tpu_agent.plugins.jobs import JobManager
-from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, DEFAULT_MAX_RANKS, ECHO_CHARS
+from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, DEFAULT_MAX_RANKS
 from tpu_agent.plugins.workspace import Workspace, configured_workspace, resolve_workspace
 
 logger = logging.getLogger("tpu_agent.mcp")

@@ -99,15 +99,12 @@ class CpuExecutor:
     """Runs a captured graph node by node on the CPU, with the same op semantics as Strict mode."""
 
     def run(self, graph: Graph, cause: str) -> None:
-        routes = tt._ROUTES
         for node in graph.nodes:
             func = node.func
             try:
                 cargs = tt.unwrap_args(func, node.args)
                 ckwargs = tt.unwrap_kwargs(func, node.kwargs)[0] if node.kwargs else node.kwargs
-                route = routes.get(id(func))
-                if route is None or route.func is not func:
-                    route = tt.route_of(func)
+                route = tt.route_of(func)
                 if route.direct:
                     out = route.plan.call(*cargs, **ckwargs)
                 else:  # the rounding cache keys on the version counters recording saw, not today's
@@ -412,9 +409,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
 
     The hot path of DeferAndFuse: with the op's signature in the shape cache, recording costs a key, a lookup,
     the output wrappers and a :class:`Node`, and must stay below what Strict pays to run the op."""
-    route = tt._ROUTES.get(id(func))
-    if route is None or route.func is not func:
-        route = tt.route_of(func)
+    route = tt.route_of(func)
     plan = route.plan
     if not plan.plain_record:  # a transfer, view, host read or data-dependent op may have to run now
         if plan.host_read is not None or (plan.transfer and _is_host_transfer(func, args, kwargs)):

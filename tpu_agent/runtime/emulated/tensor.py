@@ -523,9 +523,7 @@ def route_of(func: Any) -> Route:
 
 
 def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
-    route = _ROUTES.get(id(func))
-    if route is None or route.func is not func:
-        route = route_of(func)
+    route = route_of(func)
     if state.log_enabled:
         telemetry.op_counts[func] += 1
     if route.special is not None:
@@ -586,10 +584,6 @@ _SPECIAL: dict[int, Any] = {id(op): unsupported.check for op in unsupported.CHEC
 _SPECIAL.update({id(op): _host_read_op for op in ops.HOST_READ_OPS})
 _SPECIAL[id(torch.ops.aten.copy_.default)] = _copy_op
 _SPECIAL[id(torch.ops.aten._to_copy.default)] = _to_copy_op
-
-
-def special_for(func: Any) -> Any:
-    return route_of(func).special
 
 
 # The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).
