@@ -9,7 +9,9 @@ The replay of the nodes is then traced by ``make_fx`` under functionalisation: m
 pure ops plus a final write-back into the input buffers, which :mod:`.lowering` returns as extra outputs and
 this executor copies back into the real storages, so every alias sees the new values as in Strict mode.
 
-After the run, results are given to the graph's deferred tensors: a view op's output becomes a view of its
+Only the produced tensors the program can still read (:func:`deferred.live_results`) are outputs of the
+executable; the others never leave it, so XLA fuses them away. After the run, results are given to the graph's
+live deferred tensors: a view op's output becomes a view of its
 base's data again (the same strides and offset its metadata promised), so later in-place writes through it
 reach the base, as on the CPU executor.
 
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import kernels, state
+from tpu_agent.runtime.emulated import deferred, kernels, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
 from tpu_agent.runtime.xla import cache, decompositions, graphs
@@ -63,6 +65,7 @@ class Plan:
     floats: list[float]  # the Python float arguments of the nodes, in order (left out of the key)
     key: str
     views: list[Any] = field(default_factory=list)  # the view nodes, in graph order (their outputs alias bases)
+    live: set[int] | None = None  # ids of the produced tensors given data (None: all of them)
 
 
 def _storage_buffer(elem: torch.Tensor) -> torch.Tensor:
@@ -86,7 +89,9 @@ _TENSOR_TYPES = (tt.TpuTensor, torch.Tensor, torch.nn.Parameter)
 class _Planner:
     """One pass over the nodes: numbers every tensor, registers the inputs' storages, writes the key."""
 
-    def __init__(self) -> None:
+    def __init__(self, live: set[int] | None = None) -> None:
+        # ids of the produced tensors the program can still read (deferred.live_results); None: all of them
+        self.live = live
         self.buffers: list[torch.Tensor] = []
         self.by_storage: dict[int, int] = {}
         self.slots: dict[int, Slot] = {}
@@ -138,14 +143,19 @@ class _Planner:
         number = self.numbering.get(id(value))
         if number is None:
             number = self.numbering[id(value)] = len(self.numbering)
+            if self.live is not None and id(value) not in self.live:
+                return f"#{number}~"  # dead once the graph is done: XLA need not write it out
             if not is_view:
                 self.outputs.append(value)
         return f"#{number}"
 
 
 def plan(graph: Graph) -> Plan:
-    """Inputs, output tensors and a structural cache key for ``graph`` (raises :class:`NotPlannable`)."""
-    planner = _Planner()
+    """Inputs, output tensors and a structural cache key for ``graph`` (raises :class:`NotPlannable`).
+
+    Only the produced tensors the program can still read are outputs (:func:`deferred.live_results`); which
+    ones those are is part of the key, so a step that keeps another tensor compiles an executable that returns it."""
+    planner = _Planner(deferred.live_results(graph))
     parts = planner.parts
     views = []
     for node in graph.nodes:
@@ -156,7 +166,7 @@ def plan(graph: Graph) -> Plan:
             views.append(node)
         parts.append(f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, is_view)}@{node.precision.name}")
     key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
-    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views)
+    return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views, planner.live)
 
 
 def _replay_function(graph: Graph, graph_plan: Plan, floats: list[float]) -> Callable[..., list[torch.Tensor]]:
@@ -455,10 +465,11 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
     for wrapper, value in zip(graph_plan.outputs, results, strict=True):
         if wrapper._elem is None:
             tt.materialized(wrapper, _with_layout(value, wrapper))
+    live = graph_plan.live
     for node in graph_plan.views:
         base = next(t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor)
         for view in _tensors_in(node.outputs):
-            if type(view) is tt.TpuTensor and view._elem is None:
+            if type(view) is tt.TpuTensor and view._elem is None and (live is None or id(view) in live):
                 assert base._elem is not None  # the base was materialised before its views (graph order)
                 tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
 
