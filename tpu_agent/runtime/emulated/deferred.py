@@ -122,10 +122,18 @@ class _References:
             return []
         if count is not None:  # a shared container: its slots were counted once already
             return self.contents[key]
-        self.seen.append(value)
+        seen = self.seen
+        seen.append(value)
         found: list[int] = []
         for item in value.values() if kind is dict else value:
-            if type(item) is not int:  # sizes and dims
+            item_kind = type(item)
+            if item_kind is int:  # sizes and dims
+                continue
+            item_key = id(item)
+            if item_kind is tt.TpuTensor and item_key in counts:  # seen before: one more reference (inlined)
+                counts[item_key] += 1
+                found.append(item_key)
+            else:
                 found += self.visit(item, is_output)
         self.contents[key] = found
         return found

@@ -103,11 +103,23 @@ class _Planner:
     def read(self, value: Any) -> str:
         """The key text for an argument; a tensor not produced by the graph becomes an input."""
         kind = type(value)
-        if kind in _TENSOR_TYPES or isinstance(value, torch.Tensor):
+        if kind is int:  # sizes and dims: the most frequent argument, so tested first
+            return str(value)
+        if kind is tt.TpuTensor or kind in _TENSOR_TYPES or isinstance(value, torch.Tensor):
             number = self.numbering.get(id(value))
             return f"#{number if number is not None else self._input(value)}"
-        if kind is list or kind is tuple:
-            return "[" + ",".join([self.read(v) for v in value]) + "]"
+        if kind is list or kind is tuple:  # a foreach op's lists: tensors and ints read inline (no call each)
+            numbering, items = self.numbering, []
+            for v in value:
+                item_kind = type(v)
+                if item_kind is int:
+                    items.append(str(v))
+                elif item_kind is tt.TpuTensor:
+                    number = numbering.get(id(v))
+                    items.append(f"#{number if number is not None else self._input(v)}")
+                else:
+                    items.append(self.read(v))
+            return "[" + ",".join(items) + "]"
         if kind is float:
             self.floats.append(value)
             # zero and non-finite floats are often structural (dropout_p=0.0): never lifted, so keyed by value
@@ -150,6 +162,9 @@ class _Planner:
         return f"#{number}"
 
 
+_PRECISION = {p: p.name for p in state.Precision}  # Enum.name is a Python property: looked up once
+
+
 def plan(graph: Graph) -> Plan:
     """Inputs, output tensors and a structural cache key for ``graph`` (raises :class:`NotPlannable`).
 
@@ -158,13 +173,15 @@ def plan(graph: Graph) -> Plan:
     planner = _Planner(deferred.live_results(graph))
     parts = planner.parts
     views = []
+    read, produce = planner.read, planner.produce
     for node in graph.nodes:
-        args = planner.read(node.args)
-        kwargs = planner.read(list(node.kwargs.items())) if node.kwargs else ""
+        args = read(node.args)
+        kwargs = read(list(node.kwargs.items())) if node.kwargs else ""
         is_view = node.func.is_view
         if is_view:
             views.append(node)
-        parts.append(f"{node.func}{args}{kwargs}->{planner.produce(node.outputs, is_view)}@{node.precision.name}")
+        # the signature names the op (recording made it: no OpOverload.__str__ here)
+        parts.append(f"{node.signature}{args}{kwargs}->{produce(node.outputs, is_view)}@{_PRECISION[node.precision]}")
     key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
     return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views, planner.live)
 
