@@ -45,22 +45,25 @@ def _estimate(*options: str) -> tuple[dict[str, Any], str]:
 
 
 @needs_tpu_compiler
-@pytest.mark.slow  # two estimates of a 1.5B-parameter Llama: the script runs on meta data, the TPU compiler compiles
-def test_model_too_big_for_one_v5e_does_not_fit_and_fits_with_fsdp_over_four() -> None:
-    one_chip, stderr = _estimate("--chip", "v5e")
+@pytest.mark.slow  # a 1.5B-parameter Llama: the script runs on meta data, the TPU compiler compiles its step
+def test_model_too_big_for_one_v5e_does_not_fit() -> None:
+    # the fixes the estimate suggests, each checked by compiling it, are tested in test_compile_estimate.py
+    one_chip, stderr = _estimate("--chip", "v5e", "--no-suggest")
     estimate = one_chip["estimate"]
     assert one_chip["capture_only"] is True and estimate["verdict"] == "does not fit", stderr[-3000:]
-    parameters = llama_parameters()
-    # the fix is checked by compiling it: FSDP over the smallest slice that fits
-    fixes = {(s["change"], s["target"]): s for s in estimate["suggestions"]}
-    sharded = fixes[("FSDP over a v5e-4 slice", "v5e-4")]
-    assert sharded["fits"] and sharded["peak_hbm_bytes"] < 16 * 1024**3
+    assert estimate["peak_hbm_bytes_per_chip"] > 16 * 1024**3
     # loss.item() saw a placeholder, once warned for its line
     assert stderr.count("capture-only: Tensor.item() at ") == 1 and "llama_fsdp_train.py:" in stderr
+    _assert_nothing_model_sized_was_on_the_host()
 
-    four_chips, stderr = _estimate("--chip", "v5e-4", "--strategy", "fsdp")  # its compiles come from the cache
+
+@needs_tpu_compiler
+@pytest.mark.slow  # the same Llama compiled with FSDP over a v5e-4 slice
+def test_model_too_big_for_one_v5e_fits_with_fsdp_over_four() -> None:
+    four_chips, stderr = _estimate("--chip", "v5e-4", "--strategy", "fsdp")
     estimate = four_chips["estimate"]
     assert estimate["verdict"] == "fits" and estimate["chips"] == 4, stderr[-3000:]
+    parameters = llama_parameters()
     peak = max(estimate["programs"], key=lambda program: program["memory"]["total"])
     # parameters and AdamW's two moments, a quarter on each chip
     memory = [(program["name"], program["memory"]) for program in estimate["programs"]]
@@ -68,9 +71,13 @@ def test_model_too_big_for_one_v5e_does_not_fit_and_fits_with_fsdp_over_four() -
     moments = max(program["memory"]["optimizer_state"] for program in estimate["programs"])
     assert moments == pytest.approx(2 * parameters * 4 / 4, rel=0.01), memory
     assert any("capture-only" in line for line in estimate["assumptions"])
-    # nothing the size of the model was ever on the host: every process of both runs stayed below half its 6 GB
+    _assert_nothing_model_sized_was_on_the_host()
+
+
+def _assert_nothing_model_sized_was_on_the_host() -> None:
+    """Every child process this test worker has run stayed below half the model's 6 GB of f32 weights."""
     peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    assert peak_rss < parameters * 4 / 2
+    assert peak_rss < llama_parameters() * 4 / 2
 
 
 BRANCHING = """

@@ -20,8 +20,8 @@ def same_lines(a: Sequence[cst.EmptyLine], b: Sequence[cst.EmptyLine]) -> bool:
 
 def splice(source: str, original: cst.Module, new: cst.Module, spans: dict[int, tuple[int, int]], edits: Edits) -> str:
     """The new module's code from the original text of every untouched top-level statement plus the code of
-    the changed and added ones (removed ones leave their text out): the same text as ``new.code``, without
-    generating what did not change."""
+    the changed and added ones (removed ones leave their text out; a changed footer is generated): the same text
+    as ``new.code``, without generating what did not change."""
     parts = [source[: spans[id(original.body[0])][0]]] if original.body else [source]
     for stmt, old in zip(new.body, edits.origins, strict=True):
         if old is None or old in edits.dirty:
@@ -29,6 +29,10 @@ def splice(source: str, original: cst.Module, new: cst.Module, spans: dict[int, 
         else:
             start, end = spans[id(original.body[old])]
             parts.append(source[start:end])
-    if original.body:
+    if not original.body:
+        return "".join(parts)
+    if same_lines(original.footer, new.footer):
         parts.append(source[spans[id(original.body[-1])][1] :])
+    else:  # comments of a removed last statement were carried into the footer
+        parts.extend(new.code_for_node(line) for line in new.footer)
     return "".join(parts)
