@@ -189,7 +189,7 @@ LIVENESS_SCRIPT = """
 import json, torch
 from tpu_agent.runtime.api import activate
 activate()
-from tpu_agent.runtime.xla import executor
+from tpu_agent.runtime.xla import planning
 torch.set_float32_matmul_precision("highest")  # the CPU's f32 matmul, so values compare closely
 
 planned = []
@@ -197,7 +197,7 @@ def spy(graph):
     graph_plan = plan(graph)
     planned.append(len(graph_plan.outputs))
     return graph_plan
-plan, executor.plan = executor.plan, spy
+plan, planning.plan = planning.plan, spy
 
 torch.manual_seed(0)
 w = torch.randn(8, 8, requires_grad=True)

@@ -73,9 +73,9 @@ def _meta_planner() -> Any:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from tpu_agent.runtime.emulated import tensor as tt
-    from tpu_agent.runtime.xla import executor
+    from tpu_agent.runtime.xla import planning
 
-    class MetaPlanner(executor._Planner):
+    class MetaPlanner(planning.Planner):
         def __init__(self) -> None:
             super().__init__()
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -85,7 +85,7 @@ def _meta_planner() -> Any:
         def _input(self, t: Any) -> int:
             elem = t._elem if type(t) is tt.TpuTensor else t
             if elem is None or type(elem) is not torch.Tensor:
-                raise executor.NotPlannable("a tensor without data (its producing flush failed)")
+                raise planning.NotPlannable("a tensor without data (its producing flush failed)")
             # one buffer per storage and dtype: FSDP2 views its all-gather buffers as several dtypes; with no
             # values to keep consistent, each view type is an input of its own
             storage = (storage_identity(elem), elem.dtype)
@@ -98,7 +98,7 @@ def _meta_planner() -> Any:
                 meta = torch.empty(flat.shape, dtype=flat.dtype, device=_META)
                 self.buffers.append(FakeTensor(self.fake_mode, meta, torch.device("cpu")))
                 self.parts.append(f"B{index}:{elem.dtype}:{flat.numel()}")
-            slot = self.slots[id(t)] = executor.Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
+            slot = self.slots[id(t)] = planning.Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
             number = self.numbering[id(t)] = len(self.numbering)
             self.parts.append(f"#{number}=B{index}{slot.shape}{slot.stride}+{slot.offset}")
             return number
@@ -127,22 +127,17 @@ class CaptureOnlyExecutor:
 
     def _observe(self, graph: Any) -> None:
         from tpu_agent.runtime.emulated import state
-        from tpu_agent.runtime.xla import executor, graphs, lowering
+        from tpu_agent.runtime.xla import graphs, lowering, planning, tracing
 
         name = f"deferred graph {graph.hash}"
         try:
             planner = _meta_planner()
-            for node in graph.nodes:
-                planner.read(node.args)
-                if node.kwargs:
-                    planner.read(list(node.kwargs.items()))
-                planner.produce(node.outputs, node.func.is_view)
-            key = (hashlib.sha1("\n".join(planner.parts).encode()).hexdigest(), tuple(planner.floats))
+            graph_plan = planning.plan(graph, planner)
+            key = (graph_plan.key, tuple(graph_plan.floats))
             if key not in self.traced:
                 self.traced[key] = None
-                graph_plan = executor.Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key[0])
-                traced = executor.trace(graph, graph_plan, planner.floats)
-                gm = executor._with_float_inputs(traced, len(planner.floats))
+                traced = tracing.trace(graph, graph_plan, graph_plan.floats)
+                gm = tracing.with_float_inputs(traced, len(graph_plan.floats))
                 missing = sorted({str(node.target) for node in lowering.unsupported_ops(gm)})
                 if missing:
                     raise NotImplementedError(f"no XLA lowering for {', '.join(missing)}")
@@ -162,11 +157,11 @@ def _give_meta_data(graph: Any) -> None:
     """Every deferred tensor of ``graph`` gets meta data with the layout its metadata promised; a view's is a view
     of its base's, so later views and in-place ops see one storage, as after a real run."""
     from tpu_agent.runtime.emulated import tensor as tt
-    from tpu_agent.runtime.xla.executor import _tensors_in
+    from tpu_agent.runtime.emulated.liveness import tensors_in
 
     for node in graph.nodes:
-        base = next((t for t in _tensors_in(node.args) if type(t) is tt.TpuTensor), None)
-        for wrapper in _tensors_in(node.outputs):
+        base = next((t for t in tensors_in(node.args) if type(t) is tt.TpuTensor), None)
+        for wrapper in tensors_in(node.outputs):
             if type(wrapper) is not tt.TpuTensor or wrapper._elem is not None:
                 continue
             layout = (wrapper.shape, wrapper.stride(), wrapper.storage_offset())
