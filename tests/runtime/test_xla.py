@@ -192,10 +192,16 @@ activate()
 from tpu_agent.runtime.xla import planning
 torch.set_float32_matmul_precision("highest")  # the CPU's f32 matmul, so values compare closely
 
-planned = []
+planned, recalled = [], []
 def spy(graph):
     graph_plan = plan(graph)
     planned.append(len(graph_plan.outputs))
+    if graph_plan.slots is None:  # recalled from a graph of the same structure: planning it must agree
+        full = planning.complete(graph, graph_plan)
+        recalled.append(
+            (full.key, [id(t) for t in full.outputs], full.floats, [b.data_ptr() for b in full.buffers])
+            == (graph_plan.key, [id(t) for t in graph_plan.outputs], graph_plan.floats, [b.data_ptr() for b in graph_plan.buffers])
+        )
     return graph_plan
 plan, planning.plan = planning.plan, spy
 
@@ -218,9 +224,13 @@ total.backward()
 loss_value = total.item()
 expected = step(x, w)
 expected[2].backward()
+again = step(tx, tw)  # the first graph again: its plan is recalled
+again_value = again[2].item()
 print(json.dumps({
     "outputs": planned,
     "first": first,
+    "recalled": recalled,
+    "again": abs(again_value - loss_value) < 1e-6,
     "values": [torch.allclose(t.cpu(), e.detach(), atol=1e-5) for t, e in zip((hidden, view, total), expected)],
     "grad": torch.allclose(tw.grad.cpu(), w.grad, atol=1e-5),
     "loss": abs(loss_value - expected[2].item()) < 1e-4,
@@ -246,6 +256,8 @@ def test_deferred_graphs_return_only_what_the_program_can_still_read(tmp_path: P
     # forward: mm, tanh (hidden), mul, t (view), add, mul, sum: hidden, the view's base and total come out; the
     # matmul's product (tanh saves its result, not its input), the add and the mul stay inside the executable
     assert out["first"] == 3, out["outputs"]
+    # the repeated step's graph took its plan from the first one's fingerprint, and planning it agrees
+    assert out["recalled"] == [True] and out["again"] and out["outputs"][-1] == 3, out
     assert out["values"] == [True, True, True] and out["grad"] and out["loss"]
 
 

@@ -37,11 +37,13 @@ _META = torch.device("meta")
 class Node:
     """One recorded op: its ATen overload, arguments (tpu tensors by reference) and the tpu tensors it returned.
     ``versions``: for an MXU op, its operands' base version counters when it was recorded (the rounding cache
-    of :mod:`mxu` keys on them), else ``None``.
+    of :mod:`mxu` keys on them), else ``None``. ``inferred``: the shape cache's entry for the call (one object per
+    op, layouts of the tensor arguments and values of the others), or ``None`` when the call was not cacheable:
+    a compiling executor recognises a graph it planned before by these objects instead of re-reading every node.
 
     A slotted class rather than a dataclass: one is made per recorded op, on DeferAndFuse's hot path."""
 
-    __slots__ = ("func", "args", "kwargs", "outputs", "precision", "site", "signature", "versions")
+    __slots__ = ("func", "args", "kwargs", "outputs", "precision", "site", "signature", "versions", "inferred")
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class Node:
         site: events.Site | None,
         signature: str,
         versions: tuple | None = None,
+        inferred: shape_cache.Inferred | None = None,
     ) -> None:
         self.func = func
         self.args = args
@@ -62,6 +65,7 @@ class Node:
         self.site = site
         self.signature = signature
         self.versions = versions
+        self.inferred = inferred
 
     def __repr__(self) -> str:
         return f"Node({self.signature})"
@@ -322,8 +326,11 @@ def _is_host_upload(func: Any, args: tuple) -> bool:
     )
 
 
-def _infer(func: Any, args: tuple, kwargs: dict, key: tuple | None) -> tuple[Any, str] | None:
-    """Run ``func`` on meta tensors: its deferred outputs and graph signature (``None``: shapes unknown)."""
+def _infer(
+    func: Any, args: tuple, kwargs: dict, key: tuple | None
+) -> tuple[Any, str, shape_cache.Inferred | None] | None:
+    """Run ``func`` on meta tensors: its deferred outputs, graph signature and the shape cache entry it made
+    (``None``: not cacheable); ``None`` when the shapes are unknown."""
     margs = [_meta_of(a) for a in args]
     mkwargs = {k: _meta_of(v) for k, v in kwargs.items()} if kwargs else kwargs
     if mkwargs and "device" in mkwargs and mkwargs["device"] is not None:
@@ -336,11 +343,12 @@ def _infer(func: Any, args: tuple, kwargs: dict, key: tuple | None) -> tuple[Any
     if func in ops.METADATA_INPLACE_OPS:
         tt.sync_metadata(outputs, mout)
     signature = _signature(func, margs)
+    inferred = None
     if key is not None:
         inferred = shape_cache.describe(mout, margs, mkwargs, args, kwargs, signature)
         if inferred is not None:
             shape_cache.store(key, inferred)
-    return outputs, signature
+    return outputs, signature, inferred
 
 
 # The site of the last op recorded from a library frame: (that frame, its user site). While the same frame
@@ -438,7 +446,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         if inferred_now is None:
             telemetry.emit_fallback(str(func))
             return _eager(func, args, kwargs, "fallback")
-        outputs, signature = inferred_now
+        outputs, signature, inferred = inferred_now
     if state.log_enabled:
         telemetry.op_counts[func] += 1
     recorded_args = args
@@ -457,6 +465,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         _recording_site(),
         signature,
         _operand_versions(plan.mxu_operands, args) if plan.mxu_operands and precision is not _HIGHEST else None,
+        inferred,
     )
     with _lock:
         nodes = _pending.nodes

@@ -31,47 +31,128 @@ def _ref_counts(objects: list) -> list[int]:
 _OWN_REFS = _ref_counts([object()])[0]
 
 
-class _References:
-    """Counts the references the graph's own nodes and containers hold on each tensor and container in them."""
+class Walk:
+    """One pass over a graph's nodes, read by both :func:`live_results` and the XLA planner.
 
-    def __init__(self) -> None:
-        self.counts: dict[int, int] = {}  # id -> slots of the nodes and their containers that reference the object
-        self.seen: list = []  # every tensor and container met, once
-        self.contents: dict[int, list[int]] = {}  # container id -> ids of the tensors inside it, at any depth
-        self.produced: set[int] = set()  # tensors first met as a node's output
+    Every tensor and container in the nodes is numbered in the order first met (its position in ``seen``; host
+    tensors, which reference counting leaves out, get negative numbers), with the slots of the nodes and their
+    containers that reference it (``counts``). ``fingerprint`` is the graph's structure: per node its shape
+    cache entry (:attr:`Node.inferred`: the op, its tensor arguments' layouts, its other arguments' values) and
+    precision, and the number of every tensor and container it reads or returns. Two graphs with equal
+    fingerprints differ only in their objects and floats; ``None`` when a node has no shape cache entry."""
 
-    def visit(self, value: Any, is_output: bool) -> list[int]:
-        """Count one reference to ``value``; the ids of the tensors in it."""
-        key = id(value)
-        counts = self.counts
-        count = counts.get(key)
-        counts[key] = 1 if count is None else count + 1
-        kind = type(value)
-        if kind is tt.TpuTensor:
-            if count is None:
-                self.seen.append(value)
+    __slots__ = ("seen", "counts", "contents", "produced", "inputs", "floats", "fingerprint", "tokens")
+
+    def __init__(self, graph: Graph) -> None:
+        self.seen: list = []  # every tpu tensor and container met, once
+        self.counts: list[int] = []  # per seen object, the slots of the nodes and their containers referencing it
+        self.contents: dict[int, list[int]] = {}  # position of a container -> ids of the tensors in it, any depth
+        self.produced: list[int] = []  # positions of the tensors first met as a node's output
+        self.inputs: list[Any] = []  # tensors first met as arguments (tpu and host), in order
+        self.floats: list[float] = []  # the nodes' float arguments, in order
+        self.tokens: list[Any] = []  # the nodes' shape cache entries: held, so their ids in the fingerprint stay theirs
+        items: list[Any] = []
+        self._walk(graph, items)
+        self.fingerprint: tuple | None = tuple(items) if len(self.tokens) == len(graph.nodes) else None
+
+    def _walk(self, graph: Graph, items: list) -> None:
+        seen, counts, contents, produced, inputs, floats = (
+            self.seen, self.counts, self.contents, self.produced, self.inputs, self.floats
+        )  # fmt: skip
+        index: dict[int, int] = {}  # id -> number
+        append, tpu_tensor, tensor_type = items.append, tt.TpuTensor, torch.Tensor
+
+        def visit(value: Any, is_output: bool) -> list[int]:
+            """Count one reference to ``value``; the ids of the tpu tensors in it."""
+            key = id(value)
+            number = index.get(key)
+            kind = type(value)
+            if number is not None:
+                append(number)
+                if number < 0:  # a host tensor
+                    return []
+                counts[number] += 1
+                return [key] if kind is tpu_tensor else contents.get(number, [])
+            if kind is tpu_tensor:
+                number = index[key] = len(seen)
+                seen.append(value)
+                counts.append(1)
                 if is_output:
-                    self.produced.add(key)
-            return [key]
-        if kind is not tuple and kind is not list and kind is not dict:
+                    produced.append(number)
+                else:
+                    inputs.append(value)
+                append(number)
+                return [key]
+            if kind is tuple or kind is list or kind is dict:
+                return enter(value, kind, is_output)
+            if kind is float:
+                floats.append(value)
+            elif isinstance(value, tensor_type):  # a host tensor the op captured: an input, never a result
+                number = index[key] = -1 - len(inputs)
+                inputs.append(value)
+                append(number)
             return []
-        if count is not None:  # a shared container: its slots were counted once already
-            return self.contents[key]
-        seen = self.seen
-        seen.append(value)
-        found: list[int] = []
-        for item in value.values() if kind is dict else value:
-            item_kind = type(item)
-            if item_kind is int:  # sizes and dims
-                continue
-            item_key = id(item)
-            if item_kind is tt.TpuTensor and item_key in counts:  # seen before: one more reference (inlined)
-                counts[item_key] += 1
-                found.append(item_key)
+
+        def enter(container: Any, kind: type, is_output: bool) -> list[int]:
+            """Number a container met for the first time and visit its items (tpu tensors and floats inline)."""
+            number = index[id(container)] = len(seen)
+            seen.append(container)
+            counts.append(1)
+            append(kind)
+            found: list[int] = []
+            for item in container.values() if kind is dict else container:
+                item_kind = type(item)
+                if item_kind is int:  # sizes and dims
+                    continue
+                if item_kind is tpu_tensor:
+                    item_key = id(item)
+                    item_number = index.get(item_key)
+                    if item_number is None:
+                        item_number = index[item_key] = len(seen)
+                        seen.append(item)
+                        counts.append(1)
+                        if is_output:
+                            produced.append(item_number)
+                        else:
+                            inputs.append(item)
+                    else:
+                        counts[item_number] += 1
+                    append(item_number)
+                    found.append(item_key)
+                elif item_kind is float:
+                    floats.append(item)
+                else:
+                    found += visit(item, is_output)
+            contents[number] = found
+            return found
+
+        tokens = self.tokens
+        for node in graph.nodes:
+            token = node.inferred
+            if token is not None:
+                tokens.append(token)
+            append(id(token))
+            append(node.precision)
+            args = node.args
+            if type(args) is tuple and id(args) not in index:  # a node's own arguments: the common case
+                enter(args, tuple, False)
             else:
-                found += self.visit(item, is_output)
-        self.contents[key] = found
-        return found
+                visit(args, False)
+            if node.kwargs:
+                visit(node.kwargs, False)
+            outputs = node.outputs
+            if type(outputs) is tpu_tensor:  # the common case, inlined
+                number = index.get(id(outputs))
+                if number is None:
+                    number = index[id(outputs)] = len(seen)
+                    seen.append(outputs)
+                    counts.append(1)
+                    produced.append(number)
+                else:
+                    counts[number] += 1
+                append(number)
+            else:
+                visit(outputs, True)
 
 
 @dataclass(frozen=True)
@@ -146,7 +227,7 @@ def _view_references(graph: Graph, views: list, costs: _Costs) -> dict[int, int]
     return refs
 
 
-def live_results(graph: Graph) -> set[int]:
+def live_results(graph: Graph, walk: Walk | None = None) -> set[int]:
     """The ids of the tensors ``graph`` produces that something outside the graph can still read after the flush.
 
     A produced tensor is live when anything but the graph's nodes references it: Python (a variable, a module, an
@@ -159,31 +240,27 @@ def live_results(graph: Graph) -> set[int]:
     of live views are live too.
 
     Counting is conservative: a reference it cannot attribute to the graph keeps the tensor live. While it
-    counts, the only extra reference to each object is its slot in ``seen`` (which :data:`_OWN_REFS` covers)."""
-    references = _References()
-    visit = references.visit
-    for node in graph.nodes:
-        visit(node.args, False)
-        if node.kwargs:
-            visit(node.kwargs, False)
-        visit(node.outputs, True)
-    seen, produced = references.seen, references.produced
+    counts, the only extra reference to each object is its slot in ``seen`` (which :data:`_OWN_REFS` covers).
+    ``walk``: the graph's :class:`Walk`, when the caller made one (it holds no other reference to a result)."""
+    if walk is None:
+        walk = Walk(graph)
+    seen = walk.seen
     ref_counts = _ref_counts(seen)
-    views = [t for t in seen if type(t) is tt.TpuTensor and id(t) in produced and t._is_view()]
+    produced = {id(seen[number]) for number in walk.produced}
+    views = [seen[number] for number in walk.produced if seen[number]._is_view()]
     costs = _costs()
     view_refs = _view_references(graph, views, costs)
     del views
-    counts, contents = references.counts, references.contents
+    counts, contents = walk.counts, walk.contents
     live: set[int] = set()
-    for value, refs in zip(seen, ref_counts, strict=True):
-        key = id(value)
+    for number, (value, refs) in enumerate(zip(seen, ref_counts, strict=True)):
         if type(value) is tt.TpuTensor:
             shared = value._use_count() - 1
             python = refs - _OWN_REFS - (costs.shared if shared else 0)
-            if python > counts[key] or shared > view_refs.get(key, 0):
-                live.add(key)
-        elif refs - _OWN_REFS > counts[key]:
-            live.update(contents[key])
+            if python > counts[number] or shared > view_refs.get(id(value), 0):
+                live.add(id(value))
+        elif refs - _OWN_REFS > counts[number]:
+            live.update(contents[number])
     for node in reversed(graph.nodes):  # views after their bases: a chain of views reaches its first base
         if node.func.is_view and any(id(t) in live for t in tensors_in(node.outputs)):
             live.update(id(t) for t in tensors_in(node.args))

@@ -71,7 +71,7 @@ class XlaExecutor:
         self.cpu.run(graph, cause)
 
     def _build(self, graph: Graph, graph_plan: Plan) -> tuple[tuple[str, tuple[float, ...]], GraphRunner]:
-        gm, constants = tracing.lift_floats(graph, graph_plan)
+        gm, constants = tracing.lift_floats(graph, planning.complete(graph, graph_plan))
         if constants is None:
             gm = tracing.with_float_inputs(gm, len(graph_plan.floats))
         self.constants[graph_plan.key] = constants

@@ -42,7 +42,7 @@ class Plan:
     """A graph made replayable: flat input buffers, where each tpu tensor read comes from, the key."""
 
     buffers: list[torch.Tensor]  # one flat CPU tensor per distinct storage read
-    slots: dict[int, Slot]  # id(tpu tensor or host tensor) -> its view of a buffer
+    slots: dict[int, Slot] | None  # id(tpu tensor or host tensor) -> its view of a buffer (None: see complete)
     outputs: list[Any]  # produced tpu tensors that are not views: filled with results
     floats: list[float]  # the Python float arguments of the nodes, in order (left out of the key)
     key: str
@@ -144,9 +144,30 @@ def plan(graph: Graph, planner: Planner | None = None) -> Plan:
 
     Only the produced tensors the program can still read are outputs (:func:`liveness.live_results`); which
     ones those are is part of the key, so a step that keeps another tensor compiles an executable that returns it.
+    A graph shaped like one planned before (a steady training loop's step: see :func:`_fingerprint`) takes that
+    plan's key and positions instead of being planned again; its plan has no slots (:func:`complete` adds them).
     A ``planner`` given by the caller (the capture-only estimate's, whose inputs hold no data) is used as it is."""
-    if planner is None:
-        planner = Planner(liveness.live_results(graph))
+    if planner is not None:
+        return _plan(graph, planner)
+    walk = liveness.Walk(graph)
+    live = liveness.live_results(graph, walk)
+    found = _fingerprint(walk, live)
+    if found is not None:
+        entry = _recalled.get(found[0])
+        if entry is not None:
+            return _recall(graph, walk, live, entry, found[1])
+    graph_plan = _plan(graph, Planner(live))
+    if found is not None:
+        _remember(graph, walk, found[0], graph_plan)
+    return graph_plan
+
+
+def complete(graph: Graph, graph_plan: Plan) -> Plan:
+    """``graph_plan`` with its slots (what tracing the graph reads), planning again if it was recalled."""
+    return graph_plan if graph_plan.slots is not None else _plan(graph, Planner(graph_plan.live))
+
+
+def _plan(graph: Graph, planner: Planner) -> Plan:
     parts = planner.parts
     views = []
     read, produce = planner.read, planner.produce
@@ -160,3 +181,76 @@ def plan(graph: Graph, planner: Planner | None = None) -> Plan:
         parts.append(f"{node.signature}{args}{kwargs}->{produce(node.outputs, is_view)}@{_PRECISION[node.precision]}")
     key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
     return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views, planner.live)
+
+
+def _fingerprint(walk: liveness.Walk, live: set[int]) -> tuple[tuple, list[torch.Tensor]] | None:
+    """What a graph's :class:`Planner` key is a function of, and the data of the first input on each storage
+    read; ``None`` when a node has no shape cache entry or an input no data (then the planner plans it, or
+    says why it cannot). The fingerprint is the walk's structure, the storages read (each one's dtype and size,
+    in order of first use, as the planner registers them) and each input's view of them, which results are
+    live, and the floats the key keeps by value (zero and non-finite ones)."""
+    if walk.fingerprint is None:
+        return None
+    items: list[Any] = []
+    append = items.append
+    by_storage: dict[int, int] = {}
+    firsts: list[torch.Tensor] = []
+    for t in walk.inputs:
+        elem = t._elem if type(t) is tt.TpuTensor else t
+        if elem is None or type(elem) is not torch.Tensor:
+            return None
+        storage = elem.untyped_storage()
+        index = by_storage.get(storage.data_ptr())
+        if index is None:
+            index = by_storage[storage.data_ptr()] = len(firsts)
+            firsts.append(elem)
+            append((elem.dtype, storage.nbytes()))
+        append((index, elem.dtype, elem.shape, elem.stride(), elem.storage_offset()))
+    seen = walk.seen
+    items += [id(seen[number]) in live for number in walk.produced]
+    items += [repr(v) for v in walk.floats if not (v and math.isfinite(v))]
+    return (walk.fingerprint, tuple(items)), firsts
+
+
+@dataclass
+class _Recalled:
+    """A planned graph's key, and its outputs and views by position, for the graphs with its fingerprint."""
+
+    key: str
+    outputs: list[int]  # indices into the walk's produced tensors (Walk.produced)
+    views: list[int]  # indices of the view nodes
+    tokens: list[Any]  # the graph's shape cache entries, held: the fingerprint names them by id
+
+
+_recalled: dict[tuple, _Recalled] = {}
+MAX_RECALLED = 64
+
+
+def _recall(graph: Graph, walk: liveness.Walk, live: set[int], entry: _Recalled, storages: list[torch.Tensor]) -> Plan:
+    """The plan of ``graph`` from the one planned for a graph with the same fingerprint (no slots); ``storages``:
+    the data of the first input on each storage it reads."""
+    seen, nodes = walk.seen, graph.nodes
+    return Plan(
+        [_storage_buffer(elem) for elem in storages],
+        None,
+        [seen[walk.produced[i]] for i in entry.outputs],
+        walk.floats,
+        entry.key,
+        [nodes[i] for i in entry.views],
+        live,
+    )
+
+
+def _remember(graph: Graph, walk: liveness.Walk, fingerprint: tuple, graph_plan: Plan) -> None:
+    """Keep ``graph_plan``'s key and positions for the graphs with this fingerprint."""
+    if len(_recalled) >= MAX_RECALLED:
+        _recalled.clear()
+    seen = walk.seen
+    position = {id(seen[number]): i for i, number in enumerate(walk.produced)}
+    view_index = {id(node): i for i, node in enumerate(graph.nodes) if node.func.is_view}
+    _recalled[fingerprint] = _Recalled(
+        graph_plan.key,
+        [position[id(t)] for t in graph_plan.outputs],
+        [view_index[id(node)] for node in graph_plan.views],
+        walk.tokens,
+    )

@@ -30,6 +30,7 @@ def _replay_function(graph: Graph, graph_plan: Plan, floats: list[float]) -> Cal
     float arguments are taken from ``floats`` (in :func:`plan`'s order)."""
     nodes = graph.nodes
     slots = graph_plan.slots
+    assert slots is not None, "a recalled plan: planning.complete gives it the slots tracing reads"
     outputs = graph_plan.outputs
 
     def replay(*buffers: torch.Tensor) -> list[torch.Tensor]:
