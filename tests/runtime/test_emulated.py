@@ -152,31 +152,59 @@ def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None
     assert json.loads(proc.stdout) == ["cpu", [2, 3], 3]
 
 
+# Every training run of the tests below, in one process (each fresh process pays the torch import): run i trains
+# 5 steps, steps 5i..5i+4 of the event log. Eager modes are switched in-process; the environment switches that
+# select them at activation are tested by the debug and DeferAndFuse tests.
+TRAINING_RUNS = (
+    "cpu:foreach:highest",
+    "tpu:foreach:highest",
+    "cpu:fused:highest",
+    "tpu:fused:highest",
+    "cpu:fused:medium",
+    "tpu:fused:medium",
+    "tpu:foreach:medium:DEFER_NEVER",
+    "tpu:foreach:medium:DEFER_AND_FUSE",
+    "tpu:foreach:medium:DEFER_NEVER_AND_LAUNCH_BLOCKING",
+)
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list]:
+    events_dir = tmp_path_factory.mktemp("training-events")
+    out = run_script("emulated_train.py", *TRAINING_RUNS, env={"TPU_AGENT_EVENTS_DIR": str(events_dir)})
+    return out, read_events(events_dir)[0]
+
+
 @pytest.mark.parametrize("optimizer_kind", ["foreach", "fused"])
-def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str, tmp_path: Path) -> None:
-    out = run_script("emulated_train.py", optimizer_kind, "highest", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
-    assert out["tpu"] == out["cpu"]
-    events = read_events(tmp_path)[0]
-    # cpu and tpu runs both step an optimizer: 10 step ends, each with the ops of its step and a memory sample
+def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str, training: tuple[dict, list]) -> None:
+    out, events = training
+    assert out[f"tpu:{optimizer_kind}:highest"] == out[f"cpu:{optimizer_kind}:highest"]
+    # every run steps an optimizer: 5 step ends per run, each with the ops of its step and a memory sample
     ends = [e for e in events if isinstance(e, StepMarker) and e.phase == "end"]
-    assert [e.step for e in ends] == list(range(10)) and {e.source for e in ends} == {"optimizer"}
+    assert [e.step for e in ends] == list(range(5 * len(TRAINING_RUNS))) and {e.source for e in ends} == {"optimizer"}
+    first = 5 * TRAINING_RUNS.index(f"tpu:{optimizer_kind}:highest")
     batches = [e for e in events if isinstance(e, OpBatch)]
-    tpu_steps = [b for b in batches if b.step is not None and b.step >= 6]
-    assert tpu_steps and all(b.count == sum(b.by_name.values()) for b in tpu_steps)
+    tpu_steps = [b for b in batches if b.step is not None and first < b.step < first + 5]
+    assert len(tpu_steps) == 4 and all(b.count == sum(b.by_name.values()) for b in tpu_steps)
     assert all(("aten.addmm.default" in b.by_name or "aten.mm.default" in b.by_name) for b in tpu_steps)
-    samples = [e for e in events if isinstance(e, MemorySample)]
-    assert samples[-1].peak_bytes >= samples[-1].allocated_bytes > 0
+    samples = [e for e in events if isinstance(e, MemorySample) and e.step is not None and first <= e.step < first + 5]
+    assert samples and samples[-1].peak_bytes >= samples[-1].allocated_bytes > 0
 
 
-def test_default_precision_rounds_matmul_inputs_to_bf16() -> None:
-    out = run_script("emulated_train.py", "fused", "medium")
-    assert out["tpu"] != out["cpu"]
-    for tpu_loss, cpu_loss in zip(out["tpu"], out["cpu"], strict=True):
+def test_default_precision_rounds_matmul_inputs_to_bf16(training: tuple[dict, list]) -> None:
+    out, events = training
+    assert out["tpu:fused:medium"] != out["cpu:fused:medium"]
+    for tpu_loss, cpu_loss in zip(out["tpu:fused:medium"], out["cpu:fused:medium"], strict=True):
         assert abs(tpu_loss - cpu_loss) <= 1.6e-2 * abs(cpu_loss) + 1e-5
     # deferral changes when ops run, never what they compute
-    strict = run_script("emulated_train.py", "foreach", "medium")["tpu"]
-    for env in ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, {"TORCH_TPU_LAUNCH_BLOCKING": "1"}):
-        assert run_script("emulated_train.py", "foreach", "medium", env=env)["tpu"] == strict
+    strict = out["tpu:foreach:medium:DEFER_NEVER"]
+    assert strict != out["cpu:fused:medium"]  # the rounding is in force in every mode compared here
+    for mode in ("DEFER_AND_FUSE", "DEFER_NEVER_AND_LAUNCH_BLOCKING"):
+        assert out[f"tpu:foreach:medium:{mode}"] == strict
+    fused = 5 * TRAINING_RUNS.index("tpu:foreach:medium:DEFER_AND_FUSE")
+    flushed = [e.step for e in events if isinstance(e, Flush) and e.cause == "item"]
+    # it deferred: each loss.item() (read after its step's end) flushed a pending graph
+    assert [step for step in flushed if fused < step <= fused + 5] == list(range(fused + 1, fused + 6))
 
 
 def test_autocast_policy() -> None:
