@@ -256,8 +256,15 @@ def test_debug_mode_names_the_op_and_line_that_made_nan() -> None:
     assert f"emulated_debug.py:{line_of('emulated_debug.py', 'nan')}" in out["error"]
 
 
-def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
-    out = run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list]:
+    """One compiling run (Dynamo's import alone costs seconds): its output and its event log."""
+    events_dir = tmp_path_factory.mktemp("compile-events")
+    return run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(events_dir)}), read_events(events_dir)[0]
+
+
+def test_compile_backend_rules_and_events(compiled: tuple[dict, list]) -> None:
+    out, events = compiled
     assert out["compiled_device"] == "tpu:0" and out["matches_eager"] is True
     assert out["recompiled_shape"] == [4]  # a (8, 4) input recompiles and still reduces over dim 0
     assert out["default_backend_device"] == "tpu:0"  # no backend= with tpu inputs means "tpu"
@@ -270,11 +277,16 @@ def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
         "message": "Unexpected keyword arguments: {'triton.cudagraphs': True}",
     }
     assert "backend='inductor') on TPU is experimental" in out["inductor"]["message"]
-    events = read_events(tmp_path)[0]
     compiles = [e for e in events if isinstance(e, Compile) and e.function == "f"]
     assert [c.is_recompile for c in compiles] == [False, True]
     assert "size mismatch at index 0. expected 4, actual 8" in compiles[1].reason
     assert all(not isinstance(e, GraphBreak) or e.site is not None for e in events)
+
+
+def test_dynamo_is_imported_only_by_runs_that_compile(compiled: tuple[dict, list]) -> None:
+    out, _ = compiled
+    # activation, eager ops and an eager collective did not import Dynamo; a compiled function's collective still ran
+    assert out["dynamo_before_compile"] is False and out["compiled_collective"] == [3.0, 3.0, 3.0, 3.0]
 
 
 def test_activation_refuses_a_foreign_privateuse1_backend() -> None:
@@ -331,8 +343,3 @@ def test_torch_profiler_sees_the_dispatched_ops_not_the_emulators_own() -> None:
     assert out["fused"] == once
     assert out["after"] == once
     assert out["cpu_add"] == 1
-
-
-def test_dynamo_is_imported_only_by_runs_that_compile() -> None:
-    out = run_script("emulated_lazy_dynamo.py")
-    assert out == {"dynamo_before_compile": False, "compiled": [3.0, 3.0, 3.0, 3.0]}
