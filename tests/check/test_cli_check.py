@@ -13,13 +13,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpu_agent.check import CheckOptions, CheckReport, check_model, parse_model_spec
+from tpu_agent.check import CheckOptions, check_model, parse_model_spec
 from tpu_agent.check.pool import ServingWorker
 from tpu_agent.errors import TpuAgentError
 
@@ -73,11 +73,9 @@ def _tiny_vit_directory(path: Path, weights: bool) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, CheckReport | TpuAgentError]]:
+def _serve(root: Path) -> dict[str, dict[str, Any]]:
     """A Hugging Face type, two model directories and every factory above, checked one after another by one
-    serving worker."""
-    root = tmp_path_factory.mktemp("dirs")
+    serving worker: each name's report, or the usage error that refused it (as dictionaries)."""
     specs: dict[str, str] = {"vit": "vit"}
     modes: dict[str, tuple[str, ...] | None] = {"vit": None}
     for weights in (True, False):
@@ -85,20 +83,29 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Check
         specs[name], modes[name] = str(_tiny_vit_directory(root / name, weights)), ("strict",)
     specs |= {name: f"{FACTORIES}:{name.removesuffix('_after_crash')}" for name in SERVED_FACTORIES}
     modes |= SERVED_FACTORIES
-    results: dict[str, CheckReport | TpuAgentError] = {}
+    results: dict[str, dict[str, Any]] = {}
     with ServingWorker(CheckOptions(), "emulated") as worker:
         for name, spec in specs.items():
             try:
-                results[name] = worker.check(parse_model_spec(spec), modes[name])
+                results[name] = {"report": worker.check(parse_model_spec(spec), modes[name]).to_dict()}
             except TpuAgentError as error:  # usage problems found while building
-                results[name] = error
-    yield results
+                results[name] = {"error": error.to_dict()}
+    return results
 
 
-def _report(served: dict[str, CheckReport | TpuAgentError], name: str) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def served(run_once: Callable[..., Any]) -> dict[str, dict[str, Any] | TpuAgentError]:
+    """Each served name's report (a dictionary) or usage error."""
+    return {
+        name: TpuAgentError(**result["error"]) if "error" in result else result["report"]
+        for name, result in run_once("check-served", _serve).items()
+    }
+
+
+def _report(served: dict[str, dict[str, Any] | TpuAgentError], name: str) -> dict[str, Any]:
     result = served[name]
-    assert isinstance(result, CheckReport), result
-    return result.to_dict()
+    assert not isinstance(result, TpuAgentError), result
+    return result
 
 
 def test_hf_model_type_passes_in_every_mode(served: dict[str, Any]) -> None:

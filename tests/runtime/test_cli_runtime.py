@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import flat, tpu_agent, tpu_agent_in_process
@@ -12,10 +14,8 @@ ECHO = "import os, sys\nprint(sys.argv[1:], os.environ.get('EXTRA'), os.environ.
 ECHO_AND_COUNT = ECHO + "import torch\nprint(torch.accelerator.device_count())\n"
 
 
-@pytest.fixture(scope="module")
-def echoed(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+def _echo_run(workdir: Path) -> list[str]:
     """The output lines of one `tpu-agent run` with tpu-agent options, "--", and the script's own options."""
-    workdir = tmp_path_factory.mktemp("echo")
     (workdir / "echo.py").write_text(ECHO_AND_COUNT)
     # "--" ends tpu-agent's options; everything after SCRIPT, options and "--" included, is the script's
     result = tpu_agent(
@@ -36,6 +36,11 @@ def echoed(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()
+
+
+@pytest.fixture(scope="module")
+def echoed(run_once: Callable[..., Any]) -> list[str]:
+    return run_once("run-echo", _echo_run)
 
 
 @pytest.mark.slow

@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import SCRIPTS, clean_env, flat, tpu_agent
@@ -84,16 +86,19 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         assert {"all_reduce", "broadcast", "send" if rank == 0 else "recv"} <= ops
 
 
-@pytest.fixture(scope="module")
-def fsdp_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
-    """One DeferAndFuse run on a v6e-4 host (two ranks, so each binds one of four chips): FSDP2 and DTensor, then
-    pinned memory and the device count, in the same ranks."""
-    out = tmp_path_factory.mktemp("fsdp")
+def _fsdp_run(out: Path) -> dict[int, dict]:
     # DeferAndFuse here (DDP above runs Strict): collectives and FSDP2's buffer frees must flush pending work
     args = ["--nproc", "2", "--chip", "v6e-4", "--backend", "emulated", "--eager-mode", "defer-and-fuse"]
     result = tpu_agent("run", *args, str(SCRIPTS / "dist_fsdp.py"), str(out), timeout=240)
     assert result.returncode == 0, result.stderr
     return _results(out)
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(run_once: Callable[..., Any]) -> dict[int, dict]:
+    """One DeferAndFuse run on a v6e-4 host (two ranks, so each binds one of four chips): FSDP2 and DTensor, then
+    pinned memory and the device count, in the same ranks."""
+    return {int(rank): seen for rank, seen in run_once("tpu-dist-fsdp", _fsdp_run).items()}
 
 
 def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(fsdp_ranks: dict[int, dict]) -> None:

@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,10 +51,15 @@ def line_of(script: str, marker: str) -> int:
     return next(i for i, text in enumerate(lines, start=1) if f"# LINE {marker}" in text)
 
 
+def _basics(directory: Path) -> list:
+    checkpoint = directory / "model.pt"
+    return [run_script("emulated_basics.py", "v5e", str(checkpoint)), str(checkpoint)]
+
+
 @pytest.fixture(scope="module")
-def basics(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    checkpoint = tmp_path_factory.mktemp("ckpt") / "model.pt"
-    return run_script("emulated_basics.py", "v5e", str(checkpoint)), checkpoint
+def basics(run_once: Callable[..., Any]) -> tuple[dict, Path]:
+    out, checkpoint = run_once("emulated-basics", _basics)
+    return out, Path(checkpoint)
 
 
 def test_device_and_accelerator_api(basics: tuple[dict, Path]) -> None:
@@ -152,6 +159,17 @@ def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None
     assert json.loads(proc.stdout) == ["cpu", [2, 3], 3]
 
 
+def test_autocast_policy(basics: tuple[dict, Path]) -> None:
+    assert basics[0]["autocast"] == {
+        "linear": "torch.bfloat16",
+        "mm": "torch.bfloat16",
+        "loss": "torch.float32",
+        "relu": "torch.float32",
+        "default": "torch.bfloat16",
+        "grad": "torch.float32",
+    }
+
+
 # Every training run of the tests below, in one process (each fresh process pays the torch import): run i trains
 # 5 steps, steps 5i..5i+4 of the event log. Eager modes are switched in-process; the environment switches that
 # select them at activation are tested by the debug and DeferAndFuse tests.
@@ -168,11 +186,19 @@ TRAINING_RUNS = (
 )
 
 
+def _with_events(script: str, *args: str) -> Callable[[Path], list]:
+    """A :func:`run_once` computation: ``script``'s output and the folder of its event log."""
+
+    def compute(directory: Path) -> list:
+        return [run_script(script, *args, env={"TPU_AGENT_EVENTS_DIR": str(directory)}), str(directory)]
+
+    return compute
+
+
 @pytest.fixture(scope="module")
-def training(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list]:
-    events_dir = tmp_path_factory.mktemp("training-events")
-    out = run_script("emulated_train.py", *TRAINING_RUNS, env={"TPU_AGENT_EVENTS_DIR": str(events_dir)})
-    return out, read_events(events_dir)[0]
+def training(run_once: Callable[..., Any]) -> tuple[dict, list]:
+    out, events_dir = run_once("emulated-training", _with_events("emulated_train.py", *TRAINING_RUNS))
+    return out, read_events(Path(events_dir))[0]
 
 
 @pytest.mark.parametrize("optimizer_kind", ["foreach", "fused"])
@@ -205,18 +231,6 @@ def test_default_precision_rounds_matmul_inputs_to_bf16(training: tuple[dict, li
     flushed = [e.step for e in events if isinstance(e, Flush) and e.cause == "item"]
     # it deferred: each loss.item() (read after its step's end) flushed a pending graph
     assert [step for step in flushed if fused < step <= fused + 5] == list(range(fused + 1, fused + 6))
-
-
-def test_autocast_policy() -> None:
-    out = run_script("emulated_autocast.py")
-    assert out == {
-        "linear": "torch.bfloat16",
-        "mm": "torch.bfloat16",
-        "loss": "torch.float32",
-        "relu": "torch.float32",
-        "default": "torch.bfloat16",
-        "grad": "torch.float32",
-    }
 
 
 def test_defer_and_fuse_flushes_with_causes_and_user_lines(tmp_path: Path) -> None:
@@ -257,10 +271,10 @@ def test_debug_mode_names_the_op_and_line_that_made_nan() -> None:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list]:
+def compiled(run_once: Callable[..., Any]) -> tuple[dict, list]:
     """One compiling run (Dynamo's import alone costs seconds): its output and its event log."""
-    events_dir = tmp_path_factory.mktemp("compile-events")
-    return run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(events_dir)}), read_events(events_dir)[0]
+    out, events_dir = run_once("emulated-compile", _with_events("emulated_compile.py"))
+    return out, read_events(Path(events_dir))[0]
 
 
 def test_compile_backend_rules_and_events(compiled: tuple[dict, list]) -> None:

@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODES = ("strict", "debug", "defer_and_fuse")
 
 
-@pytest.fixture(scope="module")
-def observed_by_mode() -> dict:
+def _observe(_: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
@@ -37,6 +38,11 @@ def observed_by_mode() -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def observed_by_mode(run_once: Callable[..., Any]) -> dict:
+    return run_once("emulated-faults", _observe)
 
 
 @pytest.fixture(params=MODES)
