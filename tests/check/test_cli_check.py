@@ -1,9 +1,10 @@
 """``tpu-agent check`` end to end: real models, real worker processes, the emulated ``tpu`` device.
 
-Worker processes import torch (seconds each on a loaded machine), so the factory and directory checks share one
-serving worker (the sweep's layout: one process, one model after another, modes switched in-process), checked
-once in a module fixture; the CLI runs only where the CLI itself is the point (JSON and --output for a Hugging
-Face type, the text table, exit code 2), and :func:`check_model` where fresh processes per mode are.
+Worker processes import torch (seconds each on a loaded machine; transformers doubles that), so the Hugging Face
+type, directory and factory checks share one serving worker (the sweep's layout: one process, one model after
+another, modes switched in-process), checked once in a module fixture; the CLI runs only where the CLI itself is
+the point (JSON and --output with a fresh process per mode, the text table, exit code 2), on factories, whose
+workers need no transformers, and :func:`check_model` where a timeout is.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpu_agent.check import CheckOptions, CheckReport, check_model, parse_model_spec
+from tpu_agent.check import CheckOptions, check_model, parse_model_spec
 from tpu_agent.check.pool import ServingWorker
 from tpu_agent.errors import TpuAgentError
 
@@ -27,7 +28,8 @@ FACTORIES = Path(__file__).with_name("factories.py")
 
 pytestmark = pytest.mark.slow
 
-# factory name -> modes it is checked in (None: all three)
+# factory name -> modes it is checked in (None: all three); in this order, so that the worker restarted after
+# `crashes` needs no transformers
 SERVED_FACTORIES: dict[str, tuple[str, ...] | None] = {
     "good_mlp": None,
     "keyword_inputs": ("strict",),
@@ -71,40 +73,59 @@ def _tiny_vit_directory(path: Path, weights: bool) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, CheckReport | TpuAgentError]]:
-    """Every factory above and two model directories, checked one after another by one serving worker."""
-    root = tmp_path_factory.mktemp("dirs")
-    specs = {name: f"{FACTORIES}:{name.removesuffix('_after_crash')}" for name in SERVED_FACTORIES}
-    modes = dict(SERVED_FACTORIES)
+def _serve(root: Path) -> dict[str, dict[str, Any]]:
+    """A Hugging Face type, two model directories and every factory above, checked one after another by one
+    serving worker: each name's report, or the usage error that refused it (as dictionaries)."""
+    specs: dict[str, str] = {"vit": "vit"}
+    modes: dict[str, tuple[str, ...] | None] = {"vit": None}
     for weights in (True, False):
         name = "dir-with-weights" if weights else "dir-config-only"
         specs[name], modes[name] = str(_tiny_vit_directory(root / name, weights)), ("strict",)
-    results: dict[str, CheckReport | TpuAgentError] = {}
+    specs |= {name: f"{FACTORIES}:{name.removesuffix('_after_crash')}" for name in SERVED_FACTORIES}
+    modes |= SERVED_FACTORIES
+    results: dict[str, dict[str, Any]] = {}
     with ServingWorker(CheckOptions(), "emulated") as worker:
         for name, spec in specs.items():
             try:
-                results[name] = worker.check(parse_model_spec(spec), modes[name])
+                results[name] = {"report": worker.check(parse_model_spec(spec), modes[name]).to_dict()}
             except TpuAgentError as error:  # usage problems found while building
-                results[name] = error
-    yield results
+                results[name] = {"error": error.to_dict()}
+    return results
 
 
-def _report(served: dict[str, CheckReport | TpuAgentError], name: str) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def served(run_once: Callable[..., Any]) -> dict[str, dict[str, Any] | TpuAgentError]:
+    """Each served name's report (a dictionary) or usage error."""
+    return {
+        name: TpuAgentError(**result["error"]) if "error" in result else result["report"]
+        for name, result in run_once("check-served", _serve).items()
+    }
+
+
+def _report(served: dict[str, dict[str, Any] | TpuAgentError], name: str) -> dict[str, Any]:
     result = served[name]
-    assert isinstance(result, CheckReport), result
-    return result.to_dict()
+    assert not isinstance(result, TpuAgentError), result
+    return result
 
 
-def test_hf_model_type_passes_in_every_mode_and_writes_the_json_report(tmp_path: Path) -> None:
-    result = run_cli("vit", "--format", "json", "--output", str(tmp_path / "check.json"))
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    assert report == json.loads((tmp_path / "check.json").read_text())
+def test_hf_model_type_passes_in_every_mode(served: dict[str, Any]) -> None:
+    report = _report(served, "vit")
     assert report["status"] == "pass" and report["model"]["name"] == "ViTForImageClassification"
+    assert report["model"]["kind"] == "hf-type" and report["model"]["task"] == "image-classification"
     assert [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse", "compile"]
     for mode in report["modes"]:
         assert mode["status"] == "pass" and mode["outputs_checked"] >= 1 and mode["gradients_checked"] > 10, mode
+
+
+def test_cli_checks_each_mode_in_its_own_process_and_writes_the_json_report(tmp_path: Path) -> None:
+    result = run_cli(f"{FACTORIES}:good_mlp", "--format", "json", "--output", str(tmp_path / "check.json"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report == json.loads((tmp_path / "check.json").read_text())
+    assert report["status"] == "pass" and report["model"]["name"] == "Sequential"
+    assert [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse", "compile"]
+    for mode in report["modes"]:
+        assert mode["status"] == "pass" and mode["outputs_checked"] == 1 and mode["gradients_checked"] == 5, mode
     assert report["tolerances"]["float32"] == {"rtol": 1e-5, "atol": 1e-6}
 
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import flat, tpu_agent, tpu_agent_in_process
 
 ECHO = "import os, sys\nprint(sys.argv[1:], os.environ.get('EXTRA'), os.environ.get('TPU_AGENT_CHIP'))\n"
+# ECHO, plus the device count the script sees (which imports torch): one launch checks both tests below
+ECHO_AND_COUNT = ECHO + "import torch\nprint(torch.accelerator.device_count())\n"
 
 
-@pytest.mark.slow
-def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
-    (tmp_path / "echo.py").write_text(ECHO)
+def _echo_run(workdir: Path) -> list[str]:
+    """The output lines of one `tpu-agent run` with tpu-agent options, "--", and the script's own options."""
+    (workdir / "echo.py").write_text(ECHO_AND_COUNT)
     # "--" ends tpu-agent's options; everything after SCRIPT, options and "--" included, is the script's
     result = tpu_agent(
         "run",
@@ -21,30 +25,37 @@ def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
         "--env",
         "EXTRA=yes",
         "--chip",
-        "v5p",
+        "v6e-4",
         "--",
         "echo.py",
         "--nproc",
         "4",
         "--",
         "-x",
-        cwd=tmp_path,
+        cwd=workdir,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "['--nproc', '4', '--', '-x'] yes v5p"
+    return result.stdout.strip().splitlines()
+
+
+@pytest.fixture(scope="module")
+def echoed(run_once: Callable[..., Any]) -> list[str]:
+    return run_once("run-echo", _echo_run)
 
 
 @pytest.mark.slow
-def test_the_host_follows_the_chip_slice(tmp_path: Path) -> None:
+def test_options_after_the_script_belong_to_the_script(echoed: list[str]) -> None:
+    assert echoed[-2] == "['--nproc', '4', '--', '-x'] yes v6e-4"
+
+
+@pytest.mark.slow
+def test_the_host_follows_the_chip_slice(echoed: list[str]) -> None:
     from tpu_agent.chips import host_devices, parse_target
 
     # the table, as activate() sizes the host for one process
     assert [host_devices(parse_target(chip), 1) for chip in ("v6e", "v6e-4", "v5e-8")] == [1, 4, 8]
     # and end to end: the script sees the slice's host through `tpu-agent run --chip`
-    (tmp_path / "count.py").write_text("import torch\nprint(torch.accelerator.device_count())\n")
-    result = tpu_agent("run", "--backend", "emulated", "--chip", "v6e-4", "count.py", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "4"
+    assert echoed[-1] == "4"
 
 
 def test_bad_options_are_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import SCRIPTS, clean_env, flat, tpu_agent
@@ -84,12 +86,23 @@ def test_ddp_gives_identical_averaged_gradients_and_tpu_rules_hold(tmp_path: Pat
         assert {"all_reduce", "broadcast", "send" if rank == 0 else "recv"} <= ops
 
 
-def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(tmp_path: Path) -> None:
+def _fsdp_run(out: Path) -> dict[int, dict]:
     # DeferAndFuse here (DDP above runs Strict): collectives and FSDP2's buffer frees must flush pending work
-    args = ["--nproc", "2", "--backend", "emulated", "--eager-mode", "defer-and-fuse"]
-    result = tpu_agent("run", *args, str(SCRIPTS / "dist_fsdp.py"), str(tmp_path), timeout=240)
+    args = ["--nproc", "2", "--chip", "v6e-4", "--backend", "emulated", "--eager-mode", "defer-and-fuse"]
+    result = tpu_agent("run", *args, str(SCRIPTS / "dist_fsdp.py"), str(out), timeout=240)
     assert result.returncode == 0, result.stderr
-    ranks = _results(tmp_path)
+    return _results(out)
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(run_once: Callable[..., Any]) -> dict[int, dict]:
+    """One DeferAndFuse run on a v6e-4 host (two ranks, so each binds one of four chips): FSDP2 and DTensor, then
+    pinned memory and the device count, in the same ranks."""
+    return {int(rank): seen for rank, seen in run_once("tpu-dist-fsdp", _fsdp_run).items()}
+
+
+def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(fsdp_ranks: dict[int, dict]) -> None:
+    ranks = fsdp_ranks
     assert ranks[0]["local_shard"] == [0.0, 1.0, 2.0, 3.0] and ranks[1]["local_shard"] == [4.0, 5.0, 6.0, 7.0]
     for seen in ranks.values():
         assert seen["full_tensor"] == [float(i) for i in range(8)]
@@ -97,6 +110,16 @@ def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(tmp_path: Path
         assert seen["param_is_dtensor"] == "DTensor" and seen["param_device"] == "tpu:0"
         assert seen["fsdp_losses"] == pytest.approx(seen["plain_losses"], rel=1e-5)
     assert ranks[0]["fsdp_losses"] == ranks[1]["fsdp_losses"]
+
+
+def test_pinned_memory_and_the_host_device_count_work_in_every_rank(fsdp_ranks: dict[int, dict]) -> None:
+    assert sorted(fsdp_ranks) == [0, 1]
+    for seen in (results["host_memory"] for results in fsdp_ranks.values()):
+        assert seen["device_count"] == 4  # a v6e-4 host shows its four chips while each process binds one
+        assert seen["devices_per_rank"] == 2 and seen["enough_devices"] is True and seen["current_device"] == 0
+        assert seen["pinned_batches"] == [True, True]
+        assert seen["pinned_host"] == [True, [1.0, 1.0, 1.0]]
+        assert seen["total"] == [56.0, 64.0]  # every row summed once across both ranks' shards
 
 
 def test_a_failing_rank_stops_the_others_and_its_exit_code_is_returned(tmp_path: Path) -> None:
@@ -145,20 +168,6 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in pids)
-
-
-def test_pinned_memory_and_the_host_device_count_work_in_every_rank(tmp_path: Path) -> None:
-    args = ["--nproc", "2", "--chip", "v6e-4", "--backend", "emulated"]
-    result = tpu_agent("run", *args, str(SCRIPTS / "dist_host_memory.py"), str(tmp_path), timeout=240)
-    assert result.returncode == 0, result.stderr
-    ranks = _results(tmp_path)
-    assert sorted(ranks) == [0, 1]
-    for seen in ranks.values():
-        assert seen["device_count"] == 4  # a v6e-4 host shows its four chips while each process binds one
-        assert seen["devices_per_rank"] == 2 and seen["enough_devices"] is True and seen["current_device"] == 0
-        assert seen["pinned_batches"] == [True, True]
-        assert seen["pinned_host"] == [True, [1.0, 1.0, 1.0]]
-        assert seen["total"] == [56.0, 64.0]  # every row summed once across both ranks' shards
 
 
 def test_a_rank_that_returns_early_is_named_by_the_peer_waiting_in_a_collective() -> None:

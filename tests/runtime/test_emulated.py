@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,10 +51,15 @@ def line_of(script: str, marker: str) -> int:
     return next(i for i, text in enumerate(lines, start=1) if f"# LINE {marker}" in text)
 
 
+def _basics(directory: Path) -> list:
+    checkpoint = directory / "model.pt"
+    return [run_script("emulated_basics.py", "v5e", str(checkpoint)), str(checkpoint)]
+
+
 @pytest.fixture(scope="module")
-def basics(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    checkpoint = tmp_path_factory.mktemp("ckpt") / "model.pt"
-    return run_script("emulated_basics.py", "v5e", str(checkpoint)), checkpoint
+def basics(run_once: Callable[..., Any]) -> tuple[dict, Path]:
+    out, checkpoint = run_once("emulated-basics", _basics)
+    return out, Path(checkpoint)
 
 
 def test_device_and_accelerator_api(basics: tuple[dict, Path]) -> None:
@@ -152,36 +159,8 @@ def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None
     assert json.loads(proc.stdout) == ["cpu", [2, 3], 3]
 
 
-@pytest.mark.parametrize("optimizer_kind", ["foreach", "fused"])
-def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str, tmp_path: Path) -> None:
-    out = run_script("emulated_train.py", optimizer_kind, "highest", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
-    assert out["tpu"] == out["cpu"]
-    events = read_events(tmp_path)[0]
-    # cpu and tpu runs both step an optimizer: 10 step ends, each with the ops of its step and a memory sample
-    ends = [e for e in events if isinstance(e, StepMarker) and e.phase == "end"]
-    assert [e.step for e in ends] == list(range(10)) and {e.source for e in ends} == {"optimizer"}
-    batches = [e for e in events if isinstance(e, OpBatch)]
-    tpu_steps = [b for b in batches if b.step is not None and b.step >= 6]
-    assert tpu_steps and all(b.count == sum(b.by_name.values()) for b in tpu_steps)
-    assert all(("aten.addmm.default" in b.by_name or "aten.mm.default" in b.by_name) for b in tpu_steps)
-    samples = [e for e in events if isinstance(e, MemorySample)]
-    assert samples[-1].peak_bytes >= samples[-1].allocated_bytes > 0
-
-
-def test_default_precision_rounds_matmul_inputs_to_bf16() -> None:
-    out = run_script("emulated_train.py", "fused", "medium")
-    assert out["tpu"] != out["cpu"]
-    for tpu_loss, cpu_loss in zip(out["tpu"], out["cpu"], strict=True):
-        assert abs(tpu_loss - cpu_loss) <= 1.6e-2 * abs(cpu_loss) + 1e-5
-    # deferral changes when ops run, never what they compute
-    strict = run_script("emulated_train.py", "foreach", "medium")["tpu"]
-    for env in ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, {"TORCH_TPU_LAUNCH_BLOCKING": "1"}):
-        assert run_script("emulated_train.py", "foreach", "medium", env=env)["tpu"] == strict
-
-
-def test_autocast_policy() -> None:
-    out = run_script("emulated_autocast.py")
-    assert out == {
+def test_autocast_policy(basics: tuple[dict, Path]) -> None:
+    assert basics[0]["autocast"] == {
         "linear": "torch.bfloat16",
         "mm": "torch.bfloat16",
         "loss": "torch.float32",
@@ -189,6 +168,69 @@ def test_autocast_policy() -> None:
         "default": "torch.bfloat16",
         "grad": "torch.float32",
     }
+
+
+# Every training run of the tests below, in one process (each fresh process pays the torch import): run i trains
+# 5 steps, steps 5i..5i+4 of the event log. Eager modes are switched in-process; the environment switches that
+# select them at activation are tested by the debug and DeferAndFuse tests.
+TRAINING_RUNS = (
+    "cpu:foreach:highest",
+    "tpu:foreach:highest",
+    "cpu:fused:highest",
+    "tpu:fused:highest",
+    "cpu:fused:medium",
+    "tpu:fused:medium",
+    "tpu:foreach:medium:DEFER_NEVER",
+    "tpu:foreach:medium:DEFER_AND_FUSE",
+    "tpu:foreach:medium:DEFER_NEVER_AND_LAUNCH_BLOCKING",
+)
+
+
+def _with_events(script: str, *args: str) -> Callable[[Path], list]:
+    """A :func:`run_once` computation: ``script``'s output and the folder of its event log."""
+
+    def compute(directory: Path) -> list:
+        return [run_script(script, *args, env={"TPU_AGENT_EVENTS_DIR": str(directory)}), str(directory)]
+
+    return compute
+
+
+@pytest.fixture(scope="module")
+def training(run_once: Callable[..., Any]) -> tuple[dict, list]:
+    out, events_dir = run_once("emulated-training", _with_events("emulated_train.py", *TRAINING_RUNS))
+    return out, read_events(Path(events_dir))[0]
+
+
+@pytest.mark.parametrize("optimizer_kind", ["foreach", "fused"])
+def test_adamw_training_matches_cpu_exactly_at_highest(optimizer_kind: str, training: tuple[dict, list]) -> None:
+    out, events = training
+    assert out[f"tpu:{optimizer_kind}:highest"] == out[f"cpu:{optimizer_kind}:highest"]
+    # every run steps an optimizer: 5 step ends per run, each with the ops of its step and a memory sample
+    ends = [e for e in events if isinstance(e, StepMarker) and e.phase == "end"]
+    assert [e.step for e in ends] == list(range(5 * len(TRAINING_RUNS))) and {e.source for e in ends} == {"optimizer"}
+    first = 5 * TRAINING_RUNS.index(f"tpu:{optimizer_kind}:highest")
+    batches = [e for e in events if isinstance(e, OpBatch)]
+    tpu_steps = [b for b in batches if b.step is not None and first < b.step < first + 5]
+    assert len(tpu_steps) == 4 and all(b.count == sum(b.by_name.values()) for b in tpu_steps)
+    assert all(("aten.addmm.default" in b.by_name or "aten.mm.default" in b.by_name) for b in tpu_steps)
+    samples = [e for e in events if isinstance(e, MemorySample) and e.step is not None and first <= e.step < first + 5]
+    assert samples and samples[-1].peak_bytes >= samples[-1].allocated_bytes > 0
+
+
+def test_default_precision_rounds_matmul_inputs_to_bf16(training: tuple[dict, list]) -> None:
+    out, events = training
+    assert out["tpu:fused:medium"] != out["cpu:fused:medium"]
+    for tpu_loss, cpu_loss in zip(out["tpu:fused:medium"], out["cpu:fused:medium"], strict=True):
+        assert abs(tpu_loss - cpu_loss) <= 1.6e-2 * abs(cpu_loss) + 1e-5
+    # deferral changes when ops run, never what they compute
+    strict = out["tpu:foreach:medium:DEFER_NEVER"]
+    assert strict != out["cpu:fused:medium"]  # the rounding is in force in every mode compared here
+    for mode in ("DEFER_AND_FUSE", "DEFER_NEVER_AND_LAUNCH_BLOCKING"):
+        assert out[f"tpu:foreach:medium:{mode}"] == strict
+    fused = 5 * TRAINING_RUNS.index("tpu:foreach:medium:DEFER_AND_FUSE")
+    flushed = [e.step for e in events if isinstance(e, Flush) and e.cause == "item"]
+    # it deferred: each loss.item() (read after its step's end) flushed a pending graph
+    assert [step for step in flushed if fused < step <= fused + 5] == list(range(fused + 1, fused + 6))
 
 
 def test_defer_and_fuse_flushes_with_causes_and_user_lines(tmp_path: Path) -> None:
@@ -228,8 +270,15 @@ def test_debug_mode_names_the_op_and_line_that_made_nan() -> None:
     assert f"emulated_debug.py:{line_of('emulated_debug.py', 'nan')}" in out["error"]
 
 
-def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
-    out = run_script("emulated_compile.py", env={"TPU_AGENT_EVENTS_DIR": str(tmp_path)})
+@pytest.fixture(scope="module")
+def compiled(run_once: Callable[..., Any]) -> tuple[dict, list]:
+    """One compiling run (Dynamo's import alone costs seconds): its output and its event log."""
+    out, events_dir = run_once("emulated-compile", _with_events("emulated_compile.py"))
+    return out, read_events(Path(events_dir))[0]
+
+
+def test_compile_backend_rules_and_events(compiled: tuple[dict, list]) -> None:
+    out, events = compiled
     assert out["compiled_device"] == "tpu:0" and out["matches_eager"] is True
     assert out["recompiled_shape"] == [4]  # a (8, 4) input recompiles and still reduces over dim 0
     assert out["default_backend_device"] == "tpu:0"  # no backend= with tpu inputs means "tpu"
@@ -242,11 +291,16 @@ def test_compile_backend_rules_and_events(tmp_path: Path) -> None:
         "message": "Unexpected keyword arguments: {'triton.cudagraphs': True}",
     }
     assert "backend='inductor') on TPU is experimental" in out["inductor"]["message"]
-    events = read_events(tmp_path)[0]
     compiles = [e for e in events if isinstance(e, Compile) and e.function == "f"]
     assert [c.is_recompile for c in compiles] == [False, True]
     assert "size mismatch at index 0. expected 4, actual 8" in compiles[1].reason
     assert all(not isinstance(e, GraphBreak) or e.site is not None for e in events)
+
+
+def test_dynamo_is_imported_only_by_runs_that_compile(compiled: tuple[dict, list]) -> None:
+    out, _ = compiled
+    # activation, eager ops and an eager collective did not import Dynamo; a compiled function's collective still ran
+    assert out["dynamo_before_compile"] is False and out["compiled_collective"] == [3.0, 3.0, 3.0, 3.0]
 
 
 def test_activation_refuses_a_foreign_privateuse1_backend() -> None:
@@ -303,8 +357,3 @@ def test_torch_profiler_sees_the_dispatched_ops_not_the_emulators_own() -> None:
     assert out["fused"] == once
     assert out["after"] == once
     assert out["cpu_add"] == 1
-
-
-def test_dynamo_is_imported_only_by_runs_that_compile() -> None:
-    out = run_script("emulated_lazy_dynamo.py")
-    assert out == {"dynamo_before_compile": False, "compiled": [3.0, 3.0, 3.0, 3.0]}

@@ -8,7 +8,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import REPO, clean_env, tpu_agent
@@ -27,10 +29,10 @@ def _losses(stdout: str) -> list[str]:
     return [value for _, value in LOSS.findall(stdout)]
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path, str]:
-    """The original's CPU losses, and the migrated train.py (path and text), run with no hand edits."""
-    original = tmp_path_factory.mktemp("original")
+def _original_and_migrated(directory: Path) -> dict[str, Any]:
+    """The original's CPU losses, and the example migrated with no hand edits (in ``directory / "migrated"``)."""
+    original = directory / "original"
+    original.mkdir()
     for name in ("train.py", "model.py", "data.py"):
         shutil.copy(EXAMPLE / name, original / name)
     cpu = subprocess.run(
@@ -42,16 +44,25 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path, 
         timeout=120,
     )
     assert cpu.returncode == 0, cpu.stderr
-    out = tmp_path_factory.mktemp("migrated")
+    out = directory / "migrated"
     apply(
         plan(
             [original / name for name in ("train.py", "model.py", "data.py")], MigrateOptions(unsafe_fixes=True, jobs=1)
         ),
         output_dir=out,
     )
-    train = (out / "train.py").read_text()
+    return {"cpu_losses": _losses(cpu.stdout), "migrated": str(out)}
+
+
+@pytest.fixture
+def example(run_once: Callable[..., Any], tmp_path: Path) -> tuple[list[str], Path, str]:
+    """The original's CPU losses, and a private copy of the migrated train.py (path and text): the CPU run and the
+    migration happen once per session."""
+    shared = run_once("parity-cuda-ddp", _original_and_migrated)
+    tree = shutil.copytree(shared["migrated"], tmp_path / "migrated")
+    train = (tree / "train.py").read_text()
     assert "torch.cuda.amp" not in train and ".cuda()" not in train and "nccl" not in train
-    return _losses(cpu.stdout), out / "train.py", train
+    return shared["cpu_losses"], tree / "train.py", train
 
 
 def test_migrated_example_matches_cpu_losses_exactly_in_f32(example: tuple[list[str], Path, str]) -> None:

@@ -6,6 +6,10 @@ start and duration in nanoseconds (``baseTimeNanoseconds`` plus the event's micr
 for the few ops whose arguments matter (convolution, dtype casts) the concrete inputs. FLOPs and bytes are
 computed here from the shapes (torch 2.13 does not record them), on kernels only (``Op.costed``) so that
 ``aten::linear`` and its ``aten::addmm`` child are not counted twice.
+
+A graph the XLA compiler ran is one :data:`XLA_EXECUTABLE_RECORD` holding a record per ATen op of the graph
+(written by :mod:`tpu_agent.runtime.xla.op_records`), as the eager compiler's dispatcher records them one by one:
+those ops carry no time of their own, so the executable's measured time is spread over them by their cost.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ DTYPE_BYTES: dict[str, int] = {
     "c10::complex<float>": 8,
     "c10::complex<double>": 16,
 }
+# The record a graph run as one XLA executable leaves in the trace; its children are the graph's ATen ops.
+XLA_EXECUTABLE_RECORD = "xla::executable"
+# The emulation's CPU does about this many FLOPs in the time it moves a byte from memory (~100 GFLOP/s against
+# ~10 GB/s per core): how the executable's time is split, a matmul by its FLOPs, an elementwise op by its bytes.
+_CPU_FLOPS_PER_BYTE = 8.0
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 CONV_OPS = frozenset({"aten::convolution"})
 
@@ -222,8 +231,31 @@ def _build_ops(trace: dict[str, Any]) -> list[Op]:
     for op in ops:
         if op.costed:
             op.flops, op.bytes = cost(op)
+    _spread_executable_time(ops)
     ops.sort(key=lambda o: o.start_ns)
     return ops
+
+
+def _spread_executable_time(ops: list[Op]) -> None:
+    """Lay each XLA executable's ops (ops sorted by thread, start) end to end over the executable's interval,
+    each taking a share of its time proportional to its cost: the time XLA's fused program took, as far as it
+    can be told apart, so time shares (matmul time, PR-1's saving) mean what they mean on the eager path."""
+    for index, executable in enumerate(ops):
+        if executable.name != XLA_EXECUTABLE_RECORD:
+            continue
+        end = executable.start_ns + executable.duration_ns
+        children = []
+        for child in ops[index + 1 :]:
+            if child.thread != executable.thread or child.start_ns >= end:
+                break
+            children.append(child)
+        weights = [max(child.flops, child.bytes * _CPU_FLOPS_PER_BYTE, 1.0) for child in children]
+        total, done = sum(weights), 0.0
+        for child, weight in zip(children, weights, strict=True):
+            start = executable.start_ns + round(executable.duration_ns * done / total)
+            done += weight
+            child.start_ns = start
+            child.duration_ns = executable.start_ns + round(executable.duration_ns * done / total) - start
 
 
 _preloaded: dict[Path, tuple[tuple[int, int], list[Op]]] = {}

@@ -1,5 +1,7 @@
 """Two-rank FSDP2 fully_shard + DTensor on init_device_mesh("tpu"), with the mixed cpu:gloo,tpu:tpu_dist
-backend string; writes results-rank<R>.json with losses to compare against an unsharded run.
+backend string; then pinned memory and the host's device count in the same ranks (one multi-rank run checks both:
+each costs seconds of process start-up); writes results-rank<R>.json with losses to compare against an unsharded
+run and the host-memory observations.
 
 Usage: dist_fsdp.py OUT_DIR
 """
@@ -13,11 +15,37 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def host_memory() -> dict:
+    """Pinned memory and the host's device count, as a rank of a multi-rank run sees them."""
+    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    data = TensorDataset(torch.arange(16.0).view(8, 2))
+    loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=False), pin_memory=True, pin_memory_device="tpu")
+    total = torch.zeros(2, device="tpu")
+    pinned = []
+    for (batch,) in loader:
+        pinned.append(batch.is_pinned())
+        total += batch.to("tpu", non_blocking=True).sum(0)
+    dist.all_reduce(total)
+    host = torch.ones(3).pin_memory()
+    enough = torch.accelerator.device_count() >= local_world  # the check real launch scripts make
+    return {
+        "device_count": torch.accelerator.device_count(),
+        "devices_per_rank": torch.accelerator.device_count() // local_world,
+        "enough_devices": enough,
+        "current_device": torch.accelerator.current_device_index(),
+        "pinned_batches": pinned,
+        "pinned_host": [host.is_pinned(), host.to("tpu", non_blocking=True).cpu().tolist()],
+        "total": total.cpu().tolist(),
+    }
 
 
 def main() -> None:
@@ -71,6 +99,7 @@ def main() -> None:
         "param_device": str(next(model.parameters()).to_local().device),
         "fsdp_losses": fsdp_losses,
         "plain_losses": plain_losses,
+        "host_memory": host_memory(),
     }
     with open(os.path.join(out_dir, f"results-rank{rank}.json"), "w") as handle:
         json.dump(results, handle)

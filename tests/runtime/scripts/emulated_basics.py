@@ -108,4 +108,16 @@ out["foreach"] = {
     "version_advanced": saved._version > version_before,
     "autograd_sees_write": error_of(lambda: product.sum().backward()),
 }
+# output dtypes under torch.autocast("tpu") (TorchTPU's AutocastPrivateUse1 policy)
+x = torch.randn(4, 8, device="tpu")
+layer = torch.nn.Linear(8, 8).to("tpu")
+with torch.autocast("tpu"):
+    y = layer(x)
+    mm = x @ x.t()
+    loss = torch.nn.functional.mse_loss(y, torch.zeros_like(y))
+    relu = torch.relu(x)
+    default = torch.get_autocast_dtype("tpu")
+    y.float().sum().backward()
+autocast = {"linear": y.dtype, "mm": mm.dtype, "loss": loss.dtype, "relu": relu.dtype, "default": default, "grad": layer.weight.grad.dtype}
+out["autocast"] = {k: str(v) for k, v in autocast.items()}
 print(json.dumps(out))

@@ -1,4 +1,6 @@
-"""Regression checks for the emulated runtime's fault classes, in one eager mode (argv[1]); prints one JSON object.
+"""Regression checks for the emulated runtime's fault classes, in each eager mode named on the command line (in
+that order, switched in-process after activating the first: torch is imported once for all of them); prints one
+JSON object of the observations by mode.
 
 Every comparison is against plain CPU torch at precision "highest", where the emulation promises exact parity.
 """
@@ -21,7 +23,6 @@ cpu_leaf = torch.ones(3, requires_grad=True)
 activate(eager_mode=sys.argv[1])
 torch.set_float32_matmul_precision("highest")
 warnings.simplefilter("ignore")
-out: dict = {}
 
 
 def error_of(fn):
@@ -52,107 +53,8 @@ def grads_match(fn, *inputs):
     return ok
 
 
-torch.manual_seed(0)
-q, k, v = (torch.randn(2, 4, 6, 8, requires_grad=True) for _ in range(3))
-k_gqa, v_gqa = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(2))
-bool_mask = torch.rand(2, 1, 6, 6) > 0.3
-bool_mask[..., 0] = True  # no fully masked row
-float_mask = torch.randn(2, 1, 6, 6, requires_grad=True)
-out["attention"] = {
-    "plain": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v),
-    "causal": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v),
-    "bool_mask": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask),
-    "mask_requires_grad": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask),
-    "gqa": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, k_gqa, v_gqa),
-    "gqa_bool_mask": grads_match(
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True), q, k_gqa, v_gqa, bool_mask
-    ),
-}
-
-x = torch.randn(4, 5)
-idx = torch.tensor([0, 3])
-out["index_with_list"] = {
-    "device_index": same(x.to("tpu")[:, idx.to("tpu")], x[:, idx]),
-    "host_index": same(x.to("tpu")[:, idx], x[:, idx]),
-    "nested": same(torch.stack([x.to("tpu"), x.to("tpu")])[..., idx.to("tpu")], torch.stack([x, x])[..., idx]),
-}
-
-c = torch.complex(torch.randn(6), torch.randn(6))
-freqs = torch.polar(torch.ones(6), torch.arange(6.0))
-z = torch.randn(6, 2, requires_grad=True)
-
-
-def rotary(z):
+def rotary(z, freqs):
     return torch.view_as_real(torch.view_as_complex(z) * freqs.to(z.device).conj())
-
-
-out["math_bits"] = {
-    "conj_mul": same(c.to("tpu").conj() * 1, c.conj() * 1),
-    "conj_flag": c.to("tpu").conj().is_conj(),
-    "neg_view": same(torch._neg_view(x.to("tpu")) * 1, torch._neg_view(x) * 1),
-    "complex_rotary_grads": grads_match(rotary, z),
-    "zero_tensor": same(torch._efficientzerotensor(3, device="tpu"), torch.zeros(3)),
-}
-out["refused"] = {
-    "sparse": error_of(lambda: torch.randn(3, 3).to_sparse().to("tpu")),
-    "quantized": error_of(lambda: torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8).to("tpu")),
-}
-
-ints = torch.tensor([0, 1, 1, 3, 2, 3], dtype=torch.int32)
-out["cpu_gaps"] = {
-    "histc_int": same(torch.histc(ints.to("tpu"), bins=4, min=0, max=3), torch.histc(ints.double(), bins=4, min=0, max=3).int()),
-    "upsample_int": same(
-        F.interpolate(ints.view(1, 1, 2, 3).to("tpu"), scale_factor=2), F.interpolate(ints.view(1, 1, 2, 3).double(), scale_factor=2).int()
-    ),
-}
-out["cpu_kernel_error"] = error_of(lambda: torch.median(torch.tensor([True, False]).to("tpu")).item())
-
-a, b = torch.randn(4, 8), torch.randn(2, 8, 16)
-offsets = torch.tensor([2, 4], dtype=torch.int32)
-out["grouped_mm_f32"] = same(torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=offsets.to("tpu")), torch._grouped_mm(a, b, offs=offsets))
-
-# CPU's softplus_backward lays its result out like a transposed grad_output, meta like self (olmo_hybrid's
-# backward): reshape decides view-or-copy on the strides it sees, so under DeferAndFuse it records a view that
-# holds for meta's layout, and that view must still hold when the graph runs.
-grad_t, self_c = torch.randn(2, 30, 8).transpose(1, 2), torch.randn(2, 8, 30)
-layout_ref = torch.ops.aten.softplus_backward(grad_t, self_c, 1.0, 20.0).reshape(2, 240)
-layout_got = torch.ops.aten.softplus_backward(grad_t.to("tpu"), self_c.to("tpu"), 1.0, 20.0).reshape(2, 240) * 1
-out["recorded_layout_view"] = same(layout_got, layout_ref)
-
-generator = torch.Generator("tpu")
-generator.manual_seed(7)
-drawn = torch.randn(5, generator=generator, device="tpu")
-out["generator"] = {
-    "device": str(generator.device),
-    "matches_cpu_seed": same(drawn, torch.randn(5, generator=torch.Generator().manual_seed(7))),
-    "is_generator": isinstance(generator, torch.Generator) and isinstance(torch.default_generator, torch.Generator),
-}
-
-grown = torch.arange(3.0).to("tpu")
-alias = grown
-grown.resize_(2, 4)
-grown[1].fill_(5.0)
-out["resize_grow"] = {"shape": list(alias.shape), "kept": grown.view(-1)[:3].tolist(), "row": grown[1].tolist()}
-
-host = torch.arange(6.0)
-pinned = host.pin_memory()
-loader = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True)
-batches = [batch for (batch,) in loader]
-loader_device = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True, pin_memory_device="tpu")
-out["pinned"] = {
-    "pin_memory": [host.is_pinned(), pinned.is_pinned(), pinned[2:].is_pinned(), same(pinned, host)],
-    "loader": [b.is_pinned() for b in batches] + [next(iter(loader_device))[0].is_pinned()],
-    "factories": [
-        torch.empty(3, pin_memory=True).is_pinned(),
-        torch.zeros(2, 2, pin_memory=True).is_pinned(),
-        torch.tensor([1.0, 2.0], pin_memory=True).is_pinned(),
-        torch.randn(4, pin_memory=True)[1:].is_pinned(),
-        host.new_zeros(3, pin_memory=True).is_pinned(),
-        torch.empty(3, pin_memory=False).is_pinned(),
-        same(torch.full((2,), 7.0, pin_memory=True).to("tpu"), torch.full((2,), 7.0)),
-    ],
-    "non_blocking": same(pinned.to("tpu", non_blocking=True), host) and same(host.to("tpu").to("cpu", non_blocking=True), host),
-}
 
 
 def train_losses(device):
@@ -170,18 +72,125 @@ def train_losses(device):
     return losses
 
 
-# ``param.data = other`` (weight tying and re-initialisation in public scripts): the parameter computes with the
-# new data, also when the new value is still deferred and after its old data fed a matmul (MXU rounding cache).
-tied = torch.nn.Linear(3, 2).to("tpu")
-tied(torch.ones(1, 3, device="tpu")).sum().item()
-tied.weight.data = torch.full((2, 3), 0.5, device="tpu") * 2
-out["data_assign"] = {
-    "values": same(tied(torch.ones(1, 3, device="tpu")) - tied.bias, torch.full((1, 2), 3.0)),
-    "shape_follows": [list(tied.weight.shape), tied.weight.requires_grad],
-}
+def observe() -> dict:
+    """Every observation, in the current eager mode."""
+    out: dict = {}
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, requires_grad=True) for _ in range(3))
+    k_gqa, v_gqa = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(2))
+    bool_mask = torch.rand(2, 1, 6, 6) > 0.3
+    bool_mask[..., 0] = True  # no fully masked row
+    float_mask = torch.randn(2, 1, 6, 6, requires_grad=True)
+    out["attention"] = {
+        "plain": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v),
+        "causal": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v),
+        "bool_mask": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask),
+        "mask_requires_grad": grads_match(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask),
+        "gqa": grads_match(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, k_gqa, v_gqa),
+        "gqa_bool_mask": grads_match(
+            lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True), q, k_gqa, v_gqa, bool_mask
+        ),
+    }
 
-from tpu_agent.runtime.emulated import shape_cache  # noqa: E402 - after activation, like user code
+    x = torch.randn(4, 5)
+    idx = torch.tensor([0, 3])
+    out["index_with_list"] = {
+        "device_index": same(x.to("tpu")[:, idx.to("tpu")], x[:, idx]),
+        "host_index": same(x.to("tpu")[:, idx], x[:, idx]),
+        "nested": same(torch.stack([x.to("tpu"), x.to("tpu")])[..., idx.to("tpu")], torch.stack([x, x])[..., idx]),
+    }
 
-out["repeated_steps"] = {"match_cpu": train_losses("tpu") == train_losses("cpu"), "cached_signatures": len(shape_cache._cache) > 0}
-out["device_count"] = torch.accelerator.device_count()
-print(json.dumps(out))
+    c = torch.complex(torch.randn(6), torch.randn(6))
+    freqs = torch.polar(torch.ones(6), torch.arange(6.0))
+    z = torch.randn(6, 2, requires_grad=True)
+
+    out["math_bits"] = {
+        "conj_mul": same(c.to("tpu").conj() * 1, c.conj() * 1),
+        "conj_flag": c.to("tpu").conj().is_conj(),
+        "neg_view": same(torch._neg_view(x.to("tpu")) * 1, torch._neg_view(x) * 1),
+        "complex_rotary_grads": grads_match(lambda z: rotary(z, freqs), z),
+        "zero_tensor": same(torch._efficientzerotensor(3, device="tpu"), torch.zeros(3)),
+    }
+    out["refused"] = {
+        "sparse": error_of(lambda: torch.randn(3, 3).to_sparse().to("tpu")),
+        "quantized": error_of(lambda: torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8).to("tpu")),
+    }
+
+    ints = torch.tensor([0, 1, 1, 3, 2, 3], dtype=torch.int32)
+    out["cpu_gaps"] = {
+        "histc_int": same(torch.histc(ints.to("tpu"), bins=4, min=0, max=3), torch.histc(ints.double(), bins=4, min=0, max=3).int()),
+        "upsample_int": same(
+            F.interpolate(ints.view(1, 1, 2, 3).to("tpu"), scale_factor=2), F.interpolate(ints.view(1, 1, 2, 3).double(), scale_factor=2).int()
+        ),
+    }
+    out["cpu_kernel_error"] = error_of(lambda: torch.median(torch.tensor([True, False]).to("tpu")).item())
+
+    a, b = torch.randn(4, 8), torch.randn(2, 8, 16)
+    offsets = torch.tensor([2, 4], dtype=torch.int32)
+    out["grouped_mm_f32"] = same(torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=offsets.to("tpu")), torch._grouped_mm(a, b, offs=offsets))
+
+    # CPU's softplus_backward lays its result out like a transposed grad_output, meta like self (olmo_hybrid's
+    # backward): reshape decides view-or-copy on the strides it sees, so under DeferAndFuse it records a view that
+    # holds for meta's layout, and that view must still hold when the graph runs.
+    grad_t, self_c = torch.randn(2, 30, 8).transpose(1, 2), torch.randn(2, 8, 30)
+    layout_ref = torch.ops.aten.softplus_backward(grad_t, self_c, 1.0, 20.0).reshape(2, 240)
+    layout_got = torch.ops.aten.softplus_backward(grad_t.to("tpu"), self_c.to("tpu"), 1.0, 20.0).reshape(2, 240) * 1
+    out["recorded_layout_view"] = same(layout_got, layout_ref)
+
+    generator = torch.Generator("tpu")
+    generator.manual_seed(7)
+    drawn = torch.randn(5, generator=generator, device="tpu")
+    out["generator"] = {
+        "device": str(generator.device),
+        "matches_cpu_seed": same(drawn, torch.randn(5, generator=torch.Generator().manual_seed(7))),
+        "is_generator": isinstance(generator, torch.Generator) and isinstance(torch.default_generator, torch.Generator),
+    }
+
+    grown = torch.arange(3.0).to("tpu")
+    alias = grown
+    grown.resize_(2, 4)
+    grown[1].fill_(5.0)
+    out["resize_grow"] = {"shape": list(alias.shape), "kept": grown.view(-1)[:3].tolist(), "row": grown[1].tolist()}
+
+    host = torch.arange(6.0)
+    pinned = host.pin_memory()
+    loader = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True)
+    batches = [batch for (batch,) in loader]
+    loader_device = DataLoader(TensorDataset(torch.arange(8.0).view(4, 2)), batch_size=2, pin_memory=True, pin_memory_device="tpu")
+    out["pinned"] = {
+        "pin_memory": [host.is_pinned(), pinned.is_pinned(), pinned[2:].is_pinned(), same(pinned, host)],
+        "loader": [b.is_pinned() for b in batches] + [next(iter(loader_device))[0].is_pinned()],
+        "factories": [
+            torch.empty(3, pin_memory=True).is_pinned(),
+            torch.zeros(2, 2, pin_memory=True).is_pinned(),
+            torch.tensor([1.0, 2.0], pin_memory=True).is_pinned(),
+            torch.randn(4, pin_memory=True)[1:].is_pinned(),
+            host.new_zeros(3, pin_memory=True).is_pinned(),
+            torch.empty(3, pin_memory=False).is_pinned(),
+            same(torch.full((2,), 7.0, pin_memory=True).to("tpu"), torch.full((2,), 7.0)),
+        ],
+        "non_blocking": same(pinned.to("tpu", non_blocking=True), host) and same(host.to("tpu").to("cpu", non_blocking=True), host),
+    }
+
+    # ``param.data = other`` (weight tying and re-initialisation in public scripts): the parameter computes with the
+    # new data, also when the new value is still deferred and after its old data fed a matmul (MXU rounding cache).
+    tied = torch.nn.Linear(3, 2).to("tpu")
+    tied(torch.ones(1, 3, device="tpu")).sum().item()
+    tied.weight.data = torch.full((2, 3), 0.5, device="tpu") * 2
+    out["data_assign"] = {
+        "values": same(tied(torch.ones(1, 3, device="tpu")) - tied.bias, torch.full((1, 2), 3.0)),
+        "shape_follows": [list(tied.weight.shape), tied.weight.requires_grad],
+    }
+
+    from tpu_agent.runtime.emulated import shape_cache  # after activation, like user code
+
+    out["repeated_steps"] = {"match_cpu": train_losses("tpu") == train_losses("cpu"), "cached_signatures": len(shape_cache._cache) > 0}
+    out["device_count"] = torch.accelerator.device_count()
+    return out
+
+
+observed = {}
+for mode in sys.argv[1:]:
+    torch.tpu.eager_mode = mode
+    observed[mode] = observe()
+print(json.dumps(observed))

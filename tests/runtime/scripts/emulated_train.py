@@ -1,4 +1,9 @@
-"""Trains one MLP on cpu and on the emulated tpu with AdamW (foreach or fused); prints both loss lists."""
+"""Trains one MLP with AdamW once per RUN argument, all in this one process (torch and the emulation are imported
+once for all of them); prints the loss lists by RUN.
+
+A RUN is ``DEVICE:OPTIMIZER:PRECISION[:EAGER_MODE]``: cpu or tpu, foreach or fused, the float32 matmul precision,
+and for tpu runs an eager mode (``torch.tpu.EagerMode`` name) switched to in-process before training.
+"""
 
 import json
 import sys
@@ -7,12 +12,10 @@ import torch
 
 from tpu_agent.runtime.emulated import activate
 
-optimizer_kind, precision = sys.argv[1], sys.argv[2]
 activate()
-torch.set_float32_matmul_precision(precision)
 
 
-def train(device: str) -> list[float]:
+def train(device: str, optimizer_kind: str) -> list[float]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **{optimizer_kind: True})
@@ -28,4 +31,11 @@ def train(device: str) -> list[float]:
     return losses
 
 
-print(json.dumps({"cpu": train("cpu"), "tpu": train("tpu")}))
+results = {}
+for run in sys.argv[1:]:
+    device, optimizer_kind, precision, *eager_mode = run.split(":")
+    torch.set_float32_matmul_precision(precision)
+    if eager_mode:
+        torch.tpu.eager_mode = torch.tpu.EagerMode[eager_mode[0]]
+    results[run] = train(device, optimizer_kind)
+print(json.dumps(results))

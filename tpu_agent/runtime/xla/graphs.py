@@ -24,7 +24,7 @@ from torch.fx.passes.split_module import split_module
 
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import kernels, state
-from tpu_agent.runtime.xla import cache, lowering
+from tpu_agent.runtime.xla import cache, lowering, op_records
 
 # Called with (runner, inputs, precision) after each XLA run of a graph: how ``tpu-agent estimate`` sees the
 # graphs of a step and the tensors they read. Empty unless an observer installed itself.
@@ -111,6 +111,8 @@ class GraphRunner:
         self.signature = graph_signature(gm)
         self.split: torch.fx.GraphModule | None = None
         self.compile_failed = False  # the graph did not lower after all: it runs op by op from then on
+        # per specialisation, the graph's ops as a profiler records them (built at the first profiled run)
+        self.recorded_ops: dict[Hashable, list[op_records.OpRecord]] = {}
         missing = lowering.unsupported_ops(gm)
         if missing:
             self.split = self._split(missing)
@@ -172,7 +174,17 @@ class GraphRunner:
                     events.FallbackOp, op=f"{self.name} ({type(error).__name__}: {error})"[:300], site=self.site
                 )
             return EagerOps(self.gm, self.precision).run(*args)
-        result = executable(list(tensors))
+        profiling = op_records.profiling()
+        if (profiling or state.log_enabled) and specialisation not in self.recorded_ops:
+            # in a profile's process, built at the specialisation's first run (its compile, in the warm-up), not
+            # in the first measured step, whose time it would inflate
+            self.recorded_ops[specialisation] = op_records.op_records(self.gm, tensors)
+        if profiling:
+            result = op_records.run_recorded(
+                self.name, lambda: executable(list(tensors)), self.recorded_ops[specialisation]
+            )
+        else:
+            result = executable(list(tensors))
         for observe in graph_observers:
             observe(self, tensors, precision)
         return result

@@ -1,0 +1,51 @@
+"""Suite-wide fixtures: :func:`run_once`, which computes an expensive module fixture once per test session.
+
+pytest-xdist runs a module-scoped fixture once per worker that runs any of the module's tests, and its work
+stealing moves the tail of one worker's queue to another, splitting modules: a fixture that launches torch
+processes (seconds to tens of seconds of CPU) then runs twice. Fixtures that go through :func:`run_once` run on
+the first worker that needs them; any other worker waits for that result and reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+RunOnce = Callable[[str, Callable[[Path], Any]], Any]
+
+
+@pytest.fixture(scope="session")
+def run_once(tmp_path_factory: pytest.TempPathFactory) -> RunOnce:
+    """``run_once(name, compute)``: ``compute(directory)``'s JSON-able result, computed by one worker per session.
+
+    ``directory`` is an empty folder kept for the session, where ``compute`` may leave files its users read (an
+    event log, a migrated tree): every worker sees the same folder, so users copy what they change. The result
+    comes back through JSON (tuples as lists, dictionary keys as strings), also on the worker that computed it,
+    so that every worker sees the same value. A ``compute`` that fails leaves no result: the next worker tries
+    again and reports the failure in its own tests.
+    """
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, shared by its workers (each has its own basetemp below it)
+    root = base / "run-once"
+    root.mkdir(exist_ok=True)
+
+    def run(name: str, compute: Callable[[Path], Any]) -> Any:
+        result = root / f"{name}.json"
+        with FileLock(root / f"{name}.lock"):
+            if not result.is_file():
+                directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))  # fresh, also after a failed try
+                value = json.dumps(compute(directory))
+                partial = result.with_suffix(".partial")
+                partial.write_text(value, encoding="utf-8")
+                partial.replace(result)
+            return json.loads(result.read_text(encoding="utf-8"))
+
+    return run
