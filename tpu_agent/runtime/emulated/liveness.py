@@ -41,7 +41,18 @@ class Walk:
     precision, and the number of every tensor and container it reads or returns. Two graphs with equal
     fingerprints differ only in their objects and floats; ``None`` when a node has no shape cache entry."""
 
-    __slots__ = ("seen", "counts", "contents", "produced", "inputs", "floats", "fingerprint", "tokens")
+    __slots__ = (
+        "seen",
+        "counts",
+        "contents",
+        "produced",
+        "inputs",
+        "floats",
+        "fingerprint",
+        "tokens",
+        "_index",
+        "_items",
+    )
 
     def __init__(self, graph: Graph) -> None:
         self.seen: list = []  # every tpu tensor and container met, once
@@ -51,82 +62,15 @@ class Walk:
         self.inputs: list[Any] = []  # tensors first met as arguments (tpu and host), in order
         self.floats: list[float] = []  # the nodes' float arguments, in order
         self.tokens: list[Any] = []  # the nodes' shape cache entries: held, so their ids in the fingerprint stay theirs
-        items: list[Any] = []
-        self._walk(graph, items)
-        self.fingerprint: tuple | None = tuple(items) if len(self.tokens) == len(graph.nodes) else None
+        self._index: dict[int, int] = {}  # id -> number
+        self._items: list[Any] = []  # the fingerprint, while it is written
+        self._walk(graph)
+        self.fingerprint: tuple | None = tuple(self._items) if len(self.tokens) == len(graph.nodes) else None
+        del self._index, self._items
 
-    def _walk(self, graph: Graph, items: list) -> None:
-        seen, counts, contents, produced, inputs, floats = (
-            self.seen, self.counts, self.contents, self.produced, self.inputs, self.floats
-        )  # fmt: skip
-        index: dict[int, int] = {}  # id -> number
-        append, tpu_tensor, tensor_type = items.append, tt.TpuTensor, torch.Tensor
-
-        def visit(value: Any, is_output: bool) -> list[int]:
-            """Count one reference to ``value``; the ids of the tpu tensors in it."""
-            key = id(value)
-            number = index.get(key)
-            kind = type(value)
-            if number is not None:
-                append(number)
-                if number < 0:  # a host tensor
-                    return []
-                counts[number] += 1
-                return [key] if kind is tpu_tensor else contents.get(number, [])
-            if kind is tpu_tensor:
-                number = index[key] = len(seen)
-                seen.append(value)
-                counts.append(1)
-                if is_output:
-                    produced.append(number)
-                else:
-                    inputs.append(value)
-                append(number)
-                return [key]
-            if kind is tuple or kind is list or kind is dict:
-                return enter(value, kind, is_output)
-            if kind is float:
-                floats.append(value)
-            elif isinstance(value, tensor_type):  # a host tensor the op captured: an input, never a result
-                number = index[key] = -1 - len(inputs)
-                inputs.append(value)
-                append(number)
-            return []
-
-        def enter(container: Any, kind: type, is_output: bool) -> list[int]:
-            """Number a container met for the first time and visit its items (tpu tensors and floats inline)."""
-            number = index[id(container)] = len(seen)
-            seen.append(container)
-            counts.append(1)
-            append(kind)
-            found: list[int] = []
-            for item in container.values() if kind is dict else container:
-                item_kind = type(item)
-                if item_kind is int:  # sizes and dims
-                    continue
-                if item_kind is tpu_tensor:
-                    item_key = id(item)
-                    item_number = index.get(item_key)
-                    if item_number is None:
-                        item_number = index[item_key] = len(seen)
-                        seen.append(item)
-                        counts.append(1)
-                        if is_output:
-                            produced.append(item_number)
-                        else:
-                            inputs.append(item)
-                    else:
-                        counts[item_number] += 1
-                    append(item_number)
-                    found.append(item_key)
-                elif item_kind is float:
-                    floats.append(item)
-                else:
-                    found += visit(item, is_output)
-            contents[number] = found
-            return found
-
-        tokens = self.tokens
+    def _walk(self, graph: Graph) -> None:
+        seen, counts, produced, tokens, index = self.seen, self.counts, self.produced, self.tokens, self._index
+        append, visit, enter, tpu_tensor = self._items.append, self._visit, self._enter, tt.TpuTensor
         for node in graph.nodes:
             token = node.inferred
             if token is not None:
@@ -153,6 +97,72 @@ class Walk:
                 append(number)
             else:
                 visit(outputs, True)
+
+    def _visit(self, value: Any, is_output: bool) -> list[int]:
+        """Count one reference to ``value``; the ids of the tpu tensors in it."""
+        key = id(value)
+        index, kind = self._index, type(value)
+        number = index.get(key)
+        if number is not None:
+            self._items.append(number)
+            if number < 0:  # a host tensor
+                return []
+            self.counts[number] += 1
+            return [key] if kind is tt.TpuTensor else self.contents.get(number, [])
+        if kind is tt.TpuTensor:
+            number = index[key] = len(self.seen)
+            self.seen.append(value)
+            self.counts.append(1)
+            if is_output:
+                self.produced.append(number)
+            else:
+                self.inputs.append(value)
+            self._items.append(number)
+            return [key]
+        if kind is tuple or kind is list or kind is dict:
+            return self._enter(value, kind, is_output)
+        if kind is float:
+            self.floats.append(value)
+        elif isinstance(value, torch.Tensor):  # a host tensor the op captured: an input, never a result
+            number = index[key] = -1 - len(self.inputs)
+            self.inputs.append(value)
+            self._items.append(number)
+        return []
+
+    def _enter(self, container: Any, kind: type, is_output: bool) -> list[int]:
+        """Number a container met for the first time and visit its items (tpu tensors and floats inline)."""
+        seen, counts, index, tpu_tensor = self.seen, self.counts, self._index, tt.TpuTensor
+        append = self._items.append
+        number = index[id(container)] = len(seen)
+        seen.append(container)
+        counts.append(1)
+        append(kind)
+        found: list[int] = []
+        for item in container.values() if kind is dict else container:
+            item_kind = type(item)
+            if item_kind is int:  # sizes and dims
+                continue
+            if item_kind is tpu_tensor:
+                item_key = id(item)
+                item_number = index.get(item_key)
+                if item_number is None:
+                    item_number = index[item_key] = len(seen)
+                    seen.append(item)
+                    counts.append(1)
+                    if is_output:
+                        self.produced.append(item_number)
+                    else:
+                        self.inputs.append(item)
+                else:
+                    counts[item_number] += 1
+                append(item_number)
+                found.append(item_key)
+            elif item_kind is float:
+                self.floats.append(item)
+            else:
+                found += self._visit(item, is_output)
+        self.contents[number] = found
+        return found
 
 
 @dataclass(frozen=True)
