@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,6 +148,12 @@ def _op_recorder() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.ops: list[OpRecord] = []
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch keeps Dynamo out of a mode's handler by wrapping it, which imports Dynamo at the first op
+            # (seconds of CPU in a Strict or DeferAndFuse worker); a process without Dynamo compiles nothing
+            return "torch._dynamo" in sys.modules
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             frames = [frame for frame in traceback.extract_stack() if is_model_frame(frame.filename)]
