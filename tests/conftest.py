@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: :func:`run_once`, which computes an expensive module fixture once per test session.
+"""Suite-wide fixtures and scheduling: :func:`run_once`, which computes an expensive module fixture once per test
+session, and tests marked ``long`` started first.
 
 pytest-xdist runs a module-scoped fixture once per worker that runs any of the module's tests, and its work
 stealing moves the tail of one worker's queue to another, splitting modules: a fixture that launches torch
@@ -17,6 +18,14 @@ from typing import Any
 
 import pytest
 from filelock import FileLock
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` first, the rest in collection order. pytest-xdist hands each worker a contiguous
+    share of the list and steals from the ends of the queues: a minute-long test met near the end of a share
+    runs alone while the other worker has nothing left, and the run waits for it."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
 
 RunOnce = Callable[[str, Callable[[Path], Any]], Any]
 

@@ -59,6 +59,7 @@ def test_model_too_big_for_one_v5e_does_not_fit() -> None:
 
 @needs_tpu_compiler
 @pytest.mark.slow  # the same Llama compiled with FSDP over a v5e-4 slice
+@pytest.mark.long  # about 90 s: a cold TPU compile of the sharded step
 def test_model_too_big_for_one_v5e_fits_with_fsdp_over_four() -> None:
     four_chips, stderr = _estimate("--chip", "v5e-4", "--strategy", "fsdp")
     estimate = four_chips["estimate"]
