@@ -72,7 +72,6 @@ def _meta_planner() -> Any:
     (the trace sees the devices the XLA path sees; the buffers hold no memory)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from tpu_agent.runtime.emulated import tensor as tt
     from tpu_agent.runtime.xla import planning
 
     class MetaPlanner(planning.Planner):
@@ -82,35 +81,22 @@ def _meta_planner() -> Any:
             self.by_storage_and_dtype: dict[tuple[int | None, torch.dtype], int] = {}
             self.meta_buffers: list[torch.Tensor] = []  # what the observers get: storages shared with the tensors
 
-        def _input(self, t: Any) -> int:
-            elem = t._elem if type(t) is tt.TpuTensor else t
-            if elem is None or type(elem) is not torch.Tensor:
-                raise planning.NotPlannable("a tensor without data (its producing flush failed)")
+        def _buffer_index(self, elem: torch.Tensor) -> int:
             # one buffer per storage and dtype: FSDP2 views its all-gather buffers as several dtypes; with no
             # values to keep consistent, each view type is an input of its own
             storage = (storage_identity(elem), elem.dtype)
             index = self.by_storage_and_dtype.get(storage)
             if index is None:
                 index = self.by_storage_and_dtype[storage] = len(self.buffers)
-                flat = _flat_storage(elem)
+                flat = planning.storage_buffer(elem)
                 self.meta_buffers.append(flat)
                 # a storage of its own: a fake tensor marks its storage as fake, and this one is the tensor's
                 meta = torch.empty(flat.shape, dtype=flat.dtype, device=_META)
                 self.buffers.append(FakeTensor(self.fake_mode, meta, torch.device("cpu")))
                 self.parts.append(f"B{index}:{elem.dtype}:{flat.numel()}")
-            slot = self.slots[id(t)] = planning.Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
-            number = self.numbering[id(t)] = len(self.numbering)
-            self.parts.append(f"#{number}=B{index}{slot.shape}{slot.stride}+{slot.offset}")
-            return number
+            return index
 
     return MetaPlanner()
-
-
-def _flat_storage(elem: torch.Tensor) -> torch.Tensor:
-    """The whole storage behind ``elem`` as a flat tensor of its dtype, on ``elem``'s device."""
-    storage = elem.untyped_storage()
-    numel = storage.nbytes() // elem.element_size()
-    return torch.empty(0, dtype=elem.dtype, device=elem.device).set_(storage, 0, (numel,), (1,))
 
 
 class CaptureOnlyExecutor:

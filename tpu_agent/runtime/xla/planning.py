@@ -50,11 +50,12 @@ class Plan:
     live: set[int] | None = None  # ids of the produced tensors given data (None: all of them)
 
 
-def _storage_buffer(elem: torch.Tensor) -> torch.Tensor:
-    """The whole storage behind ``elem`` as a flat tensor of its dtype (the replay cuts views from it)."""
+def storage_buffer(elem: torch.Tensor) -> torch.Tensor:
+    """The whole storage behind ``elem`` as a flat tensor of its dtype, on its device (the replay cuts views
+    from it)."""
     storage = elem.untyped_storage()
     numel = storage.nbytes() // elem.element_size()
-    return torch.empty(0, dtype=elem.dtype).set_(storage, 0, (numel,), (1,))
+    return torch.empty(0, dtype=elem.dtype, device=elem.device).set_(storage, 0, (numel,), (1,))
 
 
 _TENSOR_TYPES = (tt.TpuTensor, torch.Tensor, torch.nn.Parameter)
@@ -106,18 +107,23 @@ class Planner:
         elem = t._elem if type(t) is tt.TpuTensor else t
         if elem is None or type(elem) is not torch.Tensor:
             raise NotPlannable("a tensor without data (its producing flush failed)")
-        storage = elem.untyped_storage().data_ptr()
-        index = self.by_storage.get(storage)
-        if index is None:
-            index = self.by_storage[storage] = len(self.buffers)
-            self.buffers.append(_storage_buffer(elem))
-            self.parts.append(f"B{index}:{elem.dtype}:{self.buffers[index].numel()}")
-        elif self.buffers[index].dtype != elem.dtype:
-            raise NotPlannable("one storage viewed with two dtypes")
+        index = self._buffer_index(elem)
         slot = self.slots[id(t)] = Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
         number = self.numbering[id(t)] = len(self.numbering)
         self.parts.append(f"#{number}=B{index}{slot.shape}{slot.stride}+{slot.offset}")
         return number
+
+    def _buffer_index(self, elem: torch.Tensor) -> int:
+        """The input buffer that holds ``elem``'s storage, registered (and named in the key) when first read."""
+        storage = elem.untyped_storage().data_ptr()
+        index = self.by_storage.get(storage)
+        if index is None:
+            index = self.by_storage[storage] = len(self.buffers)
+            self.buffers.append(storage_buffer(elem))
+            self.parts.append(f"B{index}:{elem.dtype}:{self.buffers[index].numel()}")
+        elif self.buffers[index].dtype != elem.dtype:
+            raise NotPlannable("one storage viewed with two dtypes")
+        return index
 
     def produce(self, value: Any, is_view: bool) -> str:
         """The key text for a node's outputs; tensors first seen here are the graph's results."""
@@ -231,7 +237,7 @@ def _recall(graph: Graph, walk: liveness.Walk, live: set[int], entry: _Recalled,
     the data of the first input on each storage it reads."""
     seen, nodes = walk.seen, graph.nodes
     return Plan(
-        [_storage_buffer(elem) for elem in storages],
+        [storage_buffer(elem) for elem in storages],
         None,
         [seen[walk.produced[i]] for i in entry.outputs],
         walk.floats,
