@@ -32,14 +32,10 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from jax._src.lax.lax import _convert_element_type  # the one way to make a weakly typed value from an array
-from jax._src.lib import _jax
 
 from tpu_agent.runtime.emulated import ops, state
-from tpu_agent.runtime.xla import extra_ops, torchax_compat
-
-# Executables run on XLA:CPU. Naming the platform keeps an installed libtpu (the estimate extra) from being
-# initialised for execution, which would print its "no TPU here" errors into every run.
-jax.config.update("jax_platforms", "cpu")
+from tpu_agent.runtime.xla import arrays, extra_ops, torchax_compat
+from tpu_agent.runtime.xla.arrays import to_jax, to_torch
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
@@ -201,14 +197,13 @@ class Lowered:
         key = _next_key() if self.uses_rng else _NO_KEY
         if self.float_positions:
             floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float32)
-            arrays = [to_jax(t) for t in inputs if isinstance(t, torch.Tensor)]
-            flat, mutated = self.executable(key, *arrays, floats)
+            flat, mutated = self.executable(
+                key, *[arrays.array(t) for t in inputs if isinstance(t, torch.Tensor)], floats
+            )
         else:
-            flat, mutated = self.executable(key, *[to_jax(t) for t in inputs])
-        for index, value in zip(self.mutated_inputs, mutated, strict=True):
-            target = inputs[index]
-            assert isinstance(target, torch.Tensor)  # only tensor inputs are ever written (compile_graph)
-            target.copy_(to_torch(value))
+            flat, mutated = self.executable(key, *[arrays.array(t) for t in inputs])
+        if mutated:  # one foreach copy: it casts where JAX narrowed the dtype (int64 runs as int32)
+            torch._foreach_copy_([inputs[i] for i in self.mutated_inputs], [to_torch(value) for value in mutated])
         leaves = list(self.static_leaves)
         outputs = iter(flat)
         dtypes = self.output_dtypes
@@ -230,46 +225,6 @@ def _next_key() -> jax.Array:
     """A PRNG key drawn from torch's default generator: seeded by ``torch.manual_seed``, fresh each call."""
     seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
     return jax.random.key_data(jax.random.PRNGKey(seed))
-
-
-# The conversions below run for every input and output of every executable call, so they use the DLPack entry
-# points of torch and jaxlib directly: ``jax.dlpack.from_dlpack`` and ``torch.from_dlpack`` add ~40 us of
-# Python checks per array (device lookups, dtype canonicalisation), which on a graph with a hundred parameters
-# cost more than running it. The direct calls make the same zero-copy alias (checked by the tests).
-_CPU_DEVICE = jax.devices("cpu")[0]
-_DLPACK_CPU = 1  # DLDeviceType.kDLCPU
-# dtypes DLPack carries as they are; 64-bit ones go through jax's path, which narrows them to the 32-bit types
-# the executables are compiled for (x64 is off), and bool through a copy (DLPack bool support varies).
-_DIRECT_DTYPES = frozenset(
-    {torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8}
-)
-
-
-def to_jax(t: torch.Tensor) -> jax.Array:
-    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of DLPack dtypes)."""
-    if t.dtype is torch.bool:
-        return jnp.asarray(t.numpy())
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.dtype in _DIRECT_DTYPES:
-        source = t.detach() if t.requires_grad else t
-        try:
-            return _jax.dlpack_managed_tensor_to_buffer(
-                torch._C._to_dlpack(source), _CPU_DEVICE, None, None, _DLPACK_CPU
-            )
-        except Exception:  # noqa: BLE001 - unaligned or unusual storage: the general path below copies it
-            pass
-    try:
-        return jax.dlpack.from_dlpack(t.detach())
-    except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
-        return jax.dlpack.from_dlpack(t.detach().clone())
-
-
-def to_torch(a: jax.Array) -> torch.Tensor:
-    """A CPU tensor over a JAX array's buffer (no copy)."""
-    if a.dtype == jnp.bool_:
-        return torch.from_numpy(jax.device_get(a).copy())
-    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=None))
 
 
 class _Interpreter(torch.fx.Interpreter):

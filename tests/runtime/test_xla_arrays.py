@@ -1,0 +1,77 @@
+"""The input buffers kept as JAX arrays between flushes (tpu_agent.runtime.xla.arrays): kept while right, remade
+when the memory moves, never a reason for memory to outlive its tensors."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from tpu_agent.runtime.xla import arrays
+
+
+def values(t: torch.Tensor) -> np.ndarray:
+    return np.asarray(arrays.array(t))
+
+
+def test_a_storage_keeps_one_buffer_and_array_that_see_every_write() -> None:
+    weights = torch.arange(12, dtype=torch.float32)
+    view = weights[4:].view(2, 4)
+    flat = arrays.buffer(view)
+    assert arrays.buffer(weights) is flat  # one buffer per storage, whichever view reads it
+    first = arrays.array(flat)
+    assert arrays.array(flat) is first  # made once, not per call
+    weights.mul_(2)  # in-place writes (an optimizer step) reach the kept array: it aliases the memory
+    np.testing.assert_array_equal(values(flat), np.arange(12) * 2)
+
+
+def test_a_reallocated_storage_gets_a_new_buffer_over_its_new_memory() -> None:
+    weights = torch.ones(8)
+    old = arrays.buffer(weights)
+    arrays.array(old)
+    storage = weights.untyped_storage()
+    storage.resize_(0)  # FSDP frees a parameter's memory this way between uses
+    storage.resize_(64 * 4)
+    weights.set_(storage, 0, (64,), (1,)).fill_(3.0)
+    new = arrays.buffer(weights)
+    assert new is not old
+    assert new.numel() == 64
+    np.testing.assert_array_equal(values(new), np.full(64, 3.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
+def test_buffers_that_reach_xla_as_copies_are_copied_again_at_each_call(dtype: torch.dtype) -> None:
+    mask = torch.zeros(5, dtype=dtype)
+    flat = arrays.buffer(mask)
+    assert not values(flat).any()
+    mask.fill_(1)  # a kept copy would still say zero
+    assert values(flat).all()
+
+
+def test_a_view_of_the_storage_in_another_dtype_gets_a_buffer_of_that_dtype() -> None:
+    data = torch.zeros(4, dtype=torch.float32)
+    arrays.buffer(data)
+    assert arrays.buffer(data.view(torch.int32)).dtype is torch.int32
+
+
+def test_the_cache_lets_memory_go_once_its_tensors_are_gone() -> None:
+    activation = torch.randn(1024)
+    arrays.array(arrays.buffer(activation))
+    storage = activation.untyped_storage()
+    weak = storage._weak_ref()
+    del activation, storage
+    gc.collect()
+    assert not torch.UntypedStorage._expired(weak)  # still held by the cache until the next flush's sweep
+    arrays.sweep()
+    assert torch.UntypedStorage._expired(weak)
+    torch.UntypedStorage._free_weak_ref(weak)
+
+
+def test_tensors_the_cache_never_made_are_converted_afresh() -> None:
+    t = torch.arange(6, dtype=torch.float32)
+    first = arrays.array(t)
+    t.add_(1)
+    np.testing.assert_array_equal(np.asarray(arrays.array(t)), np.arange(6) + 1)
+    assert first.unsafe_buffer_pointer() == t.data_ptr()  # a zero-copy alias all the same
