@@ -194,14 +194,14 @@ class Lowered:
         self._flat_type: type | None = kind if flat else None
 
     def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
-        key = _next_key() if self.uses_rng else _NO_KEY
+        seed = _next_seed() if self.uses_rng else _NO_SEED
         if self.float_positions:
             floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float32)
             flat, mutated = self.executable(
-                key, *[arrays.array(t) for t in inputs if isinstance(t, torch.Tensor)], floats
+                seed, *[arrays.array(t) for t in inputs if isinstance(t, torch.Tensor)], floats
             )
         else:
-            flat, mutated = self.executable(key, *[arrays.array(t) for t in inputs])
+            flat, mutated = self.executable(seed, *[arrays.array(t) for t in inputs])
         if mutated:  # one foreach copy: it casts where JAX narrowed the dtype (int64 runs as int32)
             torch._foreach_copy_([inputs[i] for i in self.mutated_inputs], [to_torch(value) for value in mutated])
         leaves = list(self.static_leaves)
@@ -218,13 +218,14 @@ class Lowered:
 
 
 _ARRAY = object()  # placeholder in Lowered.static_leaves for an array output
-_NO_KEY = jax.random.key_data(jax.random.PRNGKey(0))
+# The executables take a PRNG seed and make their key inside: a key made on the host at each call
+# (``jax.random.PRNGKey``: several eager JAX ops) cost ~0.4 ms, more than a small model's whole executable.
+_NO_SEED = np.uint32(0)
 
 
-def _next_key() -> jax.Array:
-    """A PRNG key drawn from torch's default generator: seeded by ``torch.manual_seed``, fresh each call."""
-    seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
-    return jax.random.key_data(jax.random.PRNGKey(seed))
+def _next_seed() -> np.uint32:
+    """A PRNG seed drawn from torch's default generator: set by ``torch.manual_seed``, fresh each call."""
+    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64)))
 
 
 class _Interpreter(torch.fx.Interpreter):
@@ -255,13 +256,13 @@ def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
 
 @dataclass
 class TracedGraph:
-    """A graph as a JAX function ``function(key, *arrays) -> (outputs, mutated inputs' new values)`` and the
+    """A graph as a JAX function ``function(seed, *arrays) -> (outputs, mutated inputs' new values)`` and the
     abstract arguments it is traced for. The XLA:CPU executable and the TPU estimate compile this same function.
 
     ``found`` is filled by the trace (output tree, static leaves, mutated input positions)."""
 
     function: Any
-    abstract: list[jax.ShapeDtypeStruct]  # the key first, then one per input
+    abstract: list[jax.ShapeDtypeStruct]  # the PRNG seed first, then one per input
     found: dict[str, Any]
 
 
@@ -275,13 +276,13 @@ def trace_graph(
     found: dict[str, Any] = {}
     is_tensor = [isinstance(t, torch.Tensor) for t in example_inputs]
 
-    def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+    def jax_function(seed: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
         inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, arrays, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
         try:
-            with env, env.override_property(prng=jax.random.wrap_key_data(key)):
+            with env, env.override_property(prng=jax.random.key(seed)):
                 result = _Interpreter(gm, env).run(*inputs)
                 result = env.v2t_iso(result)
         finally:
@@ -299,8 +300,8 @@ def trace_graph(
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
-    key = jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype)
-    return TracedGraph(jax_function, [key, *(_abstract(t) for t in example_inputs)], found)
+    seed = jax.ShapeDtypeStruct((), jnp.uint32)
+    return TracedGraph(jax_function, [seed, *(_abstract(t) for t in example_inputs)], found)
 
 
 def compile_graph(
@@ -334,7 +335,7 @@ def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[An
     is_float = set(float_positions)
     tensor_positions = [i for i in range(count) if i not in is_float]
 
-    def packed(key: jax.Array, *arrays: jax.Array) -> Any:
+    def packed(seed: jax.Array, *arrays: jax.Array) -> Any:
         *tensors, floats = arrays
         merged: list[Any] = [None] * count
         for position, array in zip(tensor_positions, tensors, strict=True):
@@ -342,7 +343,7 @@ def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[An
         for index, position in enumerate(float_positions):
             # weakly typed, as the Python scalar it stands for (``x_bf16 * lr`` stays bf16)
             merged[position] = _convert_element_type(floats[index], weak_type=True)
-        return traced.function(key, *merged)
+        return traced.function(seed, *merged)
 
     abstract = [
         traced.abstract[0],
