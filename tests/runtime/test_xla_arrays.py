@@ -75,3 +75,18 @@ def test_tensors_the_cache_never_made_are_converted_afresh() -> None:
     t.add_(1)
     np.testing.assert_array_equal(np.asarray(arrays.array(t)), np.arange(6) + 1)
     assert first.unsafe_buffer_pointer() == t.data_ptr()  # a zero-copy alias all the same
+
+
+@pytest.mark.parametrize(
+    ("values_64", "dtype_32"),
+    [
+        (torch.tensor([3, -7, 2**31 - 1, 2**33 + 5]), torch.int32),  # token ids, and one past int32 (wraps alike)
+        (torch.tensor([0.1, -2.5e-40, 1e300], dtype=torch.float64), torch.float32),
+    ],
+)
+def test_64_bit_tensors_reach_xla_narrowed_as_torch_narrows_them(
+    values_64: torch.Tensor, dtype_32: torch.dtype
+) -> None:
+    converted = arrays.to_jax(values_64)
+    assert converted.dtype.itemsize == 4  # x64 is off: the executables are compiled for 32-bit types
+    np.testing.assert_array_equal(np.asarray(converted), values_64.to(dtype_32).numpy())
