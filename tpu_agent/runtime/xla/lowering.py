@@ -35,7 +35,6 @@ from jax._src.lax.lax import _convert_element_type  # the one way to make a weak
 
 from tpu_agent.runtime.emulated import ops, state
 from tpu_agent.runtime.xla import arrays, extra_ops, torchax_compat
-from tpu_agent.runtime.xla.arrays import to_jax, to_torch
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
@@ -203,13 +202,15 @@ class Lowered:
         else:
             flat, mutated = self.executable(seed, *[arrays.array(t) for t in inputs])
         if mutated:  # one foreach copy: it casts where JAX narrowed the dtype (int64 runs as int32)
-            torch._foreach_copy_([inputs[i] for i in self.mutated_inputs], [to_torch(value) for value in mutated])
+            torch._foreach_copy_(
+                [inputs[i] for i in self.mutated_inputs], [arrays.to_torch(value) for value in mutated]
+            )
         leaves = list(self.static_leaves)
         outputs = iter(flat)
         dtypes = self.output_dtypes
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
-                result = to_torch(next(outputs))
+                result = arrays.to_torch(next(outputs))
                 dtype = dtypes[i] if i < len(dtypes) else None
                 leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
         if self._flat_type is not None:
@@ -238,7 +239,7 @@ class _Interpreter(torch.fx.Interpreter):
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor):
-            return self.torchax_env.j2t_iso(to_jax(value.detach().cpu()))
+            return self.torchax_env.j2t_iso(arrays.to_jax(value.detach().cpu()))
         return value
 
 
@@ -276,9 +277,9 @@ def trace_graph(
     found: dict[str, Any] = {}
     is_tensor = [isinstance(t, torch.Tensor) for t in example_inputs]
 
-    def jax_function(seed: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+    def jax_function(seed: jax.Array, *values: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
-        inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, arrays, strict=True)]
+        inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, values, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
         try:
@@ -296,7 +297,7 @@ def trace_graph(
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
-        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if is_tensor[i] and t._elem is not a]
+        mutated = [i for i, (t, a) in enumerate(zip(inputs, values, strict=True)) if is_tensor[i] and t._elem is not a]
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
@@ -335,11 +336,11 @@ def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[An
     is_float = set(float_positions)
     tensor_positions = [i for i in range(count) if i not in is_float]
 
-    def packed(seed: jax.Array, *arrays: jax.Array) -> Any:
-        *tensors, floats = arrays
+    def packed(seed: jax.Array, *values: jax.Array) -> Any:
+        *tensors, floats = values
         merged: list[Any] = [None] * count
-        for position, array in zip(tensor_positions, tensors, strict=True):
-            merged[position] = array
+        for position, tensor in zip(tensor_positions, tensors, strict=True):
+            merged[position] = tensor
         for index, position in enumerate(float_positions):
             # weakly typed, as the Python scalar it stands for (``x_bf16 * lr`` stays bf16)
             merged[position] = _convert_element_type(floats[index], weak_type=True)
