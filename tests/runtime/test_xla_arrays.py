@@ -69,12 +69,26 @@ def test_the_cache_lets_memory_go_once_its_tensors_are_gone() -> None:
     torch.UntypedStorage._free_weak_ref(weak)
 
 
-def test_tensors_the_cache_never_made_are_converted_afresh() -> None:
-    t = torch.arange(6, dtype=torch.float32)
-    first = arrays.array(t)
-    t.add_(1)
-    np.testing.assert_array_equal(np.asarray(arrays.array(t)), np.arange(6) + 1)
-    assert first.unsafe_buffer_pointer() == t.data_ptr()  # a zero-copy alias all the same
+def test_a_tensor_keeps_its_array_while_its_memory_and_layout_stay() -> None:
+    weight = torch.arange(6, dtype=torch.float32)  # a parameter's data, passed to every compiled call
+    first = arrays.array(weight)
+    assert arrays.array(weight) is first
+    weight.add_(1)
+    np.testing.assert_array_equal(values(weight), np.arange(6) + 1)
+    weight.set_(torch.full((6,), 7.0))  # new memory: a new array over it
+    np.testing.assert_array_equal(values(weight), np.full(6, 7.0))
+    weight.resize_(2, 3)  # same memory, new layout
+    assert arrays.array(weight).shape == (2, 3)
+
+
+def test_an_array_holds_its_tensors_memory_only_while_the_tensor_lives() -> None:
+    activation = torch.randn(256)
+    arrays.array(activation)
+    weak = activation.untyped_storage()._weak_ref()
+    del activation  # no sweep needed: the array goes with its tensor
+    gc.collect()
+    assert torch.UntypedStorage._expired(weak)
+    torch.UntypedStorage._free_weak_ref(weak)
 
 
 @pytest.mark.parametrize(

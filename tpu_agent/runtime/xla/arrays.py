@@ -1,17 +1,19 @@
-"""CPU tensors and JAX arrays over the same memory, and the input buffers kept as arrays between flushes.
+"""CPU tensors and JAX arrays over the same memory, kept from one executable call to the next.
 
 Every executable call passes its inputs to XLA as JAX arrays and takes its results back as CPU tensors, through
-DLPack, without copying (:func:`to_jax`, :func:`to_torch`). Making one array still costs ~10 us in jaxlib: a
-DeferAndFuse flush passes every storage it reads (a model's parameters and optimizer state, a hundred or more),
-so on a small model that cost exceeds the executable's own run. Those storages are the same ones step after
-step, and an array over a storage's memory stays right while the memory stays where it is, whatever is written
-into it. So the flat tensor the planner cuts views from and its array are kept per storage (:func:`buffer`,
-:func:`array`), made again when the storage was reallocated, and dropped once nothing but this cache holds the
-storage (:func:`sweep`, once per flush).
+DLPack, without copying (:func:`to_jax`, :func:`to_torch`). Making one array still costs ~10 us in jaxlib, and a
+training step passes a hundred or more (a model's parameters and optimizer state, to every DeferAndFuse flush
+and every compiled forward and backward): on a small model more than the executable's own run. Those are the
+same tensors step after step, and an array over a tensor's memory stays right whatever is written into it, as
+long as the memory and layout stay. So :func:`array` keeps each tensor's array while the tensor lives with the
+same memory and layout, and :func:`buffer` keeps, per storage, the flat tensor a DeferAndFuse replay cuts its
+views from (remade when the storage is reallocated, dropped by :func:`sweep` once its tensors are gone).
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -45,10 +47,9 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype in _DIRECT_DTYPES:
-        source = t.detach() if t.requires_grad else t
-        try:
+        try:  # from a detached tensor: the array holds the storage, not ``t`` (see :func:`array`)
             return _jax.dlpack_managed_tensor_to_buffer(
-                torch._C._to_dlpack(source), _CPU_DEVICE, None, None, _DLPACK_CPU
+                torch._C._to_dlpack(t.detach()), _CPU_DEVICE, None, None, _DLPACK_CPU
             )
         except Exception:  # noqa: BLE001 - unaligned or unusual storage: the general path below copies it
             pass
@@ -66,38 +67,47 @@ def to_torch(a: jax.Array) -> torch.Tensor:
 
 
 @dataclass
-class _Resident:
-    """One storage read by executables: its flat tensor and, once passed to XLA, the array over its memory."""
+class _Flat:
+    """One storage read by DeferAndFuse executables, as the flat tensor their replay cuts views from."""
 
     storage: torch.UntypedStorage  # held: while the entry lives its memory cannot be freed and its address reused
     flat: torch.Tensor
     data_ptr: int  # where the memory was, and its size, when the entry was made: after a resize_ it is remade
     nbytes: int
-    array: jax.Array | None = None
 
 
-_by_storage: dict[int, _Resident] = {}  # the StorageImpl's address (UntypedStorage._cdata) -> its entry
-_by_flat: dict[int, _Resident] = {}  # id(entry.flat) -> entry: how array() recognises a kept buffer
+@dataclass
+class _Alias:
+    """The array over a tensor passed to an executable before, and the layout it was made for."""
+
+    tensor: weakref.ref[torch.Tensor]
+    data_ptr: int
+    shape: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    array: jax.Array
+
+
+_flats: dict[int, _Flat] = {}  # the StorageImpl's address (UntypedStorage._cdata) -> its flat tensor
+_aliases: dict[int, _Alias] = {}  # id(tensor) -> the array over it, while the tensor lives
 _use_count = torch._C._storage_Use_Count
-_held: list[int] = []  # the storage references an entry holds itself (measured once: see _entry_references)
+_held: list[tuple[int, int]] = []  # the storage references a flat entry holds without and with its array
 
 
 def buffer(elem: torch.Tensor) -> torch.Tensor:
     """The whole storage behind ``elem`` as a flat tensor of its dtype (the replay cuts views from it); the same
     tensor object at every flush while the storage keeps its memory, so its array is made once."""
     storage = elem.untyped_storage()
-    entry = _by_storage.get(storage._cdata)
+    entry = _flats.get(storage._cdata)
     if (
         entry is None
         or entry.data_ptr != storage.data_ptr()
         or entry.nbytes != storage.nbytes()
         or entry.flat.dtype is not elem.dtype
     ):
-        if entry is not None:
-            del _by_flat[id(entry.flat)]
-        flat = flat_storage(elem, storage)
-        entry = _by_storage[storage._cdata] = _Resident(storage, flat, storage.data_ptr(), storage.nbytes())
-        _by_flat[id(flat)] = entry
+        entry = _flats[storage._cdata] = _Flat(
+            storage, flat_storage(elem, storage), storage.data_ptr(), storage.nbytes()
+        )
     return entry.flat
 
 
@@ -111,37 +121,62 @@ def flat_storage(elem: torch.Tensor, storage: torch.UntypedStorage | None = None
 
 
 def array(t: torch.Tensor) -> jax.Array:
-    """The JAX array over ``t``: kept from the last call for a :func:`buffer`, made now for any other tensor.
-    Only an array that aliases the memory is kept (bool and 64-bit tensors reach XLA as copies)."""
-    entry = _by_flat.get(id(t))
-    if entry is None or entry.flat is not t:
-        return to_jax(t)
-    if entry.array is None:
-        made = to_jax(t)
-        if made.unsafe_buffer_pointer() != t.data_ptr() or t.numel() == 0:
-            return made
-        entry.array = made
-    return entry.array
+    """The JAX array over ``t``, kept from the last call while ``t`` lives with the same memory and layout (a
+    parameter, a :func:`buffer`). Only an array that aliases the memory is kept (bool and 64-bit tensors reach
+    XLA as copies); it holds ``t``'s storage, never ``t`` itself, so ``t`` dies as it would without it."""
+    alias = _aliases.get(id(t))
+    if (
+        alias is not None
+        and alias.data_ptr == t.data_ptr()
+        and alias.shape == t.shape
+        and alias.stride == t.stride()
+        and alias.dtype is t.dtype
+        and alias.tensor() is t
+    ):
+        return alias.array
+    made = to_jax(t)
+    if t.numel() and made.unsafe_buffer_pointer() == t.data_ptr():
+        key = id(t)
+        _aliases[key] = _Alias(
+            weakref.ref(t, _forget(key)),
+            t.data_ptr(),
+            t.shape,
+            t.stride(),
+            t.dtype,
+            made,
+        )
+    return made
+
+
+def _forget(key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
+    """The weakref callback that drops a dead tensor's array (before its id can be reused)."""
+
+    def forget(_dead: weakref.ref[torch.Tensor]) -> None:
+        _aliases.pop(key, None)
+
+    return forget
 
 
 def sweep() -> None:
-    """Drop the entries of storages nothing but this cache holds (their tensors are gone): their memory is freed."""
-    if not _by_storage:
+    """Drop the flat tensors of storages nothing but this cache holds (their tensors are gone), freeing them."""
+    if not _flats:
         return
-    held = _held[0] if _held else _entry_references()
-    for key, entry in list(_by_storage.items()):
-        if _use_count(key) <= held:
-            del _by_storage[key], _by_flat[id(entry.flat)]
+    without_array, with_array = _held[0] if _held else _entry_references()
+    for key, entry in list(_flats.items()):
+        if _use_count(key) <= (with_array if id(entry.flat) in _aliases else without_array):
+            del _flats[key]
 
 
-def _entry_references() -> int:
-    """How many references to its storage an entry holds, measured on this torch (not assumed)."""
+def _entry_references() -> tuple[int, int]:
+    """How many references to its storage a flat entry holds, before and after its array is made: measured on
+    this torch, not assumed."""
     t = torch.empty(4)
-    storage = t.untyped_storage()
-    entry = _Resident(storage, flat_storage(t, storage), storage.data_ptr(), storage.nbytes())
-    entry.array = to_jax(entry.flat)
-    del t, storage
-    _held.append(_use_count(entry.storage._cdata))
+    entry = _Flat(t.untyped_storage(), flat_storage(t), t.data_ptr(), t.untyped_storage().nbytes())
+    del t
+    without_array = _use_count(entry.storage._cdata)
+    made = array(entry.flat)
+    _held.append((without_array, _use_count(entry.storage._cdata)))
+    del made
     return _held[0]
 
 
