@@ -35,9 +35,8 @@ def train(cache_dir: Path, **extra_env: str) -> dict:
 
 
 def entries(cache_dir: Path) -> dict[str, int]:
-    """The cache's files and when each was written (an entry compiled again is written again)."""
-    executables = cache_dir / "xla"
-    return {path.name: path.stat().st_mtime_ns for path in executables.iterdir()} if executables.is_dir() else {}
+    """The cache's executables and when each was written (an entry compiled again is written again)."""
+    return {path.name: path.stat().st_mtime_ns for path in (cache_dir / "xla").glob("*-cache")}
 
 
 @pytest.mark.slow
@@ -61,7 +60,11 @@ def unset_jax_cache() -> Iterator[None]:
         jax.config.update(name, value)
 
 
-_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+_SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_compilation_cache_max_size",
+)
 
 
 @pytest.mark.parametrize("switch", [(XLA_PERSIST_ENV, "0"), (TIER2_CACHE_ENV, "disabled")])

@@ -22,6 +22,8 @@ import jax
 from tpu_agent.fsutil import user_cache_dir
 from tpu_agent.runtime.envvars import TIER2_CACHE_ENV, XLA_PERSIST_ENV
 
+MAX_CACHE_BYTES = 1024**3
+
 jax.config.update("jax_platforms", "cpu")
 
 
@@ -38,6 +40,9 @@ def persist_executables() -> None:
     except OSError:
         return
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    # bounded, least recently used out; with a bound JAX also reads and writes entries under a file lock, so ranks
+    # compiling the same graphs at once never read one another's half-written entry
+    jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
     # every executable, however quick its compile: a small graph's compile still costs more than reading it back
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
