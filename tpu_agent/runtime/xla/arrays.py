@@ -21,9 +21,8 @@ import jax.numpy as jnp
 import torch
 from jax._src.lib import _jax
 
-# Executables run on XLA:CPU. Naming the platform before any device is asked for keeps an installed libtpu (the
-# estimate extra) from being initialised for execution, which would print its "no TPU here" errors into every run.
-jax.config.update("jax_platforms", "cpu")
+from tpu_agent.runtime.xla import jax_setup  # noqa: F401 - the CPU platform, before the first device is named
+
 _CPU_DEVICE = jax.devices("cpu")[0]
 _DLPACK_CPU = 1  # DLDeviceType.kDLCPU
 # The direct DLPack entry points of torch and jaxlib: ``jax.dlpack.from_dlpack`` and ``torch.from_dlpack`` add
