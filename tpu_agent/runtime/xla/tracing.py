@@ -101,14 +101,19 @@ def _probe_values(floats: list[float]) -> list[float]:
     ]
 
 
-# Ops whose lowering branches in Python on a float argument (``native_dropout``'s decomposition tests ``p != 0``):
-# a float reaching them stays a constant of the executable, and its value part of the cache key.
+# Ops whose lowering branches in Python on a float argument (``native_dropout``'s decomposition tests ``p != 0``,
+# a norm's order picks its formula: ``clip_grad_norm_`` passes ``norm_type`` as a float): a float reaching them
+# stays a constant of the executable, and its value part of the cache key.
 _CONCRETE_FLOAT_OPS = frozenset(
     {
         torch.ops.aten.native_dropout.default,
         torch.ops.aten.dropout.default,
         torch.ops.aten.bernoulli.p,
         torch.ops.aten.bernoulli_.float,
+        torch.ops.aten.linalg_vector_norm.default,
+        torch.ops.aten.norm.Scalar,
+        torch.ops.aten.norm.ScalarOpt_dim,
+        torch.ops.aten._foreach_norm.Scalar,
     }
 )
 
