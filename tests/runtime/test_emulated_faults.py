@@ -93,7 +93,12 @@ def test_sparse_and_quantized_data_is_refused_with_a_clear_error(observed: dict)
 
 @pytest.mark.slow
 def test_inputs_the_cpu_kernel_refuses_are_computed_another_way(observed: dict) -> None:
-    assert observed["cpu_gaps"] == {"histc_int": True, "upsample_int": True}
+    assert observed["cpu_gaps"] == {
+        "histc_int": True,
+        "upsample_int": True,
+        # torch calls CUDA-only fused cells on every accelerator: nn.LSTM / nn.GRU crashed on tpu in every mode
+        "recurrent": {"lstm": True, "gru": True, "lstm_cell": True, "gru_cell": True},
+    }
 
 
 @pytest.mark.slow

@@ -39,6 +39,21 @@ def same(a, b):
     return bool(torch.equal(a.detach().cpu(), b.detach()))
 
 
+def recurrent_matches(make, x):
+    """A recurrent module on the CPU and a copy on tpu: outputs and every parameter's gradient agree (not bit for
+    bit: on an accelerator torch adds the biases inside the fused cell, on the CPU in the gate matmuls)."""
+    torch.manual_seed(0)
+    cpu = make()
+    tpu = make().to("tpu")
+    tpu.load_state_dict(cpu.state_dict())
+    ref, got = cpu(x), tpu(x.to("tpu"))
+    ref, got = (ref[0], got[0]) if isinstance(ref, tuple) else (ref, got)
+    ref.pow(2).sum().backward()
+    got.pow(2).sum().backward()
+    pairs = [(got, ref), *((t.grad, c.grad) for c, t in zip(cpu.parameters(), tpu.parameters()))]
+    return all(torch.allclose(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6) for a, b in pairs)
+
+
 def grads_match(fn, *inputs):
     """fn on CPU inputs and on tpu copies: outputs and every input gradient bit-identical."""
     cpu = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
@@ -122,6 +137,13 @@ def observe() -> dict:
         "upsample_int": same(
             F.interpolate(ints.view(1, 1, 2, 3).to("tpu"), scale_factor=2), F.interpolate(ints.view(1, 1, 2, 3).double(), scale_factor=2).int()
         ),
+    }
+    sequence, step = torch.randn(5, 2, 4), torch.randn(2, 4)
+    out["cpu_gaps"]["recurrent"] = {
+        "lstm": recurrent_matches(lambda: torch.nn.LSTM(4, 6, num_layers=2), sequence),
+        "gru": recurrent_matches(lambda: torch.nn.GRU(4, 6, bias=False), sequence),
+        "lstm_cell": recurrent_matches(lambda: torch.nn.LSTMCell(4, 6), step),
+        "gru_cell": recurrent_matches(lambda: torch.nn.GRUCell(4, 6), step),
     }
     out["cpu_kernel_error"] = error_of(lambda: torch.median(torch.tensor([True, False]).to("tpu")).item())
 

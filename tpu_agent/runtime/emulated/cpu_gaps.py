@@ -19,6 +19,7 @@ import torch
 aten = torch.ops.aten
 
 INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,65 @@ def _upcast_and_back(via: torch.dtype) -> Callable[[Any, list, dict], Any]:
     return compute
 
 
+def _lstm_cell(func: Any, cargs: list, ckwargs: dict) -> Any:
+    """``_thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias) -> (hy, cy, workspace)``
+    from plain ops. The workspace is only read by :func:`_lstm_cell_backward`: here, the summed gates."""
+    input_gates, hidden_gates, cx, *biases = [*cargs, *ckwargs.values()]
+    gates = input_gates + hidden_gates
+    for bias in biases:
+        if bias is not None:
+            gates = gates + bias
+    in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, 1)
+    cy = forget_gate.sigmoid() * cx + in_gate.sigmoid() * cell_gate.tanh()
+    return out_gate.sigmoid() * cy.tanh(), cy, gates
+
+
+def _lstm_cell_backward(func: Any, cargs: list, ckwargs: dict) -> Any:
+    """``_thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)`` -> the gates', the
+    cell state's and the bias's gradients, by torch's own differentiable formula over the summed gates."""
+    grad_hy, grad_cy, cx, cy, gates, has_bias = [*cargs, *ckwargs.values()]
+    grad_gates, _, grad_cx, _, _ = aten._thnn_differentiable_lstm_cell_backward(
+        grad_hy, grad_cy, gates, torch.zeros_like(gates), None, None, cx, cy
+    )
+    return grad_gates, grad_cx, grad_gates.sum(0) if has_bias else torch.empty(0, dtype=gates.dtype)
+
+
+def _gru_cell(func: Any, cargs: list, ckwargs: dict) -> Any:
+    """``_thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias) -> (hy, workspace)`` from plain
+    ops; the workspace (read by :func:`_gru_cell_backward` only) holds the biased gates and ``hx``."""
+    input_gates, hidden_gates, hx, input_bias, hidden_bias = [*cargs, *ckwargs.values(), None, None][:5]
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    input_reset, input_update, input_new = input_gates.chunk(3, 1)
+    hidden_reset, hidden_update, hidden_new = hidden_gates.chunk(3, 1)
+    reset = (input_reset + hidden_reset).sigmoid()
+    update = (input_update + hidden_update).sigmoid()
+    new = (input_new + reset * hidden_new).tanh()
+    return (1 - update) * new + update * hx, torch.cat([input_gates, hidden_gates, hx], 1)
+
+
+def _gru_cell_backward(func: Any, cargs: list, ckwargs: dict) -> Any:
+    """``_thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)`` -> the gradients of both gates, ``hx`` and both
+    biases, by torch's own differentiable formula over what the workspace kept."""
+    grad_hy, workspace, has_bias = [*cargs, *ckwargs.values()]
+    hidden = workspace.shape[1] // 7
+    input_gates, hidden_gates, hx = workspace.split([3 * hidden, 3 * hidden, hidden], 1)
+    grad_input, grad_hidden, grad_hx, _, _ = aten._thnn_differentiable_gru_cell_backward(
+        grad_hy, input_gates, hidden_gates, hx, None, None
+    )
+    if not has_bias:
+        return grad_input, grad_hidden, grad_hx, torch.empty(0), torch.empty(0)
+    return grad_input, grad_hidden, grad_hx, grad_input.sum(0), grad_hidden.sum(0)
+
+
+_NO_CPU_KERNEL = "Could not run 'aten::_thnn_fused_lstm_cell' with arguments from the 'CPU' backend"
+_RNN_RATIONALE = (
+    "torch's LSTM and GRU cells call the fused kernel on every accelerator (PrivateUse1 included); only CUDA has "
+    "one. The plain-op form is the cell's definition, and backward uses torch's own differentiable cell formula"
+)
+
 GAPS: tuple[CpuGap, ...] = (
     CpuGap(
         name="histc-integer",
@@ -61,6 +121,33 @@ GAPS: tuple[CpuGap, ...] = (
         compute=_upcast_and_back(torch.float64),
         cpu_error="\"upsample_nearest2d_channels_last\" not implemented for 'Int'",
         rationale="nearest-neighbour resizing only copies values, so a float64 round trip is exact for integers",
+    ),
+    CpuGap(
+        "lstm-cell", (aten._thnn_fused_lstm_cell.default,), FLOAT_DTYPES, _lstm_cell, _NO_CPU_KERNEL, _RNN_RATIONALE
+    ),
+    CpuGap(
+        "lstm-cell-backward",
+        (aten._thnn_fused_lstm_cell_backward_impl.default,),
+        FLOAT_DTYPES,
+        _lstm_cell_backward,
+        _NO_CPU_KERNEL.replace("cell", "cell_backward_impl"),
+        _RNN_RATIONALE,
+    ),
+    CpuGap(
+        "gru-cell",
+        (aten._thnn_fused_gru_cell.default,),
+        FLOAT_DTYPES,
+        _gru_cell,
+        _NO_CPU_KERNEL.replace("lstm", "gru"),
+        _RNN_RATIONALE,
+    ),
+    CpuGap(
+        "gru-cell-backward",
+        (aten._thnn_fused_gru_cell_backward.default,),
+        FLOAT_DTYPES,
+        _gru_cell_backward,
+        _NO_CPU_KERNEL.replace("lstm_cell", "gru_cell_backward"),
+        _RNN_RATIONALE,
     ),
 )
 
