@@ -161,6 +161,9 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
     strict_views, fused_views = out["views"]
     assert fused_views == strict_views
     assert out["data_dependent"][0] == out["data_dependent"][1] == [[2.0, 4.0], [[0], [2]]]
+    torch.manual_seed(0)
+    torch.randn(1, 2, 8, 4)
+    assert out["host_stream"][0] == out["host_stream"][1] == torch.randint(100, (4,)).tolist()  # batch order kept
     (strict_losses, strict_params), (fused_losses, fused_params) = out["optimizer"]
     np.testing.assert_allclose(fused_losses, strict_losses, rtol=1e-6)
     np.testing.assert_allclose(np.concatenate(fused_params), np.concatenate(strict_params), rtol=1e-5, atol=1e-6)

@@ -122,6 +122,14 @@ def data_dependent_in_graph() -> list:
     return results
 
 
+def host_stream_after_attention() -> list:
+    """The program's own random draws after attention without dropout: the CPU's, in every mode."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 8, 4).to("tpu")
+    F.scaled_dot_product_attention(q, q, q, is_causal=True).cpu()
+    return torch.randint(100, (4,)).tolist()
+
+
 def run(mode: torch.tpu.EagerMode, case) -> list:
     with torch.tpu.set_eager_mode(mode):
         return case()
@@ -133,6 +141,7 @@ out = {
         ("views", views_and_mutation),
         ("optimizer", optimizer_steps),
         ("data_dependent", data_dependent),
+        ("host_stream", host_stream_after_attention),
     ]
 }
 out["deferred_dropout"] = run(FUSED, deferred_dropout)

@@ -365,7 +365,25 @@ def _output_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype | None]:
 
 
 def _uses_rng(gm: torch.fx.GraphModule) -> bool:
-    return any(n.op == "call_function" and _is_random(n.target) for n in gm.graph.nodes)
+    """Whether a call of ``gm`` draws its seed from torch's generator: not when its random ops drop nothing (the
+    fused attention ops are random by tag, and a model's attention runs them at ``dropout_p=0.0`` on every call:
+    each seed drawn would move the program's own random stream, its batch order, away from the CPU's)."""
+    return any(n.op == "call_function" and _is_random(n.target) and not _drops_nothing(n) for n in gm.graph.nodes)
+
+
+def _drops_nothing(node: torch.fx.Node) -> bool:
+    """A random op whose dropout probability is a literal zero in the graph."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    for position, argument in enumerate(schema.arguments):
+        if argument.name in ("dropout_p", "p"):
+            if position < len(node.args):
+                value = node.args[position]
+            else:  # left out: the schema's default (attention's dropout_p is 0.0)
+                value = node.kwargs.get(argument.name, argument.default_value)
+            return isinstance(value, (int, float)) and value == 0
+    return False
 
 
 def _is_random(target: Any) -> bool:
