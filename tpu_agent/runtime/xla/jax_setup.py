@@ -10,12 +10,19 @@
   turns it off, as does TorchTPU's own ``TORCH_TPU_TIER2_COMPILATION_CACHE=disabled``; a cache directory set for JAX itself (``JAX_COMPILATION_CACHE_DIR``) is left as it is; a
   directory that cannot be created leaves the cache off.
 
+* **Quiet about its own choices.** The executables run with JAX's 32-bit types (x64 off: token ids narrowed to
+  int32, as on a TPU), and torchax's lowerings ask for int64 constants, so JAX would warn about the narrowing in
+  every run; and a DataLoader's worker processes, forked after JAX started its threads, would each print JAX's
+  fork warning, though workers only load data and never run an executable. Both warnings are filtered by their
+  exact text; every other warning still reaches the user.
+
 Importing this module does the set-up; :mod:`.arrays`, the first of the stack to touch JAX devices, imports it.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import jax
 
@@ -25,6 +32,10 @@ from tpu_agent.runtime.envvars import TIER2_CACHE_ENV, XLA_PERSIST_ENV
 MAX_CACHE_BYTES = 1024**3
 
 jax.config.update("jax_platforms", "cpu")
+warnings.filterwarnings("ignore", message=r"Explicitly requested dtype int64 requested in .* is not available")
+warnings.filterwarnings(
+    "ignore", message=r"os\.fork\(\) was called\. os\.fork\(\) is incompatible with multithreaded code"
+)
 
 
 def persist_executables() -> None:
