@@ -202,9 +202,11 @@ def run_child(model_name: str, config: Config, steps: int, warmup: int, threads:
         env[BACKEND_ENV] = "emulated"
         env.update({k: v for k, v in eager_mode_env(config.eager_mode).items() if v is not None})
     if config.compiler is not None:
+        from tpu_agent.runtime.envvars import XLA_PERSIST_ENV
         from tpu_agent.runtime.xla.settings import COMPILER_ENV
 
         env[COMPILER_ENV] = config.compiler
+        env[XLA_PERSIST_ENV] = "0"  # the first step compiles from scratch in every run, not from an earlier run's cache
     result = subprocess.run(
         [sys.executable, __file__, "--child", model_name, config.name, "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)],
         env=env, capture_output=True, text=True, check=False,

@@ -1,5 +1,5 @@
 """Suite-wide fixtures and scheduling: :func:`run_once`, which computes an expensive module fixture once per test
-session, and tests marked ``long`` started first.
+session, tests marked ``long`` started first, and caches kept to the session.
 
 pytest-xdist runs a module-scoped fixture once per worker that runs any of the module's tests, and its work
 stealing moves the tail of one worker's queue to another, splitting modules: a fixture that launches torch
@@ -18,6 +18,21 @@ from typing import Any
 
 import pytest
 from filelock import FileLock
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own tmp_path set-up
+def pytest_configure(config: pytest.Config) -> None:
+    """What tpu-agent caches while the suite runs (XLA executables, TPU compile results) goes to a folder of the
+    session, shared by its workers and the processes they start, never to the user's caches: every session
+    compiles afresh, as CI does. Both variables are set: test subprocesses drop ``TPU_AGENT_*`` settings, and then
+    the cache goes under ``XDG_CACHE_HOME``."""
+    from tpu_agent.fsutil import CACHE_DIR_ENV
+
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    os.environ[CACHE_DIR_ENV] = str(base / "tpu-agent-cache")
+    os.environ["XDG_CACHE_HOME"] = str(base / "xdg-cache")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

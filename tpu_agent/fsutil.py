@@ -1,4 +1,4 @@
-"""File writes that never leave a user file half-written.
+"""File writes that never leave a user file half-written, and where tpu-agent keeps its caches.
 
 Every subpackage that writes a user-visible file (migrated sources, reports, harness configs, profiles)
 goes through :func:`atomic_write_bytes` / :func:`atomic_write_text`: the data goes to a temporary file in
@@ -15,6 +15,18 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+CACHE_DIR_ENV = "TPU_AGENT_CACHE_DIR"
+
+
+def user_cache_dir(kind: str) -> Path:
+    """Where tpu-agent keeps one kind of cache (``estimate``: TPU compile results, ``xla``: the emulated device's
+    executables): ``$TPU_AGENT_CACHE_DIR/<kind>``, else ``$XDG_CACHE_HOME/tpu-agent/<kind>`` (``~/.cache``)."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]) / kind
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpu-agent" / kind
+
 
 # The temporary file a write goes through is named "<TEMP_PREFIX><target name>.<random>" + TEMP_SUFFIX, next to
 # the target. Exported so that a later run can recognise (and clean) one a killed write left behind.

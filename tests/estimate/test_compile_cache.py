@@ -10,6 +10,7 @@ from tpu_compiler import needs_tpu_compiler
 
 from tpu_agent.chips import parse_target
 from tpu_agent.estimate import compiler
+from tpu_agent.fsutil import CACHE_DIR_ENV
 
 pytestmark = [needs_tpu_compiler, pytest.mark.slow]
 
@@ -28,7 +29,7 @@ def _program() -> tuple[object, list[object]]:
 def test_second_compile_is_read_from_the_cache_and_bad_entries_are_misses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(compiler.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     fn, args = _program()
     first = compiler.compile_for_target(fn, args, parse_target("v5e"))
     (entry,) = (tmp_path / "estimate").glob("*.json")

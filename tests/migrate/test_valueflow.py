@@ -36,3 +36,13 @@ def test_no_device_position_means_no_verdict() -> None:
 
 def test_unparsable_source_gives_an_empty_flow() -> None:
     assert analyse("def (:\n").flow(name_key("x")).verdict is None
+
+
+def test_device_api_arguments_are_device_positions() -> None:
+    # nanoGPT's DDP setup: the device string also selects the rank's device; a comparison stays rewritable
+    flow = analyse(
+        'device = "cuda"\nif ddp:\n    device = f"cuda:{rank}"\n    torch.cuda.set_device(device)\n'
+        "torch.accelerator.synchronize(device)\nmodel.to(device)\n"
+        "device_type = 'cuda' if 'cuda' in device else 'cpu'\n"
+    )
+    assert flow.flow(name_key("device")).verdict is Verdict.DEVICE

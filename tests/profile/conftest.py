@@ -17,7 +17,7 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> Captures:
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """TPU compiles of this session go to a cache of their own, never the user's (and every session compiles)."""
-    from tpu_agent.estimate.compiler import CACHE_DIR_ENV
+    from tpu_agent.fsutil import CACHE_DIR_ENV
 
     directory = tmp_path_factory.mktemp("compile-cache")
     with pytest.MonkeyPatch.context() as patch:

@@ -154,8 +154,8 @@ def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None
         torch.empty(item[0], dtype=item[1], device="meta") if isinstance(item, tuple) else item for item in graph.inputs
     ]
     traced = lowering.trace_graph(graph.runner.gm, examples, graph.precision)
-    key = traced.abstract[0]
-    args = [ArgSpec("rng_key", tuple(key.shape), str(key.dtype), ArgRole.OTHER)]
+    seed = traced.abstract[0]
+    args = [ArgSpec("rng_seed", tuple(seed.shape), str(seed.dtype), ArgRole.OTHER)]
     positions: list[int] = []
     for position, (item, abstract) in enumerate(zip(graph.inputs, traced.abstract[1:], strict=True)):
         if isinstance(item, tuple):
@@ -164,13 +164,13 @@ def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None
     floats = {position: item for position, item in enumerate(graph.inputs) if not isinstance(item, tuple)}
     count = len(graph.inputs)
 
-    def program(rng_key: jax.Array, *arrays: jax.Array) -> Any:
+    def program(rng_seed: jax.Array, *arrays: jax.Array) -> Any:
         merged: list[Any] = [None] * count
         for position, array in zip(positions, arrays, strict=True):
             merged[position] = array
         for position, value in floats.items():
             merged[position] = value
-        return traced.function(rng_key, *merged)
+        return traced.function(rng_seed, *merged)
 
     donated = tuple(i for i, arg in enumerate(args) if arg.role in _DONATED_ROLES)
     return StepProgram(f"{index}: {graph.runner.name}", program, tuple(args), donated, graph.calls)

@@ -72,7 +72,7 @@ def _meta_planner() -> Any:
     (the trace sees the devices the XLA path sees; the buffers hold no memory)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from tpu_agent.runtime.xla import planning
+    from tpu_agent.runtime.xla import arrays, planning
 
     class MetaPlanner(planning.Planner):
         def __init__(self) -> None:
@@ -88,7 +88,7 @@ def _meta_planner() -> Any:
             index = self.by_storage_and_dtype.get(storage)
             if index is None:
                 index = self.by_storage_and_dtype[storage] = len(self.buffers)
-                flat = planning.storage_buffer(elem)
+                flat = arrays.flat_storage(elem)
                 self.meta_buffers.append(flat)
                 # a storage of its own: a fake tensor marks its storage as fake, and this one is the tensor's
                 meta = torch.empty(flat.shape, dtype=flat.dtype, device=_META)

@@ -30,6 +30,7 @@ from typing import Any
 
 from tpu_agent.chips import TpuTarget
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.fsutil import user_cache_dir
 
 INSTALL_HINT = 'pip install "tpu-agent[estimate]" (adds jax[tpu], whose libtpu wheel is Linux x86_64 only)'
 
@@ -223,17 +224,13 @@ class CompiledArtifacts:
     hlo_text: str
 
 
-CACHE_DIR_ENV = "TPU_AGENT_CACHE_DIR"
 CACHE_MAX_ENTRIES = 256
 CACHE_MAX_BYTES = 512 * 1024**2
 
 
 def cache_dir() -> Path:
     """Where compiled results are kept: ``$TPU_AGENT_CACHE_DIR``, else the user's cache directory."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]) / "estimate"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpu-agent" / "estimate"
+    return user_cache_dir("estimate")
 
 
 def _cache_key(lowered_text: str, target: TpuTarget, donate_argnums: Sequence[int]) -> str:

@@ -20,6 +20,9 @@ from tpu_agent.runtime.events import EVENTS_DIR_ENV
 BACKEND_ENV = "TPU_AGENT_BACKEND"  # the resolved backend: "emulated" or "torch_tpu"
 CHIP_ENV = "TPU_AGENT_CHIP"  # --chip in canonical spelling: a generation ("v6e") or a slice ("v6e-4")
 HOOKS_ENV = "TPU_AGENT_HOOKS"  # comma-separated "module:function" run in every rank before user code
+XLA_PERSIST_ENV = "TPU_AGENT_XLA_PERSIST"  # "0": XLA executables are not kept between runs (xla/jax_setup.py)
+# TorchTPU's switch for its host-local compilation cache; "disabled" also keeps the emulation's executables unkept
+TIER2_CACHE_ENV = "TORCH_TPU_TIER2_COMPILATION_CACHE"
 
 LAUNCH_BLOCKING_ENV = "TORCH_TPU_LAUNCH_BLOCKING"
 DEFER_AND_FUSE_ENV = "TORCH_TPU_DEFER_AND_FUSE"
@@ -33,6 +36,8 @@ __all__ = [
     "BACKEND_ENV",
     "CHIP_ENV",
     "HOOKS_ENV",
+    "TIER2_CACHE_ENV",
+    "XLA_PERSIST_ENV",
     "EVENTS_DIR_ENV",
     "EagerMode",
     "EAGER_MODES",

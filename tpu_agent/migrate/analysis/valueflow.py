@@ -25,8 +25,26 @@ from enum import Enum
 _CUDA_RE = re.compile(r"cuda(?::\d+)?")
 # positions whose argument is a device / a backend
 _DEVICE_KEYWORDS = frozenset({"device", "map_location", "device_type", "device_id"})
+# (set_device & co: `torch.cuda.set_device(device)` after `device = f"cuda:{rank}"` is nanoGPT's DDP setup)
 _DEVICE_FIRST_FUNCS = frozenset(
-    {"to", "device", "set_default_device", "init_device_mesh", "get_device_module", "Generator"}
+    {
+        "to",
+        "device",
+        "set_default_device",
+        "init_device_mesh",
+        "get_device_module",
+        "Generator",
+        "set_device",
+        "set_device_index",
+        "synchronize",
+        "get_device_name",
+        "get_device_properties",
+        "get_device_capability",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "max_memory_reserved",
+    }
 )
 _BACKEND_KEYWORDS = frozenset({"backend"})
 _BACKEND_FIRST_FUNCS = frozenset({"init_process_group", "new_group", "get_default_backend_for_device"})

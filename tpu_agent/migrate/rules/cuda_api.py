@@ -656,10 +656,34 @@ def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
     before, after = positional(original, 0), positional(updated, 0)
     if before is None or after is None:
         return updated
-    index = cuda_device_index(ctx, before.value)
+    value = before.value
+    if isinstance(value, cst.Name):
+        value = _bound_earlier(ctx, value.value) or value
+    index = cuda_device_index(ctx, value)
     if index is None:
         return updated
     return replace_arg_value(updated, arg_position(updated, after), index)
+
+
+def _bound_earlier(ctx: PyContext, name: str) -> cst.BaseExpression | None:
+    """The value the nearest earlier statement of the enclosing block assigns to ``name`` (None if none does).
+
+    nanoGPT's DDP setup is ``device = f'cuda:{ddp_local_rank}'`` then ``torch.cuda.set_device(device)``: the
+    device string loses its index (TPU102), so set_device_index(device) would raise on CUDA; the index the
+    string named is what the call needs."""
+    if len(ctx.stmt_stack) < 2:
+        return None
+    block = getattr(ctx.stmt_stack[-2], "body", None)
+    statements = getattr(block, "body", ())
+    position = next((i for i, statement in enumerate(statements) if statement is ctx.stmt_stack[-1]), 0)
+    for statement in reversed(statements[:position]):
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+                continue
+            target = small.targets[0].target
+            if isinstance(target, cst.Name) and target.value == name:
+                return small.value
+    return None
 
 
 @FAMILY.leave(cst.Call)

@@ -14,7 +14,7 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules import backend_flags, cuda_api
-from tpu_agent.migrate.rules._cst import keep_parens, keyword, kwarg, positional, source
+from tpu_agent.migrate.rules._cst import keep_parens, keyword, kwarg, positional, source, string_value
 from tpu_agent.migrate.rules.references import DEVICE, SDPA, TORCH_TPU
 
 if TYPE_CHECKING:
@@ -45,11 +45,18 @@ cuda_api.FAMILY.rule(
     safety=Safety.SAFE,
     summary="torch.cuda.is_bf16_supported().",
     rationale="bf16 is native on every TPU, so for the tpu target the check is True. torch 2.13 has no "
-    "device-agnostic query, so for the accelerator target it is reported: make it an explicit option.",
+    "device-agnostic query, and the CUDA check alone is False on a TPU host (a script would fall back to float16), "
+    'so for the accelerator target it becomes (DEVICE.type == "tpu" or <the CUDA check>).',
     before="dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16",
-    after="dtype = torch.bfloat16 if True else torch.float16  # --target tpu",
+    after='dtype = torch.bfloat16 if (DEVICE.type == "tpu" or torch.cuda.is_bf16_supported()) else torch.float16',
     references=("https://github.com/huggingface/transformers/pull/45918", TORCH_TPU),
-    apis=(ApiEquivalent("torch.cuda.is_bf16_supported()", "True (--target tpu)", "bf16 is native on TPU"),),
+    apis=(
+        ApiEquivalent(
+            "torch.cuda.is_bf16_supported()",
+            '(DEVICE.type == "tpu" or torch.cuda.is_bf16_supported()); True (--target tpu)',
+            "bf16 is native on TPU",
+        ),
+    ),
 )
 backend_flags.FAMILY.rule(
     code="TPU606",
@@ -111,6 +118,22 @@ def _claim_rewritten_calls(ctx: PyContext, node: cst.Call) -> None:
             ctx.claim(node.args[0].value)
 
 
+@cuda_api.FAMILY.visit(cst.BooleanOperation)
+def _claim_checked_bf16(ctx: PyContext, node: cst.BooleanOperation) -> None:
+    # (DEVICE.type == "tpu" or torch.cuda.is_bf16_supported()) is what TPU214 writes: a second run keeps it
+    left, right = node.left, node.right
+    if (
+        isinstance(node.operator, cst.Or)
+        and isinstance(right, cst.Call)
+        and ctx.qualname(right) == "torch.cuda.is_bf16_supported"
+        and isinstance(left, cst.Comparison)
+        and len(left.comparisons) == 1
+        and isinstance(left.comparisons[0].operator, cst.Equal)
+        and string_value(left.comparisons[0].comparator) == "tpu"
+    ):
+        ctx.claim(right)
+
+
 @cuda_api.FAMILY.leave(cst.Call)
 def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     if type(updated) is not cst.Call:
@@ -119,22 +142,15 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
     if qualname in _LEGACY:
         return _legacy_constructor(ctx, original, updated, _LEGACY[qualname])
     if qualname == "torch.cuda.is_bf16_supported":
-        if ctx.target is Target.TPU:
-            new = ctx.fix(
-                "TPU214",
-                original,
-                lambda: cst.Name("True"),
-                lambda n: "is_bf16_supported() -> True (bf16 is native on TPU)",
-            )
-            return keep_parens(original, new) if new is not None else updated
-        ctx.report(
+        if ctx.is_claimed(original):
+            return updated
+        new = ctx.fix(
             "TPU214",
             original,
-            "is_bf16_supported(): not rewritten: no device-agnostic query in torch 2.13; "
-            "bf16 is native on TPU: make it an explicit option (or use --target tpu)",
-            fixable=False,
+            lambda: _bf16_supported(ctx, updated),
+            lambda n: f"is_bf16_supported() -> {source(n)} (bf16 is native on TPU)",
         )
-        return updated
+        return keep_parens(original, new) if new is not None else updated
     if qualname == _SDP_KERNEL:
         return _sdp_kernel(ctx, original, updated)
     func = original.func
@@ -151,6 +167,20 @@ def legacy_and_capability_calls(ctx: PyContext, original: cst.Call, updated: cst
             converted = ctx.fix("TPU213", original, build, lambda n: f"{source(original)} -> {source(n)}")
             return converted if converted is not None else updated
     return updated
+
+
+def _bf16_supported(ctx: PyContext, updated: cst.Call) -> cst.BaseExpression:
+    """``True`` for the tpu target; for the accelerator target ``(DEVICE.type == "tpu" or <the CUDA check>)``:
+    left as it was, the check is False on a TPU host (no CUDA there), so ``"bfloat16" if
+    torch.accelerator.is_available() and torch.cuda.is_bf16_supported() else "float16"`` (nanoGPT) would pick
+    float16, which TPUs do not compute natively."""
+    if ctx.target is Target.TPU:
+        return cst.Name("True")
+    on_tpu = cst.Comparison(
+        left=ctx.device_type(), comparisons=[cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.string("tpu"))]
+    )
+    either = cst.BooleanOperation(left=on_tpu, operator=cst.Or(), right=updated)
+    return either.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def _legacy_constructor(ctx: PyContext, original: cst.Call, updated: cst.Call, dtype: str) -> cst.BaseExpression:

@@ -22,7 +22,7 @@ from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import liveness, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
-from tpu_agent.runtime.xla import cache, graphs, planning, tracing
+from tpu_agent.runtime.xla import arrays, cache, graphs, planning, tracing
 from tpu_agent.runtime.xla.graphs import GraphRunner
 from tpu_agent.runtime.xla.planning import Plan
 
@@ -45,6 +45,7 @@ class XlaExecutor:
 
     def run(self, graph: Graph, cause: str) -> None:
         key = None
+        arrays.sweep()  # the storages of tensors gone since the last flush are freed, not kept as inputs
         try:
             graph_plan = planning.plan(graph)
             key = self._key(graph_plan)

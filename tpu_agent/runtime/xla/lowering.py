@@ -32,14 +32,9 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from jax._src.lax.lax import _convert_element_type  # the one way to make a weakly typed value from an array
-from jax._src.lib import _jax
 
 from tpu_agent.runtime.emulated import ops, state
-from tpu_agent.runtime.xla import extra_ops, torchax_compat
-
-# Executables run on XLA:CPU. Naming the platform keeps an installed libtpu (the estimate extra) from being
-# initialised for execution, which would print its "no TPU here" errors into every run.
-jax.config.update("jax_platforms", "cpu")
+from tpu_agent.runtime.xla import arrays, extra_ops, torchax_compat
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
 _PLUMBING = frozenset({operator.getitem, operator.add, operator.mul, operator.sub, operator.floordiv, operator.neg})
@@ -198,23 +193,24 @@ class Lowered:
         self._flat_type: type | None = kind if flat else None
 
     def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
-        key = _next_key() if self.uses_rng else _NO_KEY
+        seed = _next_seed() if self.uses_rng else _NO_SEED
         if self.float_positions:
             floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float32)
-            arrays = [to_jax(t) for t in inputs if isinstance(t, torch.Tensor)]
-            flat, mutated = self.executable(key, *arrays, floats)
+            flat, mutated = self.executable(
+                seed, *[arrays.array(t) for t in inputs if isinstance(t, torch.Tensor)], floats
+            )
         else:
-            flat, mutated = self.executable(key, *[to_jax(t) for t in inputs])
-        for index, value in zip(self.mutated_inputs, mutated, strict=True):
-            target = inputs[index]
-            assert isinstance(target, torch.Tensor)  # only tensor inputs are ever written (compile_graph)
-            target.copy_(to_torch(value))
+            flat, mutated = self.executable(seed, *[arrays.array(t) for t in inputs])
+        if mutated:  # one foreach copy: it casts where JAX narrowed the dtype (int64 runs as int32)
+            torch._foreach_copy_(
+                [inputs[i] for i in self.mutated_inputs], [arrays.to_torch(value) for value in mutated]
+            )
         leaves = list(self.static_leaves)
         outputs = iter(flat)
         dtypes = self.output_dtypes
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
-                result = to_torch(next(outputs))
+                result = arrays.to_torch(next(outputs))
                 dtype = dtypes[i] if i < len(dtypes) else None
                 leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
         if self._flat_type is not None:
@@ -223,53 +219,14 @@ class Lowered:
 
 
 _ARRAY = object()  # placeholder in Lowered.static_leaves for an array output
-_NO_KEY = jax.random.key_data(jax.random.PRNGKey(0))
+# The executables take a PRNG seed and make their key inside: a key made on the host at each call
+# (``jax.random.PRNGKey``: several eager JAX ops) cost ~0.4 ms, more than a small model's whole executable.
+_NO_SEED = np.uint32(0)
 
 
-def _next_key() -> jax.Array:
-    """A PRNG key drawn from torch's default generator: seeded by ``torch.manual_seed``, fresh each call."""
-    seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
-    return jax.random.key_data(jax.random.PRNGKey(seed))
-
-
-# The conversions below run for every input and output of every executable call, so they use the DLPack entry
-# points of torch and jaxlib directly: ``jax.dlpack.from_dlpack`` and ``torch.from_dlpack`` add ~40 us of
-# Python checks per array (device lookups, dtype canonicalisation), which on a graph with a hundred parameters
-# cost more than running it. The direct calls make the same zero-copy alias (checked by the tests).
-_CPU_DEVICE = jax.devices("cpu")[0]
-_DLPACK_CPU = 1  # DLDeviceType.kDLCPU
-# dtypes DLPack carries as they are; 64-bit ones go through jax's path, which narrows them to the 32-bit types
-# the executables are compiled for (x64 is off), and bool through a copy (DLPack bool support varies).
-_DIRECT_DTYPES = frozenset(
-    {torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8}
-)
-
-
-def to_jax(t: torch.Tensor) -> jax.Array:
-    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of DLPack dtypes)."""
-    if t.dtype is torch.bool:
-        return jnp.asarray(t.numpy())
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.dtype in _DIRECT_DTYPES:
-        source = t.detach() if t.requires_grad else t
-        try:
-            return _jax.dlpack_managed_tensor_to_buffer(
-                torch._C._to_dlpack(source), _CPU_DEVICE, None, None, _DLPACK_CPU
-            )
-        except Exception:  # noqa: BLE001 - unaligned or unusual storage: the general path below copies it
-            pass
-    try:
-        return jax.dlpack.from_dlpack(t.detach())
-    except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
-        return jax.dlpack.from_dlpack(t.detach().clone())
-
-
-def to_torch(a: jax.Array) -> torch.Tensor:
-    """A CPU tensor over a JAX array's buffer (no copy)."""
-    if a.dtype == jnp.bool_:
-        return torch.from_numpy(jax.device_get(a).copy())
-    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=None))
+def _next_seed() -> np.uint32:
+    """A PRNG seed drawn from torch's default generator: set by ``torch.manual_seed``, fresh each call."""
+    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64)))
 
 
 class _Interpreter(torch.fx.Interpreter):
@@ -282,7 +239,7 @@ class _Interpreter(torch.fx.Interpreter):
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor):
-            return self.torchax_env.j2t_iso(to_jax(value.detach().cpu()))
+            return self.torchax_env.j2t_iso(arrays.to_jax(value.detach().cpu()))
         return value
 
 
@@ -300,13 +257,13 @@ def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
 
 @dataclass
 class TracedGraph:
-    """A graph as a JAX function ``function(key, *arrays) -> (outputs, mutated inputs' new values)`` and the
+    """A graph as a JAX function ``function(seed, *arrays) -> (outputs, mutated inputs' new values)`` and the
     abstract arguments it is traced for. The XLA:CPU executable and the TPU estimate compile this same function.
 
     ``found`` is filled by the trace (output tree, static leaves, mutated input positions)."""
 
     function: Any
-    abstract: list[jax.ShapeDtypeStruct]  # the key first, then one per input
+    abstract: list[jax.ShapeDtypeStruct]  # the PRNG seed first, then one per input
     found: dict[str, Any]
 
 
@@ -320,13 +277,13 @@ def trace_graph(
     found: dict[str, Any] = {}
     is_tensor = [isinstance(t, torch.Tensor) for t in example_inputs]
 
-    def jax_function(key: jax.Array, *arrays: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+    def jax_function(seed: jax.Array, *values: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
-        inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, arrays, strict=True)]
+        inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, values, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
         try:
-            with env, env.override_property(prng=jax.random.wrap_key_data(key)):
+            with env, env.override_property(prng=jax.random.key(seed)):
                 result = _Interpreter(gm, env).run(*inputs)
                 result = env.v2t_iso(result)
         finally:
@@ -340,12 +297,12 @@ def trace_graph(
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
-        mutated = [i for i, (t, a) in enumerate(zip(inputs, arrays, strict=True)) if is_tensor[i] and t._elem is not a]
+        mutated = [i for i, (t, a) in enumerate(zip(inputs, values, strict=True)) if is_tensor[i] and t._elem is not a]
         found.update(spec=spec, statics=statics, mutated=mutated)
         return arrays_out, [inputs[i]._elem for i in mutated]
 
-    key = jax.ShapeDtypeStruct(_NO_KEY.shape, _NO_KEY.dtype)
-    return TracedGraph(jax_function, [key, *(_abstract(t) for t in example_inputs)], found)
+    seed = jax.ShapeDtypeStruct((), jnp.uint32)
+    return TracedGraph(jax_function, [seed, *(_abstract(t) for t in example_inputs)], found)
 
 
 def compile_graph(
@@ -379,15 +336,15 @@ def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[An
     is_float = set(float_positions)
     tensor_positions = [i for i in range(count) if i not in is_float]
 
-    def packed(key: jax.Array, *arrays: jax.Array) -> Any:
-        *tensors, floats = arrays
+    def packed(seed: jax.Array, *values: jax.Array) -> Any:
+        *tensors, floats = values
         merged: list[Any] = [None] * count
-        for position, array in zip(tensor_positions, tensors, strict=True):
-            merged[position] = array
+        for position, tensor in zip(tensor_positions, tensors, strict=True):
+            merged[position] = tensor
         for index, position in enumerate(float_positions):
             # weakly typed, as the Python scalar it stands for (``x_bf16 * lr`` stays bf16)
             merged[position] = _convert_element_type(floats[index], weak_type=True)
-        return traced.function(key, *merged)
+        return traced.function(seed, *merged)
 
     abstract = [
         traced.abstract[0],

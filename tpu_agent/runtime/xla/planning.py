@@ -21,6 +21,7 @@ import torch
 from tpu_agent.runtime.emulated import liveness, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import Graph
+from tpu_agent.runtime.xla import arrays
 
 
 class NotPlannable(Exception):
@@ -48,14 +49,6 @@ class Plan:
     key: str
     views: list[Any] = field(default_factory=list)  # the view nodes, in graph order (their outputs alias bases)
     live: set[int] | None = None  # ids of the produced tensors given data (None: all of them)
-
-
-def storage_buffer(elem: torch.Tensor) -> torch.Tensor:
-    """The whole storage behind ``elem`` as a flat tensor of its dtype, on its device (the replay cuts views
-    from it)."""
-    storage = elem.untyped_storage()
-    numel = storage.nbytes() // elem.element_size()
-    return torch.empty(0, dtype=elem.dtype, device=elem.device).set_(storage, 0, (numel,), (1,))
 
 
 _TENSOR_TYPES = (tt.TpuTensor, torch.Tensor, torch.nn.Parameter)
@@ -119,7 +112,7 @@ class Planner:
         index = self.by_storage.get(storage)
         if index is None:
             index = self.by_storage[storage] = len(self.buffers)
-            self.buffers.append(storage_buffer(elem))
+            self.buffers.append(arrays.buffer(elem))
             self.parts.append(f"B{index}:{elem.dtype}:{self.buffers[index].numel()}")
         elif self.buffers[index].dtype != elem.dtype:
             raise NotPlannable("one storage viewed with two dtypes")
@@ -237,7 +230,7 @@ def _recall(graph: Graph, walk: liveness.Walk, live: set[int], entry: _Recalled,
     the data of the first input on each storage it reads."""
     seen, nodes = walk.seen, graph.nodes
     return Plan(
-        [storage_buffer(elem) for elem in storages],
+        [arrays.buffer(elem) for elem in storages],
         None,
         [seen[walk.produced[i]] for i in entry.outputs],
         walk.floats,

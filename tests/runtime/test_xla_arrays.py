@@ -1,0 +1,106 @@
+"""The input buffers kept as JAX arrays between flushes (tpu_agent.runtime.xla.arrays): kept while right, remade
+when the memory moves, never a reason for memory to outlive its tensors."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from tpu_agent.runtime.xla import arrays
+
+
+def values(t: torch.Tensor) -> np.ndarray:
+    return np.asarray(arrays.array(t))
+
+
+def test_a_storage_keeps_one_buffer_and_array_that_see_every_write() -> None:
+    weights = torch.arange(12, dtype=torch.float32)
+    view = weights[4:].view(2, 4)
+    flat = arrays.buffer(view)
+    assert arrays.buffer(weights) is flat  # one buffer per storage, whichever view reads it
+    first = arrays.array(flat)
+    assert arrays.array(flat) is first  # made once, not per call
+    weights.mul_(2)  # in-place writes (an optimizer step) reach the kept array: it aliases the memory
+    np.testing.assert_array_equal(values(flat), np.arange(12) * 2)
+
+
+def test_a_reallocated_storage_gets_a_new_buffer_over_its_new_memory() -> None:
+    weights = torch.ones(8)
+    old = arrays.buffer(weights)
+    arrays.array(old)
+    storage = weights.untyped_storage()
+    storage.resize_(0)  # FSDP frees a parameter's memory this way between uses
+    storage.resize_(64 * 4)
+    weights.set_(storage, 0, (64,), (1,)).fill_(3.0)
+    new = arrays.buffer(weights)
+    assert new is not old
+    assert new.numel() == 64
+    np.testing.assert_array_equal(values(new), np.full(64, 3.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
+def test_buffers_that_reach_xla_as_copies_are_copied_again_at_each_call(dtype: torch.dtype) -> None:
+    mask = torch.zeros(5, dtype=dtype)
+    flat = arrays.buffer(mask)
+    assert not values(flat).any()
+    mask.fill_(1)  # a kept copy would still say zero
+    assert values(flat).all()
+
+
+def test_a_view_of_the_storage_in_another_dtype_gets_a_buffer_of_that_dtype() -> None:
+    data = torch.zeros(4, dtype=torch.float32)
+    arrays.buffer(data)
+    assert arrays.buffer(data.view(torch.int32)).dtype is torch.int32
+
+
+def test_the_cache_lets_memory_go_once_its_tensors_are_gone() -> None:
+    activation = torch.randn(1024)
+    arrays.array(arrays.buffer(activation))
+    storage = activation.untyped_storage()
+    weak = storage._weak_ref()
+    del activation, storage
+    gc.collect()
+    assert not torch.UntypedStorage._expired(weak)  # still held by the cache until the next flush's sweep
+    arrays.sweep()
+    assert torch.UntypedStorage._expired(weak)
+    torch.UntypedStorage._free_weak_ref(weak)
+
+
+def test_a_tensor_keeps_its_array_while_its_memory_and_layout_stay() -> None:
+    weight = torch.arange(6, dtype=torch.float32)  # a parameter's data, passed to every compiled call
+    first = arrays.array(weight)
+    assert arrays.array(weight) is first
+    weight.add_(1)
+    np.testing.assert_array_equal(values(weight), np.arange(6) + 1)
+    weight.set_(torch.full((6,), 7.0))  # new memory: a new array over it
+    np.testing.assert_array_equal(values(weight), np.full(6, 7.0))
+    weight.resize_(2, 3)  # same memory, new layout
+    assert arrays.array(weight).shape == (2, 3)
+
+
+def test_an_array_holds_its_tensors_memory_only_while_the_tensor_lives() -> None:
+    activation = torch.randn(256)
+    arrays.array(activation)
+    weak = activation.untyped_storage()._weak_ref()
+    del activation  # no sweep needed: the array goes with its tensor
+    gc.collect()
+    assert torch.UntypedStorage._expired(weak)
+    torch.UntypedStorage._free_weak_ref(weak)
+
+
+@pytest.mark.parametrize(
+    ("values_64", "dtype_32"),
+    [
+        (torch.tensor([3, -7, 2**31 - 1, 2**33 + 5]), torch.int32),  # token ids, and one past int32 (wraps alike)
+        (torch.tensor([0.1, -2.5e-40, 1e300], dtype=torch.float64), torch.float32),
+    ],
+)
+def test_64_bit_tensors_reach_xla_narrowed_as_torch_narrows_them(
+    values_64: torch.Tensor, dtype_32: torch.dtype
+) -> None:
+    converted = arrays.to_jax(values_64)
+    assert converted.dtype.itemsize == 4  # x64 is off: the executables are compiled for 32-bit types
+    np.testing.assert_array_equal(np.asarray(converted), values_64.to(dtype_32).numpy())

@@ -1,0 +1,91 @@
+"""Compiled executables persist between runs (tpu_agent.runtime.xla.jax_setup): a second run of the same script
+loads what the first compiled, with the same results; switched off, or without a usable directory, none is used."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import pytest
+
+from tpu_agent.fsutil import CACHE_DIR_ENV
+from tpu_agent.runtime.envvars import TIER2_CACHE_ENV, XLA_PERSIST_ENV
+from tpu_agent.runtime.xla import jax_setup
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train(cache_dir: Path, **extra_env: str) -> dict:
+    """Two DeferAndFuse steps through XLA in a fresh process (tests/runtime/scripts/xla_train.py)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", **{CACHE_DIR_ENV: str(cache_dir)}, **extra_env)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "xla_train.py"), "defer:highest:2"],
+        capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "persistent compilation cache" not in proc.stderr.lower(), proc.stderr[-4000:]  # no cache warnings
+    return json.loads(proc.stdout.strip().splitlines()[-1])["defer:highest:2"]
+
+
+def entries(cache_dir: Path) -> dict[str, int]:
+    """The cache's executables and when each was written (an entry compiled again is written again)."""
+    return {path.name: path.stat().st_mtime_ns for path in (cache_dir / "xla").glob("*-cache")}
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_the_executables_the_first_compiled(tmp_path: Path) -> None:
+    first = train(tmp_path)
+    written = entries(tmp_path)
+    assert len(written) >= first["cache"]["compiles"] > 0  # every executable the run compiled, kept
+    assert (tmp_path / "xla").stat().st_mode & 0o077 == 0  # the user's own: others cannot plant entries
+    second = train(tmp_path)
+    assert entries(tmp_path) == written  # everything it needed was there: nothing compiled and written anew
+    assert second["tpu"] == first["tpu"]
+
+
+@pytest.fixture
+def unset_jax_cache() -> Iterator[None]:
+    """This process's JAX cache settings, as they were before and after the test."""
+    saved = {name: getattr(jax.config, name) for name in _SETTINGS}
+    jax.config.update("jax_compilation_cache_dir", None)
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+
+
+_SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_compilation_cache_max_size",
+)
+
+
+@pytest.mark.parametrize("switch", [(XLA_PERSIST_ENV, "0"), (TIER2_CACHE_ENV, "disabled")])
+def test_switched_off_nothing_is_set_up(
+    switch: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unset_jax_cache: None
+) -> None:
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(*switch)
+    jax_setup.persist_executables()
+    assert jax.config.jax_compilation_cache_dir is None and entries(tmp_path) == {}
+    monkeypatch.delenv(switch[0])
+    jax_setup.persist_executables()
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+
+
+def test_a_cache_directory_that_cannot_be_made_leaves_the_cache_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unset_jax_cache: None
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(CACHE_DIR_ENV, str(blocker))
+    monkeypatch.delenv(XLA_PERSIST_ENV, raising=False)
+    jax_setup.persist_executables()  # no error: the run goes on, compiling as without a cache
+    assert jax.config.jax_compilation_cache_dir is None

@@ -1,0 +1,182 @@
+"""CPU tensors and JAX arrays over the same memory, kept from one executable call to the next.
+
+Every executable call passes its inputs to XLA as JAX arrays and takes its results back as CPU tensors, through
+DLPack, without copying (:func:`to_jax`, :func:`to_torch`). Making one array still costs ~10 us in jaxlib, and a
+training step passes a hundred or more (a model's parameters and optimizer state, to every DeferAndFuse flush
+and every compiled forward and backward): on a small model more than the executable's own run. Those are the
+same tensors step after step, and an array over a tensor's memory stays right whatever is written into it, as
+long as the memory and layout stay. So :func:`array` keeps each tensor's array while the tensor lives with the
+same memory and layout, and :func:`buffer` keeps, per storage, the flat tensor a DeferAndFuse replay cuts its
+views from (remade when the storage is reallocated, dropped by :func:`sweep` once its tensors are gone).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax._src.lib import _jax
+
+from tpu_agent.runtime.xla import jax_setup  # noqa: F401 - the CPU platform, before the first device is named
+
+_CPU_DEVICE = jax.devices("cpu")[0]
+_DLPACK_CPU = 1  # DLDeviceType.kDLCPU
+# The direct DLPack entry points of torch and jaxlib: ``jax.dlpack.from_dlpack`` and ``torch.from_dlpack`` add
+# ~40 us of Python checks per array (device lookups, dtype canonicalisation); the direct calls make the same
+# zero-copy alias. dtypes DLPack carries as they are; bool goes through a copy (DLPack bool support varies).
+_DIRECT_DTYPES = frozenset(
+    {torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8}
+)
+# x64 is off: the executables are compiled for 32-bit types. 64-bit tensors are narrowed by torch (one cast, as
+# JAX would do with an eager XLA op on the imported array: ~140 us for a batch of token ids, instead of ~15 us).
+_NARROWED = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """A JAX array over a CPU tensor's data (no copy for contiguous tensors of DLPack dtypes)."""
+    if t.dtype is torch.bool:
+        return jnp.asarray(t.numpy())
+    narrowed = _NARROWED.get(t.dtype)
+    if narrowed is not None:
+        t = t.detach().to(narrowed)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype in _DIRECT_DTYPES:
+        try:  # from a detached tensor: the array holds the storage, not ``t`` (see :func:`array`)
+            return _jax.dlpack_managed_tensor_to_buffer(
+                torch._C._to_dlpack(t.detach()), _CPU_DEVICE, None, None, _DLPACK_CPU
+            )
+        except Exception:  # noqa: BLE001 - unaligned or unusual storage: the general path below copies it
+            pass
+    try:
+        return jax.dlpack.from_dlpack(t.detach())
+    except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
+        return jax.dlpack.from_dlpack(t.detach().clone())
+
+
+def to_torch(a: jax.Array) -> torch.Tensor:
+    """A CPU tensor over a JAX array's buffer (no copy)."""
+    if a.dtype == jnp.bool_:
+        return torch.from_numpy(jax.device_get(a).copy())
+    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=None))
+
+
+@dataclass
+class _Flat:
+    """One storage read by DeferAndFuse executables, as the flat tensor their replay cuts views from."""
+
+    storage: torch.UntypedStorage  # held: while the entry lives its memory cannot be freed and its address reused
+    flat: torch.Tensor
+    data_ptr: int  # where the memory was, and its size, when the entry was made: after a resize_ it is remade
+    nbytes: int
+
+
+@dataclass
+class _Alias:
+    """The array over a tensor passed to an executable before, and the layout it was made for."""
+
+    tensor: weakref.ref[torch.Tensor]
+    data_ptr: int
+    shape: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    array: jax.Array
+
+
+_flats: dict[int, _Flat] = {}  # the StorageImpl's address (UntypedStorage._cdata) -> its flat tensor
+_aliases: dict[int, _Alias] = {}  # id(tensor) -> the array over it, while the tensor lives
+_use_count = torch._C._storage_Use_Count
+_held: list[tuple[int, int]] = []  # the storage references a flat entry holds without and with its array
+
+
+def buffer(elem: torch.Tensor) -> torch.Tensor:
+    """The whole storage behind ``elem`` as a flat tensor of its dtype (the replay cuts views from it); the same
+    tensor object at every flush while the storage keeps its memory, so its array is made once."""
+    storage = elem.untyped_storage()
+    entry = _flats.get(storage._cdata)
+    if (
+        entry is None
+        or entry.data_ptr != storage.data_ptr()
+        or entry.nbytes != storage.nbytes()
+        or entry.flat.dtype is not elem.dtype
+    ):
+        entry = _flats[storage._cdata] = _Flat(
+            storage, flat_storage(elem, storage), storage.data_ptr(), storage.nbytes()
+        )
+    return entry.flat
+
+
+def flat_storage(elem: torch.Tensor, storage: torch.UntypedStorage | None = None) -> torch.Tensor:
+    """The whole storage behind ``elem`` (``storage``, when the caller has it) as one flat tensor of its dtype, on
+    its device: made afresh (:func:`buffer` keeps them)."""
+    if storage is None:
+        storage = elem.untyped_storage()
+    numel = storage.nbytes() // elem.element_size()
+    return torch.empty(0, dtype=elem.dtype, device=elem.device).set_(storage, 0, (numel,), (1,))
+
+
+def array(t: torch.Tensor) -> jax.Array:
+    """The JAX array over ``t``, kept from the last call while ``t`` lives with the same memory and layout (a
+    parameter, a :func:`buffer`). Only an array that aliases the memory is kept (bool and 64-bit tensors reach
+    XLA as copies); it holds ``t``'s storage, never ``t`` itself, so ``t`` dies as it would without it."""
+    alias = _aliases.get(id(t))
+    if (
+        alias is not None
+        and alias.data_ptr == t.data_ptr()
+        and alias.shape == t.shape
+        and alias.stride == t.stride()
+        and alias.dtype is t.dtype
+        and alias.tensor() is t
+    ):
+        return alias.array
+    made = to_jax(t)
+    if t.numel() and made.unsafe_buffer_pointer() == t.data_ptr():
+        key = id(t)
+        _aliases[key] = _Alias(
+            weakref.ref(t, _forget(key)),
+            t.data_ptr(),
+            t.shape,
+            t.stride(),
+            t.dtype,
+            made,
+        )
+    return made
+
+
+def _forget(key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
+    """The weakref callback that drops a dead tensor's array (before its id can be reused)."""
+
+    def forget(_dead: weakref.ref[torch.Tensor]) -> None:
+        _aliases.pop(key, None)
+
+    return forget
+
+
+def sweep() -> None:
+    """Drop the flat tensors of storages nothing but this cache holds (their tensors are gone), freeing them."""
+    if not _flats:
+        return
+    without_array, with_array = _held[0] if _held else _entry_references()
+    for key, entry in list(_flats.items()):
+        if _use_count(key) <= (with_array if id(entry.flat) in _aliases else without_array):
+            del _flats[key]
+
+
+def _entry_references() -> tuple[int, int]:
+    """How many references to its storage a flat entry holds, before and after its array is made: measured on
+    this torch, not assumed."""
+    t = torch.empty(4)
+    entry = _Flat(t.untyped_storage(), flat_storage(t), t.data_ptr(), t.untyped_storage().nbytes())
+    del t
+    without_array = _use_count(entry.storage._cdata)
+    made = array(entry.flat)
+    _held.append((without_array, _use_count(entry.storage._cdata)))
+    del made
+    return _held[0]
+
+
+__all__ = ["array", "buffer", "flat_storage", "sweep", "to_jax", "to_torch"]
