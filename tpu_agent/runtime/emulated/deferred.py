@@ -449,29 +449,12 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         outputs, signature, inferred = inferred_now
     if state.log_enabled:
         telemetry.op_counts[func] += 1
-    recorded_args = args
-    for a in args:
-        if type(a) is torch.Tensor:
-            recorded_args = tuple([_snapshot_host(x) for x in args])
-            break
     stack = state.precision_stack
     precision = stack[-1] if stack else state.precision
-    node = Node(
-        func,
-        recorded_args,
-        {k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
-        outputs,
-        precision,
-        _recording_site(),
-        signature,
-        _operand_versions(plan.mxu_operands, args) if plan.mxu_operands and precision is not _HIGHEST else None,
-        inferred,
-    )
     with _lock:
-        nodes = _pending.nodes
-        nodes.append(node)
+        host = False
         storages = _pending.storages
-        for a in args:
+        for a in args:  # one pass: the storages the node reads or writes, and whether it reads host tensors
             t = type(a)
             if t is tt.TpuTensor:
                 elem = a._elem
@@ -479,8 +462,24 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
                     storages.add(elem.untyped_storage().data_ptr())  # storage_key, inlined
             elif t is list or t is tuple:
                 _add_storages(a, storages)
+            elif t is torch.Tensor:
+                host = True
         if kwargs:
             _add_storages(tuple(kwargs.values()), storages)
+        nodes = _pending.nodes
+        nodes.append(
+            Node(
+                func,
+                tuple([_snapshot_host(x) for x in args]) if host else args,
+                {k: _snapshot_host(v) for k, v in kwargs.items()} if kwargs else kwargs,
+                outputs,
+                precision,
+                _recording_site(),
+                signature,
+                _operand_versions(plan.mxu_operands, args) if plan.mxu_operands and precision is not _HIGHEST else None,
+                inferred,
+            )
+        )
         full = len(nodes) >= MAX_GRAPH_OPS
     if route.written_lists:
         tt.bump_written_lists(route, args)

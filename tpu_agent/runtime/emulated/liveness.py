@@ -19,7 +19,7 @@ import torch
 from tpu_agent.runtime.emulated import tensor as tt
 
 if TYPE_CHECKING:
-    from tpu_agent.runtime.emulated.deferred import Graph
+    from tpu_agent.runtime.emulated.deferred import Graph, Node
 
 
 def _ref_counts(objects: list) -> list[int]:
@@ -34,12 +34,15 @@ _OWN_REFS = _ref_counts([object()])[0]
 class Walk:
     """One pass over a graph's nodes, read by both :func:`live_results` and the XLA planner.
 
-    Every tensor and container in the nodes is numbered in the order first met (its position in ``seen``; host
-    tensors, which reference counting leaves out, get negative numbers), with the slots of the nodes and their
-    containers that reference it (``counts``). ``fingerprint`` is the graph's structure: per node its shape
-    cache entry (:attr:`Node.inferred`: the op, its tensor arguments' layouts, its other arguments' values) and
-    precision, and the number of every tensor and container it reads or returns. Two graphs with equal
-    fingerprints differ only in their objects and floats; ``None`` when a node has no shape cache entry."""
+    Every tensor and nested container in the nodes is numbered in the order first met (its position in ``seen``;
+    host tensors, which reference counting leaves out, get negative numbers), with the slots of the nodes and their
+    containers that reference it (``counts``). A node's own argument tuple is not numbered: the dispatcher builds
+    it for the call, so only the node holds it, and its items count as the node's slots. ``fingerprint`` is the
+    graph's structure: per node its shape cache entry (:attr:`Node.inferred`: the op, its tensor arguments'
+    layouts, its other arguments' values) and precision, and the number of every tensor and container it reads or
+    returns. Two graphs with equal fingerprints differ only in their objects and floats; ``None`` when a node has
+    no shape cache entry. ``views``: the nodes of view ops, in graph order (the only nodes liveness follows
+    from a view to its base)."""
 
     __slots__ = (
         "seen",
@@ -50,18 +53,20 @@ class Walk:
         "floats",
         "fingerprint",
         "tokens",
+        "views",
         "_index",
         "_items",
     )
 
     def __init__(self, graph: Graph) -> None:
-        self.seen: list = []  # every tpu tensor and container met, once
+        self.seen: list = []  # every tpu tensor and nested container met, once
         self.counts: list[int] = []  # per seen object, the slots of the nodes and their containers referencing it
         self.contents: dict[int, list[int]] = {}  # position of a container -> ids of the tensors in it, any depth
         self.produced: list[int] = []  # positions of the tensors first met as a node's output
         self.inputs: list[Any] = []  # tensors first met as arguments (tpu and host), in order
         self.floats: list[float] = []  # the nodes' float arguments, in order
         self.tokens: list[Any] = []  # the nodes' shape cache entries: held, so their ids in the fingerprint stay theirs
+        self.views: list[Node] = []
         self._index: dict[int, int] = {}  # id -> number
         self._items: list[Any] = []  # the fingerprint, while it is written
         self._walk(graph)
@@ -69,26 +74,56 @@ class Walk:
         del self._index, self._items
 
     def _walk(self, graph: Graph) -> None:
-        seen, counts, produced, tokens, index = self.seen, self.counts, self.produced, self.tokens, self._index
-        append, visit, enter, tpu_tensor = self._items.append, self._visit, self._enter, tt.TpuTensor
+        seen, counts, produced, inputs, tokens, index = (
+            self.seen,
+            self.counts,
+            self.produced,
+            self.inputs,
+            self.tokens,
+            self._index,
+        )
+        append, visit, tpu_tensor, floats = self._items.append, self._visit, tt.TpuTensor, self.floats
+        views = self.views
         for node in graph.nodes:
             token = node.inferred
             if token is not None:
                 tokens.append(token)
             append(id(token))
             append(node.precision)
-            args = node.args
-            if type(args) is tuple and id(args) not in index:  # a node's own arguments: the common case
-                enter(args, tuple, False)
-            else:
-                visit(args, False)
+            if node.func.is_view:
+                views.append(node)
+            for item in node.args:  # the node's own tuple: its items inline, tpu tensors first (the common case)
+                item_kind = type(item)
+                if item_kind is tpu_tensor:
+                    key = id(item)
+                    number = index.get(key)
+                    if number is None:
+                        number = index[key] = len(seen)
+                        seen.append(item)
+                        counts.append(1)
+                        inputs.append(item)
+                    else:
+                        counts[number] += 1
+                    append(number)
+                elif item_kind is int:  # sizes and dims: the shape cache entry holds their values
+                    continue
+                elif item_kind is float:
+                    floats.append(item)
+                elif item_kind is list or item_kind is tuple:
+                    for nested in item:  # a size list (a view's, a factory's) holds no tensor: not numbered
+                        if type(nested) is not int:
+                            visit(item, False)
+                            break
+                else:
+                    visit(item, False)
             if node.kwargs:
                 visit(node.kwargs, False)
             outputs = node.outputs
             if type(outputs) is tpu_tensor:  # the common case, inlined
-                number = index.get(id(outputs))
+                key = id(outputs)
+                number = index.get(key)
                 if number is None:
-                    number = index[id(outputs)] = len(seen)
+                    number = index[key] = len(seen)
                     seen.append(outputs)
                     counts.append(1)
                     produced.append(number)
@@ -215,24 +250,38 @@ def _costs() -> _Costs:
     return _measured[0]
 
 
-def _view_references(graph: Graph, views: list, costs: _Costs) -> dict[int, int]:
-    """id -> the use-count references the graph's own views hold on it (to be told apart from the program's)."""
-    if not views or not costs.view_root:
+def _view_references(walk: Walk, produced: set[int], costs: _Costs) -> dict[int, int]:
+    """id -> the use-count references the graph's own views hold on it (to be told apart from the program's).
+
+    Only view ops make views, so only their outputs are asked (a view missed here would keep its base live,
+    never the reverse)."""
+    if not walk.views or not costs.view_root:
         return {}
     parent: dict[int, int] = {}  # id of a produced view -> id of the tensor it was made from
-    for node in graph.nodes:
-        if node.func.is_view:
-            source = next((a for a in node.args if type(a) is tt.TpuTensor), None)
+    bases = []  # (id of a produced view, id of its _base)
+    tpu_tensor = tt.TpuTensor
+    for node in walk.views:
+        source = None
+        for a in node.args:
+            if type(a) is tpu_tensor:
+                source = a
+                break
+        outputs = node.outputs
+        for out in (outputs,) if type(outputs) is tpu_tensor else tensors_in(outputs):
+            key = id(out)
             if source is not None:
-                for out in tensors_in(node.outputs):
-                    parent[id(out)] = id(source)
+                parent[key] = id(source)
+            if key in produced:
+                base = out._base  # None: not a view (one torch call, where _is_view and _base would be two)
+                if base is not None:
+                    bases.append((key, id(base)))
     refs: dict[int, int] = {}
-    for view in views:
-        base = id(view._base)
-        refs[base] = refs.get(base, 0) + costs.view_root
-        ancestor = parent.get(id(view))
+    view_root, view_ancestor = costs.view_root, costs.view_ancestor
+    for key, base in bases:
+        refs[base] = refs.get(base, 0) + view_root
+        ancestor = parent.get(key)
         while ancestor is not None and ancestor != base:
-            refs[ancestor] = refs.get(ancestor, 0) + costs.view_ancestor
+            refs[ancestor] = refs.get(ancestor, 0) + view_ancestor
             ancestor = parent.get(ancestor)
     return refs
 
@@ -243,37 +292,48 @@ def live_results(graph: Graph, walk: Walk | None = None) -> set[int]:
     A produced tensor is live when anything but the graph's nodes references it: Python (a variable, a module, an
     optimizer's state, a running frame), C++ (autograd's saved tensors, a ``.grad``, a view's ``_base``: seen in
     the tensor's use count, less the ``_base`` references of the graph's own views) or a container of the nodes
-    that is itself referenced from outside (an outputs tuple the program kept). The rest are intermediates the
-    program can no longer reach: once the nodes are gone, so are they. An executor that compiles the graph
-    returns only the live ones, so XLA fuses the others away instead of writing them to memory (a training
-    step's graph otherwise returns every activation and gradient). A live view needs its base's data: the bases
-    of live views are live too.
+    that is itself referenced from outside (an outputs tuple the program kept, a node's argument tuple held by
+    anything but its node). The rest are intermediates the program can no longer reach: once the nodes are gone,
+    so are they. An executor that compiles the graph returns only the live ones, so XLA fuses the others away
+    instead of writing them to memory (a training step's graph otherwise returns every activation and gradient).
+    A live view needs its base's data: the bases of live views are live too.
 
     Counting is conservative: a reference it cannot attribute to the graph keeps the tensor live. While it
     counts, the only extra reference to each object is its slot in ``seen`` (which :data:`_OWN_REFS` covers).
     ``walk``: the graph's :class:`Walk`, when the caller made one (it holds no other reference to a result)."""
     if walk is None:
         walk = Walk(graph)
-    seen = walk.seen
+    seen, counts, contents, tpu_tensor = walk.seen, walk.counts, walk.contents, tt.TpuTensor
     ref_counts = _ref_counts(seen)
     produced = {id(seen[number]) for number in walk.produced}
-    views = [seen[number] for number in walk.produced if seen[number]._is_view()]
     costs = _costs()
-    view_refs = _view_references(graph, views, costs)
-    del views
-    counts, contents = walk.counts, walk.contents
+    view_refs = _view_references(walk, produced, costs)
+    shared_cost = costs.shared
     live: set[int] = set()
-    for number, (value, refs) in enumerate(zip(seen, ref_counts, strict=True)):
-        if type(value) is tt.TpuTensor:
-            shared = value._use_count() - 1
-            python = refs - _OWN_REFS - (costs.shared if shared else 0)
-            if python > counts[number] or shared > view_refs.get(id(value), 0):
-                live.add(id(value))
-        elif refs - _OWN_REFS > counts[number]:
-            live.update(contents[number])
-    for node in reversed(graph.nodes):  # views after their bases: a chain of views reaches its first base
-        if node.func.is_view and any(id(t) in live for t in tensors_in(node.outputs)):
-            live.update(id(t) for t in tensors_in(node.args))
+    own = _OWN_REFS
+    for number in walk.produced:  # the tensors first met as arguments are the graph's inputs: never results
+        value = seen[number]
+        excess = ref_counts[number] - own - counts[number]  # references from outside the nodes and containers
+        if excess > shared_cost:  # live whatever C++ holds: its use count need not be read
+            live.add(id(value))
+            continue
+        shared = value._use_count() - 1
+        if (excess > shared_cost if shared else excess > 0) or shared > view_refs.get(id(value), 0):
+            live.add(id(value))
+    for number, found in contents.items():
+        if ref_counts[number] - own > counts[number]:
+            live.update(found)
+    arguments = [node.args for node in graph.nodes]
+    held = _ref_counts(arguments)
+    if max(held, default=0) - own > 1:  # a tuple held by more than its node (never the dispatcher's): all live
+        for args, refs in zip(arguments, held, strict=True):
+            if refs - own > 1:
+                live.update(id(t) for t in tensors_in(args))
+    del arguments
+    for node in reversed(walk.views):  # views after their bases: a chain of views reaches its first base
+        outputs = node.outputs
+        if id(outputs) in live if type(outputs) is tpu_tensor else any(id(t) in live for t in tensors_in(outputs)):
+            live.update([id(t) for t in tensors_in(node.args)])
     return live & produced
 
 

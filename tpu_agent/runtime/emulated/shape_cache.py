@@ -48,9 +48,10 @@ def _arg_key(x: Any, exact_floats: bool) -> Any:
     if isinstance(x, _Tensor):
         return layout_key(x)
     if t is list or t is tuple:
-        if all(type(y) is int for y in x):  # sizes, dims, strides: the values are the key (no nested tuples)
-            return (t, tuple(x))
-        return (t, tuple([_arg_key(y, exact_floats) for y in x]))
+        for y in x:  # a loop, not all(): sizes, dims and strides reach here on most view and reduction ops
+            if type(y) is not int:
+                return (t, tuple([_arg_key(y, exact_floats) for y in x]))
+        return (t, tuple(x))  # sizes, dims, strides: the values are the key (no nested tuples)
     if t is float and not exact_floats:
         return (t,)  # an optimizer's step size changes every step; only its type can change an output's layout
     if t in _SCALARS:

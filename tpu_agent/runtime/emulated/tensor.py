@@ -56,7 +56,9 @@ host_read_override: Callable[[torch.Tensor, str], torch.Tensor] | None = None
 class TpuTensor(torch.Tensor):
     """A tensor on the emulated ``tpu:0`` device; ``_elem`` is its CPU data (``None`` while deferred)."""
 
-    _elem: torch.Tensor | None
+    # None by default: a deferred tensor is born without data, and setting the attribute on each new wrapper
+    # costs DeferAndFuse's recording a measurable share of an op
+    _elem: torch.Tensor | None = None
     # What DeferAndFuse's shape cache keys this tensor on (see shape_cache.layout_key): made when first needed,
     # or at creation from the cached description it was built from; dropped when the metadata changes.
     _layout: tuple | None = None
@@ -227,16 +229,19 @@ def render(t: torch.Tensor, cpu: torch.Tensor, tensor_contents: Any = None) -> s
     return "Parameter containing:\n" + text if is_parameter else text
 
 
+def _new_wrapper(shape: Any, stride: Any, offset: int, dtype: torch.dtype) -> TpuTensor:
+    """An empty tpu wrapper with this layout; the caller sets its data.
+
+    The offset is passed only when it is not zero: torch's wrapper constructor spends about as long on an explicit
+    ``storage_offset`` as on the rest of its arguments, and almost every tensor starts its storage."""
+    if offset:
+        return _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE)
+    return _make_wrapper(TpuTensor, shape, strides=stride, dtype=dtype, device=DEVICE)
+
+
 def _wrapper_like(like: torch.Tensor) -> TpuTensor:
     """An empty tpu wrapper with ``like``'s shape, strides, offset and dtype; the caller sets its data."""
-    return _make_wrapper(
-        TpuTensor,
-        like.shape,
-        strides=like.stride(),
-        storage_offset=like.storage_offset(),
-        dtype=like.dtype,
-        device=DEVICE,
-    )
+    return _new_wrapper(like.shape, like.stride(), like.storage_offset(), like.dtype)
 
 
 def _carry_math_bits(r: torch.Tensor, like: torch.Tensor) -> None:
@@ -268,7 +273,6 @@ def wrap_pending(meta: torch.Tensor) -> TpuTensor:
     if meta.layout is not torch.strided:  # refused when recorded, not at a later, unrelated flush
         unsupported.check_layout(meta)
     r = _wrapper_like(meta)
-    r._elem = None
     r._meta = meta
     if meta.is_complex() or meta.is_neg():
         _carry_math_bits(r, meta)
@@ -279,8 +283,7 @@ def wrap_pending_layout(layout: tuple) -> TpuTensor:
     """A deferred tpu tensor with this layout key (``shape_cache.layout_key``'s tuple, which it keeps); its meta
     tensor is made when an uncached recording needs it."""
     _, shape, stride, offset, dtype, conj, neg = layout
-    r = _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE)
-    r._elem = None
+    r = _new_wrapper(shape, stride, offset, dtype)
     r._layout = layout
     if conj:
         torch._C._set_conj(r, True)

@@ -81,6 +81,23 @@ class EagerOps(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
+def _specialisation(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What an executable is compiled for: each argument's shape and dtype (a float's type), read in one pass;
+    None when an argument is neither a tensor nor a float (a symbolic size): such a graph runs op by op.
+
+    Every torch.compile call pays this for each of its (often a hundred) arguments, so the shape stays the
+    ``torch.Size`` the tensor returns: it hashes and compares as the tuple it is, without a copy."""
+    spec: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            spec.append((a.shape, a.dtype))
+        elif isinstance(a, float):
+            spec.append(float)
+        else:
+            return None
+    return tuple(spec)
+
+
 class _Segment(torch.nn.Module):
     """A split-out piece of the graph, as the module ``split_module`` calls."""
 
@@ -149,12 +166,14 @@ class GraphRunner:
         a few hundred arguments at every call."""
         if self.split is not None:
             return self.split(*args)
-        if self.compile_failed or not all(isinstance(a, (torch.Tensor, float)) for a in args):
+        if specialisation is None:
+            specialisation = _specialisation(args)
+        elif not all(isinstance(a, (torch.Tensor, float)) for a in args):
+            specialisation = None
+        if self.compile_failed or specialisation is None:
             return EagerOps(self.gm, self.precision).run(*args)
         tensors: Sequence[torch.Tensor | float] = args
         precision = self.precision if self.precision is not None else state.effective_precision()
-        if specialisation is None:
-            specialisation = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in tensors)
         specialisation = (specialisation, precision.name)
         try:
             executable = cache.executables.get_or_compile(
@@ -180,11 +199,9 @@ class GraphRunner:
             # in the first measured step, whose time it would inflate
             self.recorded_ops[specialisation] = op_records.op_records(self.gm, tensors)
         if profiling:
-            result = op_records.run_recorded(
-                self.name, lambda: executable(list(tensors)), self.recorded_ops[specialisation]
-            )
+            result = op_records.run_recorded(self.name, lambda: executable(tensors), self.recorded_ops[specialisation])
         else:
-            result = executable(list(tensors))
+            result = executable(tensors)
         for observe in graph_observers:
             observe(self, tensors, precision)
         return result
