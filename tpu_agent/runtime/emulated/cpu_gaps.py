@@ -98,11 +98,18 @@ def _gru_cell_backward(func: Any, cargs: list, ckwargs: dict) -> Any:
     return grad_input, grad_hidden, grad_hx, grad_input.sum(0), grad_hidden.sum(0)
 
 
-_NO_CPU_KERNEL = "Could not run 'aten::_thnn_fused_lstm_cell' with arguments from the 'CPU' backend"
-_RNN_RATIONALE = (
-    "torch's LSTM and GRU cells call the fused kernel on every accelerator (PrivateUse1 included); only CUDA has "
-    "one. The plain-op form is the cell's definition, and backward uses torch's own differentiable cell formula"
-)
+def _cuda_only(name: str, op: Any, compute: Callable[[Any, list, dict], Any]) -> CpuGap:
+    """A fused recurrent-cell kernel only CUDA has (the CPU refuses every dtype), and its plain-op form."""
+    return CpuGap(
+        name,
+        (op,),
+        FLOAT_DTYPES,
+        compute,
+        f"Could not run '{op._schema.name}' with arguments from the 'CPU' backend",
+        "torch's LSTM and GRU cells call the fused kernel on every accelerator (PrivateUse1 included) and only CUDA "
+        "has one; the plain-op form is the cell's definition, backward torch's own differentiable cell formula",
+    )
+
 
 GAPS: tuple[CpuGap, ...] = (
     CpuGap(
@@ -122,33 +129,10 @@ GAPS: tuple[CpuGap, ...] = (
         cpu_error="\"upsample_nearest2d_channels_last\" not implemented for 'Int'",
         rationale="nearest-neighbour resizing only copies values, so a float64 round trip is exact for integers",
     ),
-    CpuGap(
-        "lstm-cell", (aten._thnn_fused_lstm_cell.default,), FLOAT_DTYPES, _lstm_cell, _NO_CPU_KERNEL, _RNN_RATIONALE
-    ),
-    CpuGap(
-        "lstm-cell-backward",
-        (aten._thnn_fused_lstm_cell_backward_impl.default,),
-        FLOAT_DTYPES,
-        _lstm_cell_backward,
-        _NO_CPU_KERNEL.replace("cell", "cell_backward_impl"),
-        _RNN_RATIONALE,
-    ),
-    CpuGap(
-        "gru-cell",
-        (aten._thnn_fused_gru_cell.default,),
-        FLOAT_DTYPES,
-        _gru_cell,
-        _NO_CPU_KERNEL.replace("lstm", "gru"),
-        _RNN_RATIONALE,
-    ),
-    CpuGap(
-        "gru-cell-backward",
-        (aten._thnn_fused_gru_cell_backward.default,),
-        FLOAT_DTYPES,
-        _gru_cell_backward,
-        _NO_CPU_KERNEL.replace("lstm_cell", "gru_cell_backward"),
-        _RNN_RATIONALE,
-    ),
+    _cuda_only("lstm-cell", aten._thnn_fused_lstm_cell.default, _lstm_cell),
+    _cuda_only("lstm-cell-backward", aten._thnn_fused_lstm_cell_backward_impl.default, _lstm_cell_backward),
+    _cuda_only("gru-cell", aten._thnn_fused_gru_cell.default, _gru_cell),
+    _cuda_only("gru-cell-backward", aten._thnn_fused_gru_cell_backward.default, _gru_cell_backward),
 )
 
 BY_OP: dict[Any, CpuGap] = {op: gap for gap in GAPS for op in gap.ops}
