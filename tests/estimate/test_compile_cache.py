@@ -43,3 +43,55 @@ def test_second_compile_is_read_from_the_cache_and_bad_entries_are_misses(
         rebuilt = compiler.compile_for_target(fn, args, parse_target("v5e"))
         assert rebuilt.cost == first.cost and len(calls) == 1  # compiled again and stored again
         calls.clear()
+
+
+PERSISTING_PROCESS = """
+import json, shutil, sys
+from pathlib import Path
+
+from tpu_agent.runtime.xla import jax_setup  # what a run's XLA path does: JAX's persistent cache on
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tpu_agent.chips import parse_target
+from tpu_agent.estimate import compiler
+
+def doubled(x):
+    return x * 2
+
+def tpu_program(a, b):
+    return jnp.tanh(a @ b.T)
+
+doubled_jit = jax.jit(doubled)
+doubled_jit(jnp.ones(3)).block_until_ready()  # an executable of the run itself: persisted
+mesh = Mesh(np.array(compiler.tpu_devices(parse_target("v5e"))), ("chips",))
+spec = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+for _ in range(2):  # the second compile would read back what the first wrote
+    shutil.rmtree(compiler.cache_dir(), ignore_errors=True)
+    compiler.compile_for_target(tpu_program, [spec, spec], parse_target("v5e"))
+print(json.dumps(sorted(path.name.split("-")[0] for path in Path(sys.argv[1]).glob("xla/*-cache"))))
+"""
+
+
+def test_tpu_compiles_stay_out_of_the_runs_persistent_executables(tmp_path: Path) -> None:
+    """A process whose emulated device persists XLA executables (estimate's capture, profile --tpu-compiler) keeps
+    its TPU compiles out of that cache: JAX cannot load a program compiled without a TPU back from it, and would
+    warn at every later read."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, CACHE_DIR_ENV: str(tmp_path)}
+    env.pop("TPU_AGENT_XLA_PERSIST", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", PERSISTING_PROCESS, str(tmp_path)],
+        capture_output=True, text=True, check=False, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "persistent compilation cache" not in proc.stderr, proc.stderr[-3000:]
+    persisted = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "jit_doubled" in persisted and "jit_tpu_program" not in persisted

@@ -285,6 +285,21 @@ def _store(key: str, result: CompiledArtifacts | HbmExhausted) -> None:
         pass  # a read-only or full cache directory only costs the next run a compile
 
 
+@contextlib.contextmanager
+def _outside_jax_persistent_cache(jax: Any) -> Iterator[None]:
+    """Nothing of a TPU compile goes to JAX's persistent cache (which the emulated device's XLA path may have
+    turned on in this process): a program compiled without a TPU cannot be loaded back from it (JAX needs a
+    device client to deserialise one, and warns at every later read). This module keeps compiled results itself.
+    Entries are keyed by platform and devices, so the compile finds no CPU entry either."""
+    setting = "jax_persistent_cache_min_compile_time_secs"
+    previous = getattr(jax.config, setting)
+    jax.config.update(setting, float("inf"))  # no compile is that slow: none is written
+    try:
+        yield
+    finally:
+        jax.config.update(setting, previous)
+
+
 def compile_for_target(
     fn: Callable[..., Any],
     abstract_args: Sequence[Any],
@@ -305,7 +320,8 @@ def compile_for_target(
         if cached is not None:
             return cached
         try:
-            compiled = lowered.compile()
+            with _outside_jax_persistent_cache(jax):
+                compiled = lowered.compile()
         except Exception as error:  # the compiler's own refusal: report it, never a traceback
             exhausted = _hbm_exhausted(str(error))
             if exhausted is not None:
