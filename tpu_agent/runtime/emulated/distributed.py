@@ -28,6 +28,7 @@ the FSDP2 storage patch live in their own modules).
 
 from __future__ import annotations
 
+import atexit
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -209,11 +210,22 @@ def _same_shapes(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> bool:
     return all(t.shape == like.shape for t in tensors)
 
 
-# Every gloo group stays alive until the interpreter exits. Its destructor joins gloo's worker threads while
-# holding the GIL; a worker that is still releasing a just-finished collective's tensors needs the GIL to
+# Every gloo group stays alive until the interpreter is about to exit. Its destructor joins gloo's worker threads
+# while holding the GIL; a worker that is still releasing a just-finished collective's tensors needs the GIL to
 # drop their Python objects, so destroying the group right after a collective (DDP's Reducer going out of
-# scope after ``barrier()``/``destroy_process_group()``) deadlocked about one 2-rank run in three.
+# scope after ``barrier()``/``destroy_process_group()``) deadlocked about one 2-rank run in three. Left to the
+# interpreter's finalization, the same late release aborts the process instead ("terminate called without an
+# active exception": the worker cannot take the GIL of an interpreter being torn down; see
+# https://github.com/pytorch/pytorch/pull/179291). So at exit, while the interpreter is whole, the workers get
+# the GIL long enough to finish their releases, and then the groups are destroyed (:func:`_quiesce_at_exit`).
 _GLOO_GROUPS: list[ProcessGroupGloo] = []
+_WORKERS_RELEASE_S = 0.05  # far longer than a worker needs to drop one collective's tensors
+
+
+def _quiesce_at_exit() -> None:
+    if _GLOO_GROUPS:
+        time.sleep(_WORKERS_RELEASE_S)  # sleeping releases the GIL to gloo's workers
+        _GLOO_GROUPS.clear()
 
 
 class ProcessGroupTpu(dist.ProcessGroup):
@@ -223,6 +235,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
         super().__init__(rank, size)
         # typed Any: gloo's collectives are bound in C++ and absent from torch's type stubs
         self._gloo: Any = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
+        if not _GLOO_GROUPS:
+            atexit.register(_quiesce_at_exit)
         _GLOO_GROUPS.append(self._gloo)
         self._guard = CollectiveGuard(store, rank, size, timeout, self._global_ranks)
         self._seq = 0
