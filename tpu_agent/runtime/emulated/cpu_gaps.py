@@ -45,14 +45,22 @@ def _upcast_and_back(via: torch.dtype) -> Callable[[Any, list, dict], Any]:
     return compute
 
 
+def _biased_gates(cargs: list, ckwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fused cell's ``(input_gates, hidden_gates, state, input_bias=None, hidden_bias=None)`` arguments as the
+    input gates and hidden gates with their biases added, and the state (the LSTM's ``cx``, the GRU's ``hx``)."""
+    input_gates, hidden_gates, state, input_bias, hidden_bias = [*cargs, *ckwargs.values(), None, None][:5]
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    return input_gates, hidden_gates, state
+
+
 def _lstm_cell(func: Any, cargs: list, ckwargs: dict) -> Any:
     """``_thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias) -> (hy, cy, workspace)``
     from plain ops. The workspace is only read by :func:`_lstm_cell_backward`: here, the summed gates."""
-    input_gates, hidden_gates, cx, *biases = [*cargs, *ckwargs.values()]
+    input_gates, hidden_gates, cx = _biased_gates(cargs, ckwargs)
     gates = input_gates + hidden_gates
-    for bias in biases:
-        if bias is not None:
-            gates = gates + bias
     in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, 1)
     cy = forget_gate.sigmoid() * cx + in_gate.sigmoid() * cell_gate.tanh()
     return out_gate.sigmoid() * cy.tanh(), cy, gates
@@ -71,11 +79,7 @@ def _lstm_cell_backward(func: Any, cargs: list, ckwargs: dict) -> Any:
 def _gru_cell(func: Any, cargs: list, ckwargs: dict) -> Any:
     """``_thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias) -> (hy, workspace)`` from plain
     ops; the workspace (read by :func:`_gru_cell_backward` only) holds the biased gates and ``hx``."""
-    input_gates, hidden_gates, hx, input_bias, hidden_bias = [*cargs, *ckwargs.values(), None, None][:5]
-    if input_bias is not None:
-        input_gates = input_gates + input_bias
-    if hidden_bias is not None:
-        hidden_gates = hidden_gates + hidden_bias
+    input_gates, hidden_gates, hx = _biased_gates(cargs, ckwargs)
     input_reset, input_update, input_new = input_gates.chunk(3, 1)
     hidden_reset, hidden_update, hidden_new = hidden_gates.chunk(3, 1)
     reset = (input_reset + hidden_reset).sigmoid()

@@ -222,6 +222,7 @@ _GLOO_GROUPS: list[ProcessGroupGloo] = []
 _WORKERS_RELEASE_S = 0.05  # far longer than a worker needs to drop one collective's tensors
 
 
+@atexit.register
 def _quiesce_at_exit() -> None:
     if _GLOO_GROUPS:
         time.sleep(_WORKERS_RELEASE_S)  # sleeping releases the GIL to gloo's workers
@@ -235,8 +236,6 @@ class ProcessGroupTpu(dist.ProcessGroup):
         super().__init__(rank, size)
         # typed Any: gloo's collectives are bound in C++ and absent from torch's type stubs
         self._gloo: Any = ProcessGroupGloo(PrefixStore("gloo", store), rank, size, timeout)
-        if not _GLOO_GROUPS:
-            atexit.register(_quiesce_at_exit)
         _GLOO_GROUPS.append(self._gloo)
         self._guard = CollectiveGuard(store, rank, size, timeout, self._global_ranks)
         self._seq = 0

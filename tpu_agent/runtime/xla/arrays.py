@@ -12,6 +12,7 @@ views from (remade when the storage is reallocated, dropped by :func:`sweep` onc
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +91,6 @@ class _Alias:
 _flats: dict[int, _Flat] = {}  # the StorageImpl's address (UntypedStorage._cdata) -> its flat tensor
 _aliases: dict[int, _Alias] = {}  # id(tensor) -> the array over it, while the tensor lives
 _use_count = torch._C._storage_Use_Count
-_held: list[tuple[int, int]] = []  # the storage references a flat entry holds without and with its array
 
 
 def buffer(elem: torch.Tensor) -> torch.Tensor:
@@ -160,12 +160,13 @@ def sweep() -> None:
     """Drop the flat tensors of storages nothing but this cache holds (their tensors are gone), freeing them."""
     if not _flats:
         return
-    without_array, with_array = _held[0] if _held else _entry_references()
+    without_array, with_array = _entry_references()
     for key, entry in list(_flats.items()):
         if _use_count(key) <= (with_array if id(entry.flat) in _aliases else without_array):
             del _flats[key]
 
 
+@functools.cache
 def _entry_references() -> tuple[int, int]:
     """How many references to its storage a flat entry holds, before and after its array is made: measured on
     this torch, not assumed."""
@@ -174,9 +175,9 @@ def _entry_references() -> tuple[int, int]:
     del t
     without_array = _use_count(entry.storage._cdata)
     made = array(entry.flat)
-    _held.append((without_array, _use_count(entry.storage._cdata)))
+    with_array = _use_count(entry.storage._cdata)
     del made
-    return _held[0]
+    return without_array, with_array
 
 
 __all__ = ["array", "buffer", "flat_storage", "sweep", "to_jax", "to_torch"]
