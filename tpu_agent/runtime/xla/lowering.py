@@ -225,8 +225,11 @@ _NO_SEED = np.uint32(0)
 
 
 def _next_seed() -> np.uint32:
-    """A PRNG seed drawn from torch's default generator: set by ``torch.manual_seed``, fresh each call."""
-    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64)))
+    """A PRNG seed drawn from the device's generator (``torch.tpu.default_generators[0]``), not the CPU's: set by
+    ``torch.manual_seed``, fresh each call, and the program's CPU stream stays where a CUDA run leaves it."""
+    from tpu_agent.runtime.emulated import generator
+
+    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64, generator=generator.default)))
 
 
 class _Interpreter(torch.fx.Interpreter):
