@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -41,13 +43,33 @@ def test_a_reallocated_storage_gets_a_new_buffer_over_its_new_memory() -> None:
     np.testing.assert_array_equal(values(new), np.full(64, 3.0))
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
-def test_buffers_that_reach_xla_as_copies_are_copied_again_at_each_call(dtype: torch.dtype) -> None:
-    mask = torch.zeros(5, dtype=dtype)
-    flat = arrays.buffer(mask)
+def test_buffers_that_reach_xla_as_copies_are_copied_again_at_each_call() -> None:
+    ids = torch.zeros(5, dtype=torch.int64)
+    flat = arrays.buffer(ids)
     assert not values(flat).any()
-    mask.fill_(1)  # a kept copy would still say zero
+    ids.fill_(1)  # a kept copy would still say zero
     assert values(flat).all()
+
+
+def test_bool_tensors_reach_xla_as_their_bytes_over_the_same_memory() -> None:
+    mask = torch.tensor([True, False, True])
+    made = arrays.array(mask)
+    assert made.dtype == np.uint8  # the executables take bool inputs as uint8 (lowering._from_wire)
+    assert made.unsafe_buffer_pointer() == mask.data_ptr()
+    assert arrays.array(mask) is made
+    mask.logical_not_()
+    np.testing.assert_array_equal(np.asarray(made), [0, 1, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_an_executables_result_comes_back_as_its_own_array(dtype: torch.dtype) -> None:
+    """A compiled forward's saved activations are the backward's inputs: no second import of their buffers."""
+    produced = jax.jit(lambda x: x > 0)(jnp.arange(-2, 4)).astype(jnp.uint8 if dtype is torch.bool else jnp.float32)
+    tensor = arrays.result(produced, dtype)
+    assert tensor.dtype is dtype
+    assert tensor.data_ptr() == produced.unsafe_buffer_pointer()  # no copy
+    assert arrays.array(tensor) is produced
+    np.testing.assert_array_equal(tensor.numpy(), [False, False, False, True, True, True])
 
 
 def test_a_view_of_the_storage_in_another_dtype_gets_a_buffer_of_that_dtype() -> None:

@@ -5,6 +5,11 @@ PrivateUse1 backend cannot provide. The emulated device draws its random numbers
 CPU generators; so a ``tpu`` generator is a CPU generator that reports ``device == tpu:0``. ``torch.Generator``
 becomes a subclass that builds these for the ``tpu`` device and plain generators otherwise, and every
 generator (including torch's own, built in C++) still passes ``isinstance(g, torch.Generator)``.
+
+The device has its own default generator (:data:`default`), as CUDA and TorchTPU do: random ops on tpu tensors
+draw from it (:func:`kernels.run_on_cpu`), so device dropout leaves the program's CPU stream (its data order)
+where a CUDA run leaves it. ``torch.manual_seed`` seeds it through ``torch.tpu.manual_seed_all``; a fresh one
+starts from torch's default seed, the CPU generator's, as CUDA's does.
 """
 
 from __future__ import annotations
@@ -53,12 +58,18 @@ def _rebuild(device: str, state: torch.Tensor) -> Generator:
 def _is_tpu(device: Any) -> bool:
     if isinstance(device, torch.device):
         return device.type == "tpu"
-    if isinstance(device, str):
-        return torch.device(device).type == "tpu"
+    if isinstance(device, str):  # read without torch.device: :data:`default` is built before "tpu" parses
+        return device.partition(":")[0] == "tpu"
     return False
 
 
+default = Generator("tpu")  # the device's default generator: ``torch.tpu.default_generators[0]``
+
+
 def install() -> None:
-    """Make ``torch.Generator`` the emulation-aware subclass (once, at device registration)."""
+    """Make ``torch.Generator`` the emulation-aware subclass (once, at device registration), and seed the device
+    generator as the CPU's was: a ``torch.manual_seed`` before activation applies to the device too, as one before
+    CUDA's lazy initialisation does."""
+    default.manual_seed(torch.initial_seed())
     Generator.__doc__ = _CGenerator.__doc__
     torch.Generator = Generator

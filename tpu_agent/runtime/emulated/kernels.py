@@ -5,6 +5,11 @@ CPU executor execute an op, so both give the same numbers and the same errors.
 2. Inputs the CPU kernel refuses but the device accepts are computed another way (:mod:`cpu_gaps`).
 3. A kernel's error is the device's error: CPU kernel names (``histogram_cpu``,
    ``_scaled_dot_product_flash_attention_for_cpu``) are replaced by the op the program called.
+4. A random op draws from the device's generator (:data:`generator.default`), not torch's CPU one, unless the
+   program passed a generator: given to an op that takes one, swapped in for the CPU default around one that
+   does not (``native_dropout``, ``rand_like``, the fused attention ops). Which is which is read from the op's
+   schema once per overload (:func:`draw_of`); non-random ops pay nothing, since the dispatcher calls their
+   kernels directly.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tpu_agent.runtime.emulated import cpu_gaps, mxu, ops, state
+import torch
+
+from tpu_agent.runtime.emulated import cpu_gaps, generator, mxu, ops, state
 
 # "histogram_cpu", "lu_cpu", "_scaled_dot_product_flash_attention_for_cpu", "upsample_nearest2d_channels_last"
 _CPU_KERNEL_NAME = re.compile(r"\b_?[a-z][a-z0-9_]*?(?:_for_cpu|_cpu|_channels_last)\b")
@@ -61,6 +68,84 @@ def run_on_cpu(
                 if p < len(cargs):
                     operand = args[p] if args is not None else None
                     cargs[p] = mxu.mxu_operand(cargs[p], precision, operand, versions[n] if versions else None)
+    draw = draw_of(func)
+    if draw is not None and not _tracing():
+        if draw.generator_at is not None:
+            cargs, ckwargs = draw.with_device_generator(cargs, ckwargs)
+        elif not draw.drops_nothing(cargs, ckwargs):
+            return _call_on_device_stream(plan, func, cargs, ckwargs)
+    return _call(plan, func, cargs, ckwargs)
+
+
+def _call(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: dict) -> Any:
     if plan.gap is not None:
         return cpu_gaps.compute(plan.gap, func, cargs, ckwargs)
     return plan.call(*cargs, **ckwargs)
+
+
+class Draw:
+    """How a random op (tagged ``nondeterministic_seeded``) is given the device generator: the schema position of
+    its ``generator`` argument, or for an op without one the position of its ``dropout_p`` (at zero, the fused
+    attention ops draw nothing and need no swap)."""
+
+    __slots__ = ("generator_at", "dropout_at")
+
+    def __init__(self, func: Any) -> None:
+        names = [argument.name for argument in func._schema.arguments]
+        self.generator_at = names.index("generator") if "generator" in names else None
+        self.dropout_at = names.index("dropout_p") if "dropout_p" in names else None
+
+    def with_device_generator(self, cargs: list, ckwargs: dict) -> tuple[list, dict]:
+        """The arguments with the device generator where the program passed none (the dispatcher leaves out an
+        argument at its default: a kwarg-only or trailing ``generator=None`` is absent, not None)."""
+        at = self.generator_at
+        assert at is not None
+        if at < len(cargs):  # passed by position (``poisson``, ``_fused_dropout``)
+            if cargs[at] is not None:
+                return cargs, ckwargs
+            cargs = list(cargs)
+            cargs[at] = generator.default
+            return cargs, ckwargs
+        if ckwargs.get("generator") is not None:
+            return cargs, ckwargs
+        return cargs, {**ckwargs, "generator": generator.default}
+
+    def drops_nothing(self, cargs: list, ckwargs: dict) -> bool:
+        at = self.dropout_at
+        if at is None:
+            return False
+        value = cargs[at] if at < len(cargs) else ckwargs.get("dropout_p", 0.0)
+        return value == 0
+
+
+_DRAWS: dict[int, Draw | None] = {}
+
+
+def draw_of(func: Any) -> Draw | None:
+    """``func``'s :class:`Draw`, None for an op that draws no random numbers; read once per overload (keyed by
+    identity: overloads live as long as the process)."""
+    try:
+        return _DRAWS[id(func)]
+    except KeyError:
+        random = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+        draw = _DRAWS[id(func)] = Draw(func) if random else None
+        return draw
+
+
+def _tracing() -> bool:
+    """Whether the op is being recorded into a graph (the DeferAndFuse trace XLA compiles), not run: the
+    executable draws its own key then (``lowering._next_seed``), and a generator object has no place in it."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+
+
+def _call_on_device_stream(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: dict) -> Any:
+    """Run an op that takes no generator argument with torch's CPU default generator carrying the device
+    generator's state; both are restored after (a few microseconds: 5 KB state copies)."""
+    cpu = torch.default_generator
+    saved = cpu.get_state()
+    cpu.set_state(generator.default.get_state())
+    try:
+        return _call(plan, func, cargs, ckwargs)
+    finally:
+        generator.default.set_state(cpu.get_state())
+        cpu.set_state(saved)

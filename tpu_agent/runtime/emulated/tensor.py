@@ -482,9 +482,9 @@ class WrapperTooSmall(RuntimeError):
 
 class Route:
     """What the dispatcher does with one overload, decided once per process: its op plan, the check that must
-    run before it (:data:`_SPECIAL`), whether its CPU kernel can be called directly (no MXU rounding and no
-    CPU-gap computation to go through :func:`kernels.run_on_cpu`), and the tensor-list arguments it writes in
-    place. Read per op instead of the tables."""
+    run before it (:data:`_SPECIAL`), whether its CPU kernel can be called directly (no MXU rounding, CPU-gap
+    computation or device generator to go through :func:`kernels.run_on_cpu`), and the tensor-list arguments
+    it writes in place. Read per op instead of the tables."""
 
     __slots__ = ("func", "plan", "special", "direct", "written_lists")
 
@@ -492,7 +492,7 @@ class Route:
         self.func = func
         self.plan = ops.plan_of(func)
         self.special = _SPECIAL.get(id(func))
-        self.direct = self.plan.mxu_operands is None and self.plan.gap is None
+        self.direct = self.plan.mxu_operands is None and self.plan.gap is None and kernels.draw_of(func) is None
         self.written_lists = tuple(
             i
             for i, argument in enumerate(func._schema.arguments)

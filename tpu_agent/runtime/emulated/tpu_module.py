@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from tpu_agent.runtime.emulated import memory, modes, state, streams
+from tpu_agent.runtime.emulated import deferred, generator, memory, modes, state, streams
 from tpu_agent.runtime.emulated.state import (
     EagerMode,
     Precision,
@@ -109,6 +109,15 @@ def experimental(fn: F) -> F:
         return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _device_generator() -> torch.Generator:
+    """The device's default generator once the pending DeferAndFuse graph has run: its random ops draw when they
+    run, so seeding, reading or restoring the state in between would give the ops issued before the call the
+    numbers of the stream after it (``torch.utils.checkpoint`` saves the state, then replays the forward's
+    dropout). TorchTPU's docs use ``torch.tpu.manual_seed_all`` as a flush."""
+    deferred.flush("rng_state")
+    return generator.default
 
 
 class TpuDeviceProperties(NamedTuple):
@@ -205,13 +214,13 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.random.initial_seed")
     def initial_seed() -> int:
-        return torch.initial_seed()
+        return _device_generator().initial_seed()
 
     @staticmethod
     @internal("torch.accelerator.random.get_rng_state")
     def get_rng_state(device: Any = "tpu") -> torch.Tensor:
         check_device_index(index_of(device))
-        return torch.get_rng_state()
+        return _device_generator().get_state()
 
     class device:  # noqa: N801 - TorchTPU's name
         """``torch.tpu.device(i)``: internal; negative or None indices are a no-op."""
@@ -270,26 +279,54 @@ class TpuModule(types.ModuleType):
     def is_initialized() -> bool:
         return True
 
+    # --- the device's random-number generator (generator.default; the CPU's is torch's own) ---
     @staticmethod
     @experimental
     def manual_seed(seed: int) -> None:
-        # The emulated device draws from the CPU generator, so seeding it seeds the device.
-        torch.default_generator.manual_seed(int(seed))
+        _device_generator().manual_seed(int(seed))
 
     @staticmethod
     @experimental
     def manual_seed_all(seed: int) -> None:
-        torch.default_generator.manual_seed(int(seed))
+        """Seed every device of the process (it has one); ``torch.manual_seed`` and ``torch.seed`` call this."""
+        _device_generator().manual_seed(int(seed))
+
+    @staticmethod
+    @experimental
+    def seed() -> None:
+        _device_generator().seed()
+
+    @staticmethod
+    @experimental
+    def seed_all() -> None:
+        _device_generator().seed()
 
     @staticmethod
     @experimental
     def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
         check_device_index(index_of(device))
-        torch.set_rng_state(new_state)
+        _device_generator().set_state(new_state)
+
+    @staticmethod
+    @experimental
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [_device_generator().get_state()]
+
+    @staticmethod
+    @experimental
+    def set_rng_state_all(new_states: Any) -> None:
+        """One state per device of the process, as ``get_rng_state_all`` gives them (one device per process)."""
+        states = list(new_states)
+        if len(states) != 1:
+            raise ValueError(
+                f"torch.tpu.set_rng_state_all: got {len(states)} states, but this process has one TPU device; "
+                "pass the list torch.tpu.get_rng_state_all() returned"
+            )
+        _device_generator().set_state(states[0])
 
     @property
     def default_generators(self) -> tuple[torch.Generator, ...]:
-        return (torch.default_generator,)
+        return (generator.default,)
 
     @staticmethod
     @experimental
@@ -317,6 +354,10 @@ class TpuModule(types.ModuleType):
         raise NotImplementedError("topology_aware_mesh needs a physical TPU slice; the emulated device has one chip")
 
     # --- private helpers torch and the docs use ---
+    # Read by torch.utils.checkpoint: a device module that is not initialised has no RNG state worth saving, and
+    # checkpointed dropout would then draw other numbers when it recomputes the forward.
+    _initialized = True
+
     @staticmethod
     def _is_in_bad_fork() -> bool:
         return False

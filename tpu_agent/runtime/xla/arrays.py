@@ -60,9 +60,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 
 
 def to_torch(a: jax.Array) -> torch.Tensor:
-    """A CPU tensor over a JAX array's buffer (no copy)."""
-    if a.dtype == jnp.bool_:
-        return torch.from_numpy(jax.device_get(a).copy())
+    """A CPU tensor over a JAX array's buffer (no copy). Executables give bool results as uint8 (see
+    :func:`result`)."""
     return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=None))
 
 
@@ -121,8 +120,9 @@ def flat_storage(elem: torch.Tensor, storage: torch.UntypedStorage | None = None
 
 def array(t: torch.Tensor) -> jax.Array:
     """The JAX array over ``t``, kept from the last call while ``t`` lives with the same memory and layout (a
-    parameter, a :func:`buffer`). Only an array that aliases the memory is kept (bool and 64-bit tensors reach
-    XLA as copies); it holds ``t``'s storage, never ``t`` itself, so ``t`` dies as it would without it."""
+    parameter, a :func:`buffer`). Only an array that aliases the memory is kept (64-bit tensors reach XLA as
+    copies); it holds ``t``'s storage, never ``t`` itself, so ``t`` dies as it would without it. A bool tensor
+    passes as its bytes, a uint8 array: the executables take bool inputs that way (XLA's bool is one byte too)."""
     alias = _aliases.get(id(t))
     if (
         alias is not None
@@ -133,18 +133,29 @@ def array(t: torch.Tensor) -> jax.Array:
         and alias.tensor() is t
     ):
         return alias.array
-    made = to_jax(t)
+    made = to_jax(t.view(torch.uint8) if t.dtype is torch.bool else t)
     if t.numel() and made.unsafe_buffer_pointer() == t.data_ptr():
-        key = id(t)
-        _aliases[key] = _Alias(
-            weakref.ref(t, _forget(key)),
-            t.data_ptr(),
-            t.shape,
-            t.stride(),
-            t.dtype,
-            made,
-        )
+        _keep(t, made)
     return made
+
+
+def result(a: jax.Array, dtype: torch.dtype | None) -> torch.Tensor:
+    """An executable's output as a CPU tensor over its buffer (:func:`to_torch`), read as ``dtype`` where that is
+    bool (the output is its bytes), that :func:`array` gives back as ``a`` itself: the activations a compiled
+    forward saves come straight back as the backward's inputs, and a DeferAndFuse graph's results are the next
+    graph's inputs, so their arrays are not made a second time."""
+    t = to_torch(a)
+    if dtype is torch.bool:
+        t = t.view(torch.bool)
+    if t.numel():
+        _keep(t, a)
+    return t
+
+
+def _keep(t: torch.Tensor, made: jax.Array) -> None:
+    """Remember ``made`` as the array over ``t`` until ``t`` dies or its memory or layout changes."""
+    key = id(t)
+    _aliases[key] = _Alias(weakref.ref(t, _forget(key)), t.data_ptr(), t.shape, t.stride(), t.dtype, made)
 
 
 def _forget(key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
@@ -180,4 +191,4 @@ def _entry_references() -> tuple[int, int]:
     return without_array, with_array
 
 
-__all__ = ["array", "buffer", "flat_storage", "sweep", "to_jax", "to_torch"]
+__all__ = ["array", "buffer", "flat_storage", "result", "sweep", "to_jax", "to_torch"]

@@ -210,8 +210,8 @@ class Lowered:
         dtypes = self.output_dtypes
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
-                result = arrays.to_torch(next(outputs))
                 dtype = dtypes[i] if i < len(dtypes) else None
+                result = arrays.result(next(outputs), dtype)
                 leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
         if self._flat_type is not None:
             return leaves if self._flat_type is list else tuple(leaves)
@@ -225,8 +225,11 @@ _NO_SEED = np.uint32(0)
 
 
 def _next_seed() -> np.uint32:
-    """A PRNG seed drawn from torch's default generator: set by ``torch.manual_seed``, fresh each call."""
-    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64)))
+    """A PRNG seed drawn from the device's generator (``torch.tpu.default_generators[0]``), not the CPU's: set by
+    ``torch.manual_seed``, fresh each call, and the program's CPU stream stays where a CUDA run leaves it."""
+    from tpu_agent.runtime.emulated import generator
+
+    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64, generator=generator.default)))
 
 
 class _Interpreter(torch.fx.Interpreter):
@@ -246,8 +249,18 @@ class _Interpreter(torch.fx.Interpreter):
 def _abstract(t: torch.Tensor | float) -> jax.ShapeDtypeStruct:
     if not isinstance(t, torch.Tensor):
         return jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
-    dtype = jnp.bool_ if t.dtype is torch.bool else torch_dtype_to_jax(t.dtype)
+    dtype = jnp.uint8 if t.dtype is torch.bool else torch_dtype_to_jax(t.dtype)  # bool's wire form: its bytes
     return jax.ShapeDtypeStruct(tuple(t.shape), dtype)
+
+
+def _from_wire(value: jax.Array, is_bool: bool) -> jax.Array:
+    """A bool input arrives as its bytes (see :func:`.arrays.array`): a uint8 array of 0s and 1s."""
+    return value.astype(jnp.bool_) if is_bool else value
+
+
+def _to_wire(value: jax.Array) -> jax.Array:
+    """A bool output leaves as its bytes, which the CPU tensor over them reads as bool with no copy."""
+    return value.astype(jnp.uint8) if value.dtype == jnp.bool_ else value
 
 
 def torch_dtype_to_jax(dtype: torch.dtype) -> Any:
@@ -276,9 +289,11 @@ def trace_graph(
     env = environment()
     found: dict[str, Any] = {}
     is_tensor = [isinstance(t, torch.Tensor) for t in example_inputs]
+    is_bool = [isinstance(t, torch.Tensor) and t.dtype is torch.bool for t in example_inputs]
 
     def jax_function(seed: jax.Array, *values: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         # float inputs stay raw (weakly typed) tracers: they stand for Python scalars of the graph's ops
+        values = tuple(_from_wire(a, wire) for a, wire in zip(values, is_bool, strict=True))
         inputs = [env.j2t_iso(a) if tensor else a for tensor, a in zip(is_tensor, values, strict=True)]
         previous = _trace.precision
         _trace.precision = precision
@@ -293,13 +308,13 @@ def trace_graph(
         statics: list[Any] = []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
-                arrays_out.append(env.t2j_iso(leaf))
+                arrays_out.append(_to_wire(env.t2j_iso(leaf)))
                 statics.append(_ARRAY)
             else:
                 statics.append(leaf)
         mutated = [i for i, (t, a) in enumerate(zip(inputs, values, strict=True)) if is_tensor[i] and t._elem is not a]
         found.update(spec=spec, statics=statics, mutated=mutated)
-        return arrays_out, [inputs[i]._elem for i in mutated]
+        return arrays_out, [_to_wire(inputs[i]._elem) for i in mutated]
 
     seed = jax.ShapeDtypeStruct((), jnp.uint32)
     return TracedGraph(jax_function, [seed, *(_abstract(t) for t in example_inputs)], found)

@@ -1,0 +1,212 @@
+"""The emulated ``tpu`` device's own random-number generator, in fresh processes (activation is process-wide).
+
+Random ops on tpu tensors draw from the device's default generator, as on CUDA and TorchTPU: a device draw
+leaves the program's CPU stream (its data order) alone, ``torch.manual_seed`` seeds both, ``torch.tpu.*`` seeds
+and saves the device's only, and ``torch.utils.checkpoint`` replays a block's dropout exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpu_agent.runtime.xla import settings
+
+pytestmark = pytest.mark.slow  # every test runs a fresh torch process
+
+REPO = Path(__file__).resolve().parents[2]
+MODES = ("strict", "debug", "defer_and_fuse")
+
+SCRIPT = r"""
+import json, sys, warnings
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from tpu_agent.runtime.emulated import activate
+
+warnings.simplefilter("ignore")  # torch.tpu's experimental-API notices
+torch.manual_seed(21)  # before activation, as before CUDA's lazy initialisation: it seeds the device too
+activate(eager_mode=sys.argv[1])
+out = {"seeded_before_activation": torch.rand(3, device="tpu").cpu().tolist()}
+
+# the QA finding: device dropout moved the CPU stream (data order) away from a CUDA run's
+torch.manual_seed(0)
+dropped = F.dropout(torch.ones(8, device="tpu"), 0.5).cpu()
+out["cpu_after_dropout"] = torch.rand(3).tolist()
+
+
+def draws():
+    x = torch.ones(16, device="tpu")
+    values = [
+        F.dropout(x, 0.5), torch.rand(3, device="tpu"), torch.randn(3, device="tpu"),
+        torch.randint(9, (3,), device="tpu"), torch.randperm(6, device="tpu"), torch.empty(4, device="tpu").normal_(),
+        torch.empty(4, device="tpu").uniform_(), torch.bernoulli(x * 0.5), torch.multinomial(x, 3),
+        torch.empty(4, device="tpu").exponential_(), torch.rand_like(x), torch.poisson(x), F.rrelu(-x, training=True),
+    ]
+    return [v.cpu().tolist() for v in values]
+
+
+torch.manual_seed(1)
+cpu_state = torch.get_rng_state()
+out["draws"] = draws()
+out["cpu_state_kept"] = bool(torch.equal(cpu_state, torch.get_rng_state()))
+torch.manual_seed(1)
+out["draws_again"] = draws()
+torch.tpu.manual_seed(1)
+out["draws_tpu_seeded"] = draws()
+torch.manual_seed(2)
+out["draws_other_seed"] = draws()
+
+# seeded like a CPU generator with the same seed: the numbers are the device generator's
+torch.tpu.manual_seed(7)
+out["rand_seed7"] = torch.rand(5, device="tpu").cpu().tolist()
+out["cpu_generator_seed7"] = torch.rand(5, generator=torch.Generator().manual_seed(7)).tolist()
+
+# torch.tpu.manual_seed leaves the CPU stream alone
+torch.manual_seed(5)
+first = torch.rand(2)
+torch.manual_seed(5)
+torch.tpu.manual_seed(9)
+out["cpu_kept_by_tpu_seed"] = bool(torch.equal(first, torch.rand(2)))
+
+# an explicit generator is honoured, tpu or cpu, and the device stream does not move
+torch.tpu.manual_seed(11)
+expected = torch.rand(4, device="tpu").cpu()
+torch.tpu.manual_seed(11)
+explicit_tpu = torch.rand(4, device="tpu", generator=torch.Generator("tpu").manual_seed(3)).cpu()
+explicit_cpu = torch.poisson(torch.full((4,), 3.0, device="tpu"), generator=torch.Generator().manual_seed(3)).cpu()
+out["explicit_tpu"] = bool(torch.equal(explicit_tpu, torch.rand(4, generator=torch.Generator().manual_seed(3))))
+out["explicit_cpu"] = bool(
+    torch.equal(explicit_cpu, torch.poisson(torch.full((4,), 3.0), generator=torch.Generator().manual_seed(3)))
+)
+out["device_stream_kept_by_explicit"] = bool(torch.equal(expected, torch.rand(4, device="tpu").cpu()))
+
+# fork_rng, the state API and default_generators
+torch.tpu.manual_seed(13)
+with torch.random.fork_rng(device_type="tpu"):
+    torch.rand(4, device="tpu").cpu()
+forked = torch.rand(4, device="tpu").cpu()
+torch.tpu.manual_seed(13)
+out["fork_rng_restores"] = bool(torch.equal(forked, torch.rand(4, device="tpu").cpu()))
+states = torch.tpu.get_rng_state_all()
+pending = torch.rand(4, device="tpu")  # under DeferAndFuse drawn when it runs: before the state is restored
+torch.tpu.set_rng_state_all(states)
+out["state_roundtrip"] = bool(torch.equal(pending.cpu(), torch.rand(4, device="tpu").cpu()))
+torch.tpu.set_rng_state(states[0])
+out["set_rng_state"] = bool(torch.equal(pending.cpu(), torch.rand(4, device="tpu").cpu()))
+generator = torch.tpu.default_generators[0]
+out["default_generator"] = [str(generator.device), generator is not torch.default_generator]
+torch.tpu.seed()
+out["seed_moves"] = generator.initial_seed() != 13
+
+# checkpointed dropout replays the forward's mask: the gradients of the plain block
+torch.manual_seed(0)
+linear = torch.nn.Linear(16, 16).to("tpu")
+inputs = torch.randn(4, 16).to("tpu")
+
+
+def block(t):
+    return F.dropout(linear(t).relu(), 0.5, training=True)
+
+
+gradients = {}
+for name, reentrant in (("plain", None), ("reentrant", True), ("non_reentrant", False)):
+    linear.zero_grad()
+    x = inputs.detach().requires_grad_()
+    torch.manual_seed(3)
+    y = block(x) if reentrant is None else checkpoint(block, x, use_reentrant=reentrant)
+    (y * torch.arange(16.0, device="tpu")).sum().backward()
+    gradients[name] = [x.grad.cpu().tolist(), linear.weight.grad.cpu().tolist()]
+out["checkpoint"] = gradients
+print(json.dumps(out))
+"""
+
+
+def run(script: str, directory: Path, *args: str, **env: str) -> dict:
+    """``script`` run in a fresh interpreter with the repository importable; its last line of output, as JSON."""
+    path = directory / "script.py"
+    path.write_text(script)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    full_env.update(PYTHONPATH=str(REPO), **env)
+    proc = subprocess.run(
+        [sys.executable, str(path), *args], capture_output=True, text=True, env=full_env, timeout=300, cwd=directory
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    return {mode: run(SCRIPT, tmp_path_factory.mktemp(mode), mode) for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_device_draws_leave_the_cpu_stream_where_cuda_leaves_it(runs: dict[str, dict], mode: str) -> None:
+    out = runs[mode]
+    torch.manual_seed(0)
+    assert out["cpu_after_dropout"] == torch.rand(3).tolist()
+    assert out["cpu_state_kept"]
+    assert out["cpu_kept_by_tpu_seed"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_device_generator_is_seeded_by_both_seeds_and_reproduces(runs: dict[str, dict], mode: str) -> None:
+    out = runs[mode]
+    assert out["draws"] == out["draws_again"] == out["draws_tpu_seeded"]
+    assert all(a != b for a, b in zip(out["draws"], out["draws_other_seed"], strict=True))
+    assert out["rand_seed7"] == out["cpu_generator_seed7"]
+    assert out["seeded_before_activation"] == torch.rand(3, generator=torch.Generator().manual_seed(21)).tolist()
+
+
+def test_every_eager_mode_draws_the_same_numbers(runs: dict[str, dict]) -> None:
+    assert runs["strict"]["draws"] == runs["debug"]["draws"] == runs["defer_and_fuse"]["draws"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_explicit_generators_state_api_and_fork_rng(runs: dict[str, dict], mode: str) -> None:
+    out = runs[mode]
+    assert out["explicit_tpu"] and out["explicit_cpu"] and out["device_stream_kept_by_explicit"]
+    assert out["fork_rng_restores"] and out["state_roundtrip"] and out["set_rng_state"]
+    assert out["default_generator"] == ["tpu:0", True]
+    assert out["seed_moves"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_checkpointed_dropout_gives_the_gradients_of_the_plain_block(runs: dict[str, dict], mode: str) -> None:
+    gradients = runs[mode]["checkpoint"]
+    assert gradients["reentrant"] == gradients["plain"]
+    assert gradients["non_reentrant"] == gradients["plain"]
+
+
+XLA_SCRIPT = r"""
+import json, warnings
+import torch
+import torch.nn.functional as F
+from tpu_agent.runtime.emulated import activate
+
+warnings.simplefilter("ignore")
+activate()
+dropped = torch.compile(lambda t: F.dropout(t, 0.5, training=True), backend="tpu")
+x = torch.ones(64, device="tpu")
+torch.manual_seed(0)
+first = dropped(x).cpu()
+after = torch.rand(3).tolist()
+torch.tpu.manual_seed(0)
+again = dropped(x).cpu()
+print(json.dumps({"cpu_after": after, "same": bool(torch.equal(first, again)), "rate": float((first == 0).float().mean())}))
+"""
+
+
+def test_compiled_dropout_seeds_from_the_device_generator(tmp_path: Path) -> None:
+    if settings.missing_xla_packages():
+        pytest.skip(f"the XLA compiler needs {settings.missing_xla_packages()}")
+    out = run(XLA_SCRIPT, tmp_path, TPU_AGENT_COMPILER="xla")
+    torch.manual_seed(0)
+    assert out["cpu_after"] == torch.rand(3).tolist()  # the executable's seed came from the device generator
+    assert out["same"] and 0.2 < out["rate"] < 0.8
