@@ -120,6 +120,7 @@ def test_functional_collectives_return_waitable_results_and_finish_before_the_gr
 ) -> None:
     for seen in fsdp_ranks.values():
         assert seen["async_result"] == ["AsyncCollectiveTensor", [float(i) for i in range(8)]]
+        assert seen["async_used"] == [float(i + 1) for i in range(8)]
         assert seen["unwaited_works"] == 0  # DTensor's full_tensor and redistribute waited for theirs
         assert seen["stderr_problems"] == []
 

@@ -105,6 +105,9 @@ def main() -> None:
     }
     gathered = funcol.all_gather_tensor(sharded.to_local(), 0, mesh)
     results["async_result"] = [type(gathered).__name__, gathered.wait().cpu().tolist()]
+    # used without a wait as an op's second argument, after a tpu tensor (sequence parallelism's redistribute(async_op=True))
+    unwaited = funcol.all_gather_tensor(sharded.to_local(), 0, mesh)
+    results["async_used"] = torch.addcmul(torch.ones(8, device="tpu"), unwaited, torch.ones(8, device="tpu")).cpu().tolist()
     results["unwaited_works"] = torch._C._distributed_c10d._get_work_registry_size()
     with open(os.path.join(out_dir, f"results-rank{rank}.json"), "w") as handle:
         json.dump(results, handle)

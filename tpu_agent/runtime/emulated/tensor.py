@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, SupportsIndex
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.autograd import profiler as _profiler
 
 from tpu_agent.runtime.emulated import (
@@ -67,6 +69,8 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if len(types) > 1 and _another_wrapper(types):
+            return NotImplemented
         try:
             if _profiler._is_profiler_enabled:
                 with hidden_from_profiler():
@@ -155,6 +159,18 @@ class TpuTensor(torch.Tensor):
             torch._utils._rebuild_device_tensor_from_cpu_tensor,
             (cpu, self.dtype, str(self.device), self.requires_grad),
         )
+
+
+# torch's own tracing tensors (torch.compile's fake and functional tensors), which meet tpu tensors as arguments
+_TRACING_TENSORS = (FakeTensor, FunctionalTensor)
+
+
+def _another_wrapper(types: Any) -> bool:
+    """Whether another tensor subclass is among an op's arguments (funcol's AsyncCollectiveTensor around a tpu
+    tensor, a user's wrapper subclass): on a device it unwraps itself and calls the op again, so the tpu tensor
+    defers to it (``NotImplemented``) instead of taking the wrapper for a host tensor. torch's tracing tensors are
+    handled here, as before."""
+    return any(t is not TpuTensor and not issubclass(t, _TRACING_TENSORS) for t in types)
 
 
 # Errors reach the user as the device's: no CPU kernel names, no emulator frames beneath this dispatcher.
