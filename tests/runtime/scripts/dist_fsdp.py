@@ -1,7 +1,8 @@
 """Two-rank FSDP2 fully_shard + DTensor on init_device_mesh("tpu"), with the mixed cpu:gloo,tpu:tpu_dist
 backend string; then pinned memory and the host's device count in the same ranks (one multi-rank run checks both:
 each costs seconds of process start-up); writes results-rank<R>.json with losses to compare against an unsharded
-run and the host-memory observations.
+run and the host-memory observations. Functional collectives are checked as pytorch/examples' FSDP2 example uses
+them: results that must be waited for, and a gradient-norm reduction nothing reads right before the group goes.
 
 Usage: dist_fsdp.py OUT_DIR
 """
@@ -12,6 +13,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -101,8 +103,13 @@ def main() -> None:
         "plain_losses": plain_losses,
         "host_memory": host_memory(),
     }
+    gathered = funcol.all_gather_tensor(sharded.to_local(), 0, mesh)
+    results["async_result"] = [type(gathered).__name__, gathered.wait().cpu().tolist()]
+    results["unwaited_works"] = torch._C._distributed_c10d._get_work_registry_size()
     with open(os.path.join(out_dir, f"results-rank{rank}.json"), "w") as handle:
         json.dump(results, handle)
+    model(batches[0][0][:2].to("tpu")).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)  # its all-reduce is never read
     dist.destroy_process_group()
 
 

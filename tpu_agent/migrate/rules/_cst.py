@@ -7,8 +7,12 @@ the call. Everything else (comments inside calls, line breaks, trailing commas) 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import libcst as cst
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext
 
 _ASCII_STR_PREFIXES = frozenset({"", "r", "u", "R", "U"})
 
@@ -64,6 +68,18 @@ def keyword(call: cst.Call, name: str) -> cst.Arg | None:
         if arg.keyword is not None and arg.keyword.value == name:
             return arg
     return None
+
+
+def refuse_unpacked(ctx: PyContext, code: str, call: cst.Call) -> bool:
+    """Report ``call`` for a person when some of its arguments are unpacked (``*args``, ``**kwargs``), and say so.
+
+    A rule that reads or adds arguments cannot see what an unpacked mapping holds: ``autocast("cuda", **amp)`` with
+    an added ``dtype=`` fails when ``amp`` has one, and ``sdp_kernel(**config)`` read as all-defaults would drop
+    the backends ``config`` chooses."""
+    if not any(arg.star for arg in call.args):
+        return False
+    ctx.report(code, call, f"{source(call)}: arguments passed with * or **: rewrite it by hand", fixable=False)
+    return True
 
 
 def arg_position(call: cst.Call, arg: cst.Arg) -> int:

@@ -22,6 +22,7 @@ from tpu_agent.migrate.rules._cst import (
     kwarg,
     positional,
     prepend_args,
+    refuse_unpacked,
     replace_arg_value,
     source,
     string_value,
@@ -170,6 +171,8 @@ def _scaler(ctx: PyContext, updated: cst.Call, skip: int) -> cst.Call:
 def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     qualname = ctx.qualname(original)
     if qualname == _CUDA_AUTOCAST:
+        if refuse_unpacked(ctx, "TPU301", original):
+            return updated
 
         def build() -> cst.Call:
             # positional arguments of the CUDA form become keywords; the device type goes first
@@ -188,7 +191,7 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
         return keep_parens(original, new) if new is not None else updated
     if qualname in _AUTOCASTS:
         device = positional(original, 0) or keyword(original, "device_type")
-        if device is None or not cuda_device_code(ctx, device.value):
+        if device is None or not cuda_device_code(ctx, device.value) or refuse_unpacked(ctx, "TPU301", original):
             return updated
         index = arg_position(original, device)
 
@@ -206,9 +209,7 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
             if device is None or string_value(device.value) != "cuda":
                 return updated
 
-        if any(arg.star for arg in updated.args):
-            message = f"{source(original)}: arguments passed with * or **: rewrite it by hand"
-            ctx.report("TPU302", original, message, fixable=False)
+        if refuse_unpacked(ctx, "TPU302", original):
             return updated
         new = ctx.fix(
             "TPU302",

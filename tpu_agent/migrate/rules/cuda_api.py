@@ -12,6 +12,7 @@ would separate records from their handlers, or the handlers from their tables.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -279,7 +280,8 @@ FAMILY.rule(
     code="TPU208",
     name="cuda-capability-check",
     safety=Safety.MANUAL,
-    summary="GPU capability checks: get_device_capability, is_bf16_supported, get_arch_list, torch.version.cuda.",
+    summary="GPU capability checks: get_device_capability, is_bf16_supported, get_arch_list, torch.version.cuda, and "
+    "CUDA-only device properties (get_device_properties(d).major).",
     rationale="There is no device-agnostic capability query (TorchTPU's compute capability is an empty string); gates "
     "on (major, minor) usually protect bf16/flash/TF32 paths, and bf16 is always native on TPU.",
     before="if torch.cuda.get_device_capability()[0] >= 8:\n    dtype = torch.bfloat16",
@@ -490,7 +492,8 @@ def _availability_name(ctx: PyContext, node: cst.Assign) -> None:
         ctx.available_names.add(node.targets[0].target.value)
 
 
-def _already_guarded(ctx: PyContext) -> bool:
+def already_guarded(ctx: PyContext) -> bool:
+    """Whether the statement being rewritten sits in the body of an ``if`` on accelerator availability."""
     return any(
         isinstance(statement, cst.If)
         and id(statement) not in ctx.in_orelse
@@ -522,7 +525,8 @@ def _leave_else(ctx: PyContext, original: cst.Else, updated: cst.Else) -> cst.El
     return updated
 
 
-def _available(ctx: PyContext) -> cst.Call:
+def availability_call(ctx: PyContext) -> cst.Call:
+    """``torch.accelerator.is_available()``: the test of every CPU guard the accelerator target writes."""
     return cst.Call(func=ctx.torch_attr("accelerator.is_available"))
 
 
@@ -556,9 +560,9 @@ def guard_statement(
     function = _device_function(ctx, small.value.func)
     if function == "set_device_index":
         return _bind_per_rank(ctx, original, updated)
-    if function not in _GUARDED_STATEMENTS or _already_guarded(ctx):
+    if function not in _GUARDED_STATEMENTS or already_guarded(ctx):
         return updated
-    return _guarded(_available(ctx), updated)
+    return _guarded(availability_call(ctx), updated)
 
 
 def _bind_per_rank(
@@ -580,9 +584,9 @@ def off_tpu(ctx: PyContext) -> cst.BaseExpression:
         left=ctx.device_type(),
         comparisons=[cst.ComparisonTarget(operator=cst.NotEqual(), comparator=cst.SimpleString('"tpu"'))],
     )
-    if _already_guarded(ctx):
+    if already_guarded(ctx):
         return not_tpu
-    return cst.BooleanOperation(left=_available(ctx), operator=cst.And(), right=not_tpu)
+    return cst.BooleanOperation(left=availability_call(ctx), operator=cst.And(), right=not_tpu)
 
 
 def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
@@ -665,25 +669,96 @@ def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
     return replace_arg_value(updated, arg_position(updated, after), index)
 
 
+# the fields of TorchTPU's device properties (_TpuDeviceProperties); CUDA's others (major, minor, L2_cache_size...)
+# do not exist on TPU
+_TPU_PROPERTIES = frozenset({"name", "total_memory", "multi_processor_count"})
+
+
+@FAMILY.leave(cst.Attribute)
+def cuda_only_property(ctx: PyContext, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+    """``torch.cuda.get_device_properties(d).major``, directly or through a name bound just before: the call is
+    rewritten (TPU201), the field it reads raises AttributeError on TPU, so it is reported as a capability check."""
+    field_name = original.attr.value
+    if field_name in _TPU_PROPERTIES or field_name.startswith("__"):
+        return updated
+    value = original.value
+    if isinstance(value, cst.Name):
+        value = _bound_earlier(ctx, value.value) or value
+    if isinstance(value, cst.Call) and ctx.qualname(value) == "torch.cuda.get_device_properties":
+        ctx.report(
+            "TPU208",
+            original,
+            f"{source(original)}: TPU device properties have only name, total_memory and multi_processor_count; "
+            f"gate on an explicit option instead of {field_name}",
+            fixable=False,
+        )
+    return updated
+
+
 def _bound_earlier(ctx: PyContext, name: str) -> cst.BaseExpression | None:
     """The value the nearest earlier statement of the enclosing block assigns to ``name`` (None if none does).
 
     nanoGPT's DDP setup is ``device = f'cuda:{ddp_local_rank}'`` then ``torch.cuda.set_device(device)``: the
     device string loses its index (TPU102), so set_device_index(device) would raise on CUDA; the index the
     string named is what the call needs."""
+    for small in _earlier_small_statements(ctx):
+        if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+            continue
+        target = small.targets[0].target
+        if isinstance(target, cst.Name) and target.value == name:
+            return small.value
+    return None
+
+
+def _earlier_small_statements(ctx: PyContext) -> Iterator[cst.BaseSmallStatement]:
+    """The simple statements before the current statement in its enclosing block (a function's, a class's or
+    a compound statement's body), nearest first. Module level has none: it is not one block to the rules."""
     if len(ctx.stmt_stack) < 2:
-        return None
+        return
     block = getattr(ctx.stmt_stack[-2], "body", None)
     statements = getattr(block, "body", ())
     position = next((i for i, statement in enumerate(statements) if statement is ctx.stmt_stack[-1]), 0)
     for statement in reversed(statements[:position]):
-        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
-            if not isinstance(small, cst.Assign) or len(small.targets) != 1:
-                continue
-            target = small.targets[0].target
-            if isinstance(target, cst.Name) and target.value == name:
-                return small.value
-    return None
+        if isinstance(statement, cst.SimpleStatementLine):
+            yield from reversed(statement.body)
+
+
+# CUDA seeding that torch.manual_seed(s) also does (it seeds the CPU and every device)
+_CUDA_SEEDS = frozenset({"torch.cuda.manual_seed", "torch.cuda.manual_seed_all"})
+
+
+def _seeded_earlier(ctx: PyContext, call: cst.Call) -> bool:
+    """Whether an earlier statement of the block seeds every device with the same arguments: ``torch.manual_seed``
+    or a CUDA seeding call that becomes one (seed_everything's ``torch.manual_seed(s)``, ``torch.cuda.manual_seed(s)``,
+    ``torch.cuda.manual_seed_all(s)``)."""
+    arguments = [source(arg.value) for arg in call.args]
+    for small in _earlier_small_statements(ctx):
+        if (
+            isinstance(small, cst.Expr)
+            and isinstance(small.value, cst.Call)
+            and ctx.qualname(small.value) in (*_CUDA_SEEDS, "torch.manual_seed")
+            and [source(arg.value) for arg in small.value.args] == arguments
+        ):
+            return True
+    return False
+
+
+@FAMILY.visit(cst.Expr)
+def _repeated_seed(ctx: PyContext, node: cst.Expr) -> None:
+    call = node.value
+    if isinstance(call, cst.Call) and ctx.qualname(call) in _CUDA_SEEDS and _seeded_earlier(ctx, call):
+        ctx.claim(call.func)  # deleted below instead of renamed into a repeat of the seeding above
+
+
+@FAMILY.leave(cst.Expr)
+def delete_repeated_seed(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr | cst.RemovalSentinel:
+    call = original.value
+    if not (isinstance(call, cst.Call) and ctx.is_claimed(call.func) and ctx.qualname(call) in _CUDA_SEEDS):
+        return updated
+    message = f"deleted `{source(original)}`: the same torch.manual_seed above already seeds every device"
+    if ctx.report("TPU204", original, message):
+        return cst.RemovalSentinel.REMOVE
+    return updated
 
 
 @FAMILY.leave(cst.Call)
@@ -700,9 +775,9 @@ def cpu_value(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Base
         default = cst.parse_expression(_CPU_VALUES[function])
     else:
         return updated
-    if _already_guarded(ctx):
+    if already_guarded(ctx):
         return updated
-    guarded: cst.BaseExpression = cst.IfExp(test=_available(ctx), body=updated, orelse=default)
+    guarded: cst.BaseExpression = cst.IfExp(test=availability_call(ctx), body=updated, orelse=default)
     if not ctx.is_bare(original):
         guarded = guarded.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     ctx.cpu_fallbacks[id(guarded)] = guarded

@@ -14,7 +14,15 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules import backend_flags, cuda_api
-from tpu_agent.migrate.rules._cst import keep_parens, keyword, kwarg, positional, source, string_value
+from tpu_agent.migrate.rules._cst import (
+    keep_parens,
+    keyword,
+    kwarg,
+    positional,
+    refuse_unpacked,
+    source,
+    string_value,
+)
 from tpu_agent.migrate.rules.references import DEVICE, SDPA, TORCH_TPU
 
 if TYPE_CHECKING:
@@ -225,6 +233,8 @@ def _legacy_constructor(ctx: PyContext, original: cst.Call, updated: cst.Call, d
 
 
 def _sdp_kernel(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if refuse_unpacked(ctx, "TPU606", original):
+        return updated
     enabled: list[str] = []
     for index, (flag, member) in enumerate(_SDP_FLAGS):
         arg = keyword(original, flag) or positional(original, index)

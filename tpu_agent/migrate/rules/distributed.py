@@ -25,6 +25,7 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
+from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call
 from tpu_agent.migrate.rules.devices import is_availability_fallback, rewrite_device
 from tpu_agent.migrate.rules.references import DDP, DEVICE_MESH, DISTRIBUTED, TORCH_TPU
 
@@ -137,6 +138,9 @@ _DATA_PARALLEL = (
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
     "torch.nn.parallel.data_parallel.DataParallel",
+    # the functional form, e.g. pytorch/examples' DCGAN: nn.parallel.data_parallel(self.main, input, range(ngpu))
+    "torch.nn.parallel.data_parallel",
+    "torch.nn.parallel.data_parallel.data_parallel",
 )
 _INITS = frozenset(
     {
@@ -399,10 +403,13 @@ FAMILY.rule(
     summary="init_process_group(device_id=...) given a device without an index, a rank, or a CUDA device.",
     rationale="torch raises 'Please use a device_id with index' for a device without an index, and under TorchTPU an "
     "integer or a CUDA index other than the bound one fails. The process's own device, with the index the "
-    "process is bound to, is what every backend accepts (on CUDA it is the device set_device_index selected).",
+    "process is bound to, is what every backend accepts (on CUDA it is the device set_device_index selected). "
+    "For the accelerator target it is None where no accelerator is present: there current_device_index() raises "
+    "and gloo takes no device_id.",
     before='dist.init_process_group(backend="nccl", device_id=torch.device(f"cuda:{local_rank}"))',
     after="dist.init_process_group(backend=..., "
-    "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index()))",
+    "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index()) "
+    "if torch.accelerator.is_available() else None)",
     references=(f"{DISTRIBUTED}#torch.distributed.init_process_group",),
     apis=(
         ApiEquivalent(
@@ -415,7 +422,10 @@ FAMILY.rule(
 
 
 def _is_indexed_current_device(ctx: PyContext, node: cst.BaseExpression) -> bool:
-    """``torch.device(<type>, torch.accelerator.current_device_index())``: what this rule writes."""
+    """``torch.device(<type>, torch.accelerator.current_device_index())``, alone or behind a CPU guard: what this
+    rule writes."""
+    if isinstance(node, cst.IfExp):
+        node = node.body
     return (
         isinstance(node, cst.Call)
         and ctx.qualname(node) == "torch.device"
@@ -430,6 +440,15 @@ def indexed_process_device(ctx: PyContext) -> cst.Call:
     return cst.Call(func=ctx.torch_attr("device"), args=[cst.Arg(ctx.device_type()), cst.Arg(index)])
 
 
+def _process_device_id(ctx: PyContext) -> cst.BaseExpression:
+    """:func:`indexed_process_device`; for the accelerator target ``None`` without an accelerator (CPU-only runs),
+    unless an availability test around the call already ensures one."""
+    device = indexed_process_device(ctx)
+    if ctx.target.value != "accelerator" or already_guarded(ctx):
+        return device
+    return cst.IfExp(test=availability_call(ctx), body=device, orelse=cst.Name("None"))
+
+
 @FAMILY.leave(cst.Call)
 def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     if type(updated) is not cst.Call or ctx.qualname(original) not in _INITS:
@@ -442,7 +461,7 @@ def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
     new = ctx.fix(
         "TPU407",
         device_id.value,
-        lambda: indexed_process_device(ctx),
+        lambda: _process_device_id(ctx),
         lambda n: f"device_id={source(device_id.value)} -> {source(n)} (a device_id needs an index)",
     )
     return replace_arg_value(updated, arg_position(original, device_id), new) if new is not None else updated

@@ -8,8 +8,9 @@ on the CPU (TorchTPU's "Materialized" state); :mod:`tpu_agent.runtime.xla.execut
 objects with XLA.
 
 A flush runs the whole pending graph. It happens at TorchTPU's triggers (reference §2.4): host reads (item,
-tolist, cpu, print, save, bool/float/int), collectives (``flush_pending("collective")``), explicit
-synchronize, compiled calls, a graph size limit, ops whose output shape depends on data, and process exit.
+tolist, cpu, print, save, bool/float/int), collectives (``flush_pending("collective")``; functional collectives
+then run at once), explicit synchronize, compiled calls, a graph size limit, ops whose output shape depends on
+data, and process exit.
 Errors in recorded ops therefore surface at the flush, naming the op and the user line that recorded it.
 """
 
@@ -427,6 +428,8 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
             return tt.strict_dispatch(func, args, kwargs)
         if plan.data_dependent:
             return _eager(func, args, kwargs, "data_dependent")
+        if plan.collective:
+            return _eager(func, args, kwargs, "collective")
         if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
             telemetry.emit_fallback(str(func))
             return _eager(func, args, kwargs, "fallback")

@@ -41,7 +41,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 from torch.futures import Future
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import fsdp_storage
+from tpu_agent.runtime.emulated import async_collectives, fsdp_storage
 from tpu_agent.runtime.emulated.collective_guard import (
     ANY_SIZE,
     ASYMMETRIC_INPUT,
@@ -583,7 +583,9 @@ def keep_dynamo_out() -> None:
 
 def create_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupTpu:
     """The c10d creator function registered for ``tpu_dist`` and ``tpu``."""
-    fsdp_storage.patch()  # here rather than at activation: single-process runs never pay the FSDP import
+    # here rather than at activation: single-process runs never pay the FSDP and functional-collective imports
+    fsdp_storage.patch()
+    async_collectives.patch()
     return ProcessGroupTpu(store, rank, size, timeout)
 
 

@@ -180,6 +180,11 @@ def fallback_message(op_name: str) -> str:
     return f"'{op_name}' is not implemented for TPU. Falling back to CPU"
 
 
+# Functional collectives (DTensor, FSDP2, ``funcol``) and their waits. TorchTPU runs each eager collective in its
+# own graph (reference §2.4), so DeferAndFuse runs them at once, after the pending graph: never later than the
+# program issued them (a graph flushed at exit would meet a destroyed process group) and never fused.
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
+
 # Ops that move data between host and device: DeferAndFuse checks their device arguments before recording.
 TRANSFER_OPS = frozenset({aten._to_copy.default, aten.copy_.default})
 
@@ -201,6 +206,7 @@ class OpPlan:
     mixed_device_ok: bool
     is_view: bool
     transfer: bool  # in TRANSFER_OPS: may move data between host and device
+    collective: bool  # a functional collective or wait (COLLECTIVE_NAMESPACES)
     # DeferAndFuse records the op without looking further at its arguments (no transfer, view or host read
     # that may run it at once instead)
     plain_record: bool
@@ -218,6 +224,7 @@ def plan_of(func: Any) -> OpPlan:
     data_dependent = func in DATA_DEPENDENT_OPS
     storage_changing = func in STORAGE_CHANGING_OPS
     is_view = bool(getattr(func, "is_view", False))
+    collective = getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES
     plan = OpPlan(
         func=func,
         call=getattr(func, "_op", func),
@@ -231,7 +238,10 @@ def plan_of(func: Any) -> OpPlan:
         mixed_device_ok=func in MIXED_DEVICE_OK,
         is_view=is_view,
         transfer=func in TRANSFER_OPS,
-        plain_record=not (host_read or data_dependent or storage_changing or is_view or func in TRANSFER_OPS),
+        collective=collective,
+        plain_record=not (
+            host_read or data_dependent or storage_changing or is_view or collective or func in TRANSFER_OPS
+        ),
     )
     _PLANS[id(func)] = plan
     return plan
