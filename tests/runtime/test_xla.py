@@ -168,6 +168,10 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
     (strict_losses, strict_params), (fused_losses, fused_params) = out["optimizer"]
     np.testing.assert_allclose(fused_losses, strict_losses, rtol=1e-6)
     np.testing.assert_allclose(np.concatenate(fused_params), np.concatenate(strict_params), rtol=1e-5, atol=1e-6)
+    (strict_losses, strict_history, _), (fused_losses, fused_history, compiles) = out["sliding"]
+    np.testing.assert_allclose(fused_losses, strict_losses, rtol=1e-6)
+    np.testing.assert_allclose(fused_history, strict_history, rtol=1e-6)
+    assert compiles[-1] == compiles[2]  # a batch at a new offset of the same dataset is not a new program
     compiled = out["compiled"]
     assert compiled["poisson"][0] == compiled["poisson"][1]  # no lowering: eager for that op, same draws
     assert compiled["dropout_reproducible"] and compiled["dropout_fresh"] and compiled["dropout_scale"]

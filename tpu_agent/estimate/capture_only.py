@@ -93,8 +93,12 @@ def _meta_planner() -> Any:
                 # a storage of its own: a fake tensor marks its storage as fake, and this one is the tensor's
                 meta = torch.empty(flat.shape, dtype=flat.dtype, device=_META)
                 self.buffers.append(FakeTensor(self.fake_mode, meta, torch.device("cpu")))
-                self.parts.append(f"B{index}:{elem.dtype}:{flat.numel()}")
+                self.parts.append(f"B{index}:{elem.dtype}")
             return index
+
+        def cut(self, index: int, low: int, high: int) -> None:
+            super().cut(index, low, high)
+            self.meta_buffers[index] = planning.window(self.meta_buffers[index], low, high)
 
     return MetaPlanner()
 

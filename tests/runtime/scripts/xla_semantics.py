@@ -130,6 +130,29 @@ def host_stream_after_attention() -> list:
     return torch.randint(100, (4,)).tolist()
 
 
+def sliding_batches() -> list:
+    """Batches sliced from one dataset tensor at a new offset every step (word_language_model's get_batch), and a
+    write through a moving window of a larger buffer: one executable serves every step, with Strict's values."""
+    from tpu_agent.runtime.xla import cache
+
+    torch.manual_seed(0)
+    source = torch.randint(0, 50, (64, 4)).to("tpu")
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)).to("tpu")
+    history = torch.zeros(48, device="tpu")
+    losses, compiles = [], []
+    for i in range(0, 48, 8):
+        data, target = source[i : i + 8], source[i + 1 : i + 9].reshape(-1)
+        loss = F.cross_entropy(model(data).reshape(-1, 50), target)
+        loss.backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.5)
+            p.grad = None
+        history[i : i + 8].add_(loss.detach())
+        losses.append(loss.item())
+        compiles.append(cache.executables.stats.compiles)
+    return [losses, history.cpu().tolist(), compiles]
+
+
 def run(mode: torch.tpu.EagerMode, case) -> list:
     with torch.tpu.set_eager_mode(mode):
         return case()
@@ -142,6 +165,7 @@ out = {
         ("optimizer", optimizer_steps),
         ("data_dependent", data_dependent),
         ("host_stream", host_stream_after_attention),
+        ("sliding", sliding_batches),
     ]
 }
 out["deferred_dropout"] = run(FUSED, deferred_dropout)

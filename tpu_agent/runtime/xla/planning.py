@@ -4,7 +4,10 @@ The recorded graph is imperative: in-place ops write into tensors that existed b
 optimizer state, ``total += x``), views share storage with their bases, and materialised inputs can be views of
 one another (``w`` and ``w.t()``). XLA programs are pure. So a plan makes the graph's inputs the storages it
 reads (every tpu tensor it did not produce, and host tensors it captured), each passed once as a flat buffer
-from which the replay cuts every view it uses (:class:`Slot`). Its outputs are the produced tensors the program
+from which the replay cuts every view it uses (:class:`Slot`). A buffer is only the window of its storage that
+the graph's inputs span, and the views are cut at offsets within the window: a batch sliced from a dataset
+tensor (``data[i:i + bptt]``, a new offset every step) is then the same program input at every step, instead of
+a new executable per batch over the whole dataset. Its outputs are the produced tensors the program
 can still read (:mod:`tpu_agent.runtime.emulated.liveness`). Its key is the graph's structure with the Python
 floats left out (they become inputs: :mod:`.tracing`), so a steady training loop finds its executable again.
 """
@@ -66,7 +69,7 @@ class Planner:
         self.numbering: dict[int, int] = {}
         self.outputs: list[Any] = []
         self.floats: list[float] = []
-        self.parts: list[str] = []
+        self.parts: list[str | tuple[int, Slot]] = []  # key text; inputs' slots are keyed by finish()
 
     def read(self, value: Any) -> str:
         """The key text for an argument; a tensor not produced by the graph becomes an input."""
@@ -103,7 +106,7 @@ class Planner:
         index = self._buffer_index(elem)
         slot = self.slots[id(t)] = Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
         number = self.numbering[id(t)] = len(self.numbering)
-        self.parts.append(f"#{number}=B{index}{slot.shape}{slot.stride}+{slot.offset}")
+        self.parts.append((number, slot))
         return number
 
     def _buffer_index(self, elem: torch.Tensor) -> int:
@@ -113,10 +116,27 @@ class Planner:
         if index is None:
             index = self.by_storage[storage] = len(self.buffers)
             self.buffers.append(arrays.buffer(elem))
-            self.parts.append(f"B{index}:{elem.dtype}:{self.buffers[index].numel()}")
+            self.parts.append(f"B{index}:{elem.dtype}")
         elif self.buffers[index].dtype != elem.dtype:
             raise NotPlannable("one storage viewed with two dtypes")
         return index
+
+    def finish(self) -> str:
+        """Cut each buffer to the window of its storage that the inputs span, make the slots' offsets relative
+        to it, and return the key text (which names window sizes and relative offsets only)."""
+        slots = list(self.slots.values())
+        windows = storage_windows(len(self.buffers), [(s.buffer, s.shape, s.stride, s.offset) for s in slots])
+        for index, (low, high) in enumerate(windows):
+            self.cut(index, low, high)
+        for slot in slots:
+            slot.offset -= windows[slot.buffer][0]
+        text = [part if isinstance(part, str) else _slot_text(*part) for part in self.parts]
+        text += [f"W{index}:{high - low}" for index, (low, high) in enumerate(windows)]
+        return "\n".join(text)
+
+    def cut(self, index: int, low: int, high: int) -> None:
+        """Make input buffer ``index`` its elements ``low:high``."""
+        self.buffers[index] = window(self.buffers[index], low, high)
 
     def produce(self, value: Any, is_view: bool) -> str:
         """The key text for a node's outputs; tensors first seen here are the graph's results."""
@@ -178,37 +198,69 @@ def _plan(graph: Graph, planner: Planner) -> Plan:
             views.append(node)
         # the signature names the op (recording made it: no OpOverload.__str__ here)
         parts.append(f"{node.signature}{args}{kwargs}->{produce(node.outputs, is_view)}@{_PRECISION[node.precision]}")
-    key = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
+    key = hashlib.sha1(planner.finish().encode()).hexdigest()[:20]
     return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views, planner.live)
 
 
-def _fingerprint(walk: liveness.Walk, live: set[int]) -> tuple[tuple, list[torch.Tensor]] | None:
-    """What a graph's :class:`Planner` key is a function of, and the data of the first input on each storage
-    read; ``None`` when a node has no shape cache entry or an input no data (then the planner plans it, or
-    says why it cannot). The fingerprint is the walk's structure, the storages read (each one's dtype and size,
-    in order of first use, as the planner registers them) and each input's view of them, which results are
-    live, and the floats the key keeps by value (zero and non-finite ones)."""
+def _slot_text(number: int, slot: Slot) -> str:
+    return f"#{number}=B{slot.buffer}{slot.shape}{slot.stride}+{slot.offset}"
+
+
+def storage_windows(
+    count: int, layouts: list[tuple[int, tuple[int, ...], tuple[int, ...], int]]
+) -> list[tuple[int, int]]:
+    """For each of ``count`` storages, the element range ``(low, high)`` its tensors span; ``layouts``: each
+    tensor's storage index, shape, strides and offset (torch strides are never negative)."""
+    low = [-1] * count
+    high = [0] * count
+    for index, shape, stride, offset in layouts:
+        end = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) + 1 if all(shape) else offset
+        if low[index] < 0 or offset < low[index]:
+            low[index] = offset
+        high[index] = max(high[index], end)
+    return [(max(lo, 0), max(hi, lo, 0)) for lo, hi in zip(low, high, strict=True)]
+
+
+def window(flat: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """Elements ``low:high`` of a flat buffer: the buffer itself when that is all of it (a parameter's storage:
+    the same object at every flush, so its JAX array is kept, :func:`arrays.array`)."""
+    return flat if low == 0 and high == flat.numel() else flat[low:high]
+
+
+def _fingerprint(walk: liveness.Walk, live: set[int]) -> tuple[tuple, list[tuple[torch.Tensor, int, int]]] | None:
+    """What a graph's :class:`Planner` key is a function of, and for each storage read the data of its first
+    input and the window the inputs span; ``None`` when a node has no shape cache entry or an input no data (then
+    the planner plans it, or says why it cannot). The fingerprint is the walk's structure, the storages read
+    (each one's dtype and window size, in order of first use, as the planner registers them) and each input's
+    view of its window, which results are live, and the floats the key keeps by value (zero and non-finite
+    ones)."""
     if walk.fingerprint is None:
         return None
-    items: list[Any] = []
-    append = items.append
+    layouts: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = []
+    dtypes: list[torch.dtype] = []
     by_storage: dict[int, int] = {}
     firsts: list[torch.Tensor] = []
     for t in walk.inputs:
         elem = t._elem if type(t) is tt.TpuTensor else t
         if elem is None or type(elem) is not torch.Tensor:
             return None
-        storage = elem.untyped_storage()
-        index = by_storage.get(storage.data_ptr())
+        storage = elem.untyped_storage().data_ptr()
+        index = by_storage.get(storage)
         if index is None:
-            index = by_storage[storage.data_ptr()] = len(firsts)
+            index = by_storage[storage] = len(firsts)
             firsts.append(elem)
-            append((elem.dtype, storage.nbytes()))
-        append((index, elem.dtype, elem.shape, elem.stride(), elem.storage_offset()))
+        layouts.append((index, elem.shape, elem.stride(), elem.storage_offset()))
+        dtypes.append(elem.dtype)
+    windows = storage_windows(len(firsts), layouts)
+    items: list[Any] = [(elem.dtype, high - low) for elem, (low, high) in zip(firsts, windows, strict=True)]
+    items += [
+        (index, dtype, shape, stride, offset - windows[index][0])
+        for (index, shape, stride, offset), dtype in zip(layouts, dtypes, strict=True)
+    ]
     seen = walk.seen
     items += [id(seen[number]) in live for number in walk.produced]
     items += [repr(v) for v in walk.floats if not (v and math.isfinite(v))]
-    return (walk.fingerprint, tuple(items)), firsts
+    return (walk.fingerprint, tuple(items)), [(elem, *span) for elem, span in zip(firsts, windows, strict=True)]
 
 
 @dataclass
@@ -225,12 +277,14 @@ _recalled: dict[tuple, _Recalled] = {}
 MAX_RECALLED = 64
 
 
-def _recall(graph: Graph, walk: liveness.Walk, live: set[int], entry: _Recalled, storages: list[torch.Tensor]) -> Plan:
+def _recall(
+    graph: Graph, walk: liveness.Walk, live: set[int], entry: _Recalled, storages: list[tuple[torch.Tensor, int, int]]
+) -> Plan:
     """The plan of ``graph`` from the one planned for a graph with the same fingerprint (no slots); ``storages``:
-    the data of the first input on each storage it reads."""
+    the data of the first input on each storage it reads, and the window of it the inputs span."""
     seen, nodes = walk.seen, graph.nodes
     return Plan(
-        [arrays.buffer(elem) for elem in storages],
+        [window(arrays.buffer(elem), low, high) for elem, low, high in storages],
         None,
         [seen[walk.produced[i]] for i in entry.outputs],
         walk.floats,
