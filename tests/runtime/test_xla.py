@@ -63,6 +63,27 @@ def test_strided_views_lower_to_slices_that_match_torch(sizes: tuple, strides: t
         )
 
 
+def test_compiled_results_keep_the_layout_their_trace_gave_them() -> None:
+    """XLA returns dense row-major arrays. A result the trace gave other strides (a transposed activation that
+    AOTAutograd saves and the backward graph then ``view``s as traced: FocalNet, Segformer) comes back with those
+    strides, and the same values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tpu_agent.runtime.emulated import state
+    from tpu_agent.runtime.xla import lowering
+
+    x = torch.randn(3, 4)
+
+    def graph(a: torch.Tensor) -> list[torch.Tensor]:
+        return [(a * 2).t(), (a + 1).permute(1, 0).contiguous(), a.exp()]
+
+    gm = make_fx(graph, tracing_mode="fake")(x)
+    results = lowering.compile_graph(gm, [x], state.Precision.HIGHEST)([x])
+    for result, expected in zip(results, graph(x), strict=True):
+        assert result.stride() == expected.stride()
+        torch.testing.assert_close(result, expected)
+
+
 def test_overlapping_strides_are_left_to_the_general_lowering() -> None:
     assert extra_ops.as_strided(jnp.zeros(16), (3, 3), (2, 1), 0) is None
 

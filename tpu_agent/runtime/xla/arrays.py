@@ -152,6 +152,17 @@ def result(a: jax.Array, dtype: torch.dtype | None) -> torch.Tensor:
     return t
 
 
+def laid_out(value: torch.Tensor, stride: tuple[int, ...], offset: int) -> torch.Tensor:
+    """``value`` with these strides and storage offset: itself when it has them, else a copy laid out so. XLA gives
+    dense row-major results; a consumer may rely on the layout torch's kernels would have given (a traced
+    ``view`` of a transposed result, a deferred tensor's views cut at the offsets its metadata promised)."""
+    if value.stride() == stride and value.storage_offset() == offset:
+        return value
+    extent = offset + sum((n - 1) * s for n, s in zip(value.shape, stride, strict=True)) + 1
+    out = torch.empty(max(extent, 1), dtype=value.dtype).as_strided(value.shape, stride, offset)
+    return out.copy_(value)
+
+
 def _keep(t: torch.Tensor, made: jax.Array) -> None:
     """Remember ``made`` as the array over ``t`` until ``t`` dies or its memory or layout changes."""
     key = id(t)
@@ -191,4 +202,4 @@ def _entry_references() -> tuple[int, int]:
     return without_array, with_array
 
 
-__all__ = ["array", "buffer", "flat_storage", "result", "sweep", "to_jax", "to_torch"]
+__all__ = ["array", "buffer", "flat_storage", "laid_out", "result", "sweep", "to_jax", "to_torch"]

@@ -14,8 +14,6 @@ executor instead, with a FallbackOp record; never with a different result.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from tpu_agent.runtime import events
@@ -92,7 +90,7 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
     """Give the graph's deferred tensors their data: results for computed tensors, views for view outputs."""
     for wrapper, value in zip(graph_plan.outputs, results, strict=True):
         if wrapper._elem is None:
-            tt.materialized(wrapper, _with_layout(value, wrapper))
+            tt.materialized(wrapper, arrays.laid_out(value, wrapper.stride(), wrapper.storage_offset()))
     live = graph_plan.live
     for node in graph_plan.views:
         base = next(t for t in liveness.tensors_in(node.args) if type(t) is tt.TpuTensor)
@@ -100,19 +98,6 @@ def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) ->
             if type(view) is tt.TpuTensor and view._elem is None and (live is None or id(view) in live):
                 assert base._elem is not None  # the base was materialised before its views (graph order)
                 tt.materialized(view, base._elem.as_strided(view.shape, view.stride(), view.storage_offset()))
-
-
-def _with_layout(value: torch.Tensor, wrapper: Any) -> torch.Tensor:
-    """``value`` with the strides and offset the deferred tensor's metadata promised (views are cut from it)."""
-    if value.stride() == wrapper.stride() and value.storage_offset() == wrapper.storage_offset():
-        return value
-    extent = (
-        wrapper.storage_offset() + sum((n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride(), strict=True)) + 1
-    )
-    buffer = torch.empty(max(extent, 1), dtype=value.dtype)
-    out = buffer.as_strided(wrapper.shape, wrapper.stride(), wrapper.storage_offset())
-    out.copy_(value)
-    return out
 
 
 __all__ = ["XlaExecutor"]

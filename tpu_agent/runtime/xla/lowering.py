@@ -182,6 +182,8 @@ class Lowered:
     mutated_inputs: list[int]
     uses_rng: bool
     output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
+    # per flat output: the strides and offset the trace gave it where they are not dense row-major (else None)
+    output_layouts: list[tuple[tuple[int, ...], int] | None] = field(default_factory=list)
     float_positions: list[int] = field(default_factory=list)  # inputs that are Python floats
 
     def __post_init__(self) -> None:
@@ -207,12 +209,15 @@ class Lowered:
             )
         leaves = list(self.static_leaves)
         outputs = iter(flat)
-        dtypes = self.output_dtypes
+        dtypes, layouts = self.output_dtypes, self.output_layouts
         for i, leaf in enumerate(leaves):
             if leaf is _ARRAY:
                 dtype = dtypes[i] if i < len(dtypes) else None
                 result = arrays.result(next(outputs), dtype)
-                leaves[i] = result if dtype is None or result.dtype is dtype else result.to(dtype)
+                if dtype is not None and result.dtype is not dtype:
+                    result = result.to(dtype)
+                layout = layouts[i] if i < len(layouts) else None
+                leaves[i] = result if layout is None else arrays.laid_out(result, *layout)
         if self._flat_type is not None:
             return leaves if self._flat_type is list else tuple(leaves)
         return pytree.tree_unflatten(leaves, self.out_spec)
@@ -341,6 +346,7 @@ def compile_graph(
         mutated_inputs=traced.found["mutated"],
         uses_rng=_uses_rng(gm),
         output_dtypes=_output_dtypes(gm),
+        output_layouts=_output_layouts(gm),
         float_positions=float_positions,
     )
 
@@ -369,14 +375,44 @@ def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[An
     return packed, abstract
 
 
+def _traced_outputs(gm: torch.fx.GraphModule) -> list[Any]:
+    """The tracer's example value of each of the graph's outputs, in flat order (None where it recorded none)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return [
+        leaf.meta.get("val") if isinstance(leaf, torch.fx.Node) else None for leaf in pytree.tree_leaves(output.args[0])
+    ]
+
+
 def _output_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype | None]:
     """torch dtypes of the graph's tensor outputs, in flat order, from the tracer's metadata."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    dtypes: list[torch.dtype | None] = []
-    for leaf in pytree.tree_leaves(output.args[0]):
-        value = leaf.meta.get("val") if isinstance(leaf, torch.fx.Node) else None
-        dtypes.append(value.dtype if isinstance(value, torch.Tensor) else None)
-    return dtypes
+    return [value.dtype if isinstance(value, torch.Tensor) else None for value in _traced_outputs(gm)]
+
+
+def _output_layouts(gm: torch.fx.GraphModule) -> list[tuple[tuple[int, ...], int] | None]:
+    """The strides of each tensor output that the trace gave a dense layout other than row-major (a transposed
+    activation AOTAutograd saves for the backward, whose graph then ``view``s it as traced). Outputs with gaps or
+    overlaps (an ``expand``) stay row-major: their layout cannot be written by a copy, and no kernel reads it."""
+    layouts: list[tuple[tuple[int, ...], int] | None] = []
+    for value in _traced_outputs(gm):
+        layout = None
+        if isinstance(value, torch.Tensor) and value.layout is torch.strided:
+            stride = value.stride()
+            concrete = all(isinstance(n, int) for n in (*value.shape, *stride))
+            if concrete and not value.is_contiguous() and _dense(value.shape, stride):
+                layout = (tuple(stride), 0)
+        layouts.append(layout)
+    return layouts
+
+
+def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether the layout covers its memory exactly once: row-major strides of some order of the dimensions."""
+    expected = 1
+    for size, step in sorted(zip(shape, stride, strict=True), key=lambda pair: pair[1]):
+        if size != 1:
+            if step != expected:
+                return False
+            expected *= size
+    return True
 
 
 def _uses_rng(gm: torch.fx.GraphModule) -> bool:
