@@ -357,3 +357,12 @@ def test_torch_profiler_sees_the_dispatched_ops_not_the_emulators_own() -> None:
     assert out["fused"] == once
     assert out["after"] == once
     assert out["cpu_add"] == 1
+
+
+def test_a_tpu_model_sent_to_a_worker_process_is_refused_with_what_to_do() -> None:
+    out = run_script("emulated_hogwild.py")
+    assert isinstance(out, dict)
+    assert out["tpu"].startswith("a tpu tensor (shape (2, 2)) cannot be sent to another process")
+    assert "keep the shared model on the CPU" in out["tpu"] and "tpu-agent run --nproc N" in out["tpu"]
+    assert out["saved"] is True  # torch.save does not go through multiprocessing's pickler
+    assert out["cpu_update"] == 4.0  # Hogwild on the CPU still shares the worker's update

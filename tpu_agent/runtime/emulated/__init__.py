@@ -51,6 +51,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
         device,
         modes,
         mxu,
+        process_sharing,
         telemetry,
     )
 
@@ -61,6 +62,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     compile.install()
     telemetry.install()
     mxu.install()
+    process_sharing.install()
     modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())
     atexit.register(_at_exit)
     _active = True
