@@ -120,8 +120,13 @@ def _bf16(ctx: PyContext) -> cst.BaseExpression:
 def _with_bf16(ctx: PyContext, new: cst.Call) -> cst.Call:
     """Force dtype=torch.bfloat16: replace a float16 dtype, add one when there is none (CUDA's default is fp16).
 
-    ``new`` is the rewritten call, whose dtype (if any) is a keyword argument by now.
+    ``new`` is the rewritten call, whose dtype (if any) is a keyword argument by now. A context that is off
+    (``enabled=False``, lucidrains' ``@autocast('cuda', enabled = False)`` around f32-only code) casts nothing, so
+    it keeps the dtype it has and gets none.
     """
+    enabled = keyword(new, "enabled")
+    if enabled is not None and isinstance(enabled.value, cst.Name) and enabled.value.value == "False":
+        return new
     for i, arg in enumerate(new.args):
         if arg.keyword is not None and arg.keyword.value == "dtype":
             return replace_arg_value(new, i, _bf16(ctx)) if ctx.qualname(arg.value) in _HALF else new
