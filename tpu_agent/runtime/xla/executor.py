@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import liveness, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
@@ -59,14 +58,7 @@ class XlaExecutor:
         except Exception as error:  # noqa: BLE001 - never a crash: the op-by-op executor runs what XLA cannot take
             if key is not None:
                 self._remember(key, None)
-            for observe in graphs.fallback_observers:
-                observe(f"deferred graph {graph.hash}", f"deferred graph {graph.hash} ({len(graph.nodes)} ops)", error)
-            if state.log_enabled:
-                events.emit(
-                    events.FallbackOp,
-                    op=f"deferred graph ({type(error).__name__}: {error})"[:300],
-                    site=graph.nodes[0].site,
-                )
+            graphs.report_fallback(f"deferred graph {graph.hash}", len(graph.nodes), error, graph.nodes[0].site)
         self.cpu.run(graph, cause)
 
     def _build(self, graph: Graph, graph_plan: Plan) -> tuple[tuple[str, tuple[float, ...]], GraphRunner]:

@@ -34,6 +34,15 @@ graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], sta
 # CPU path instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
 fallback_observers: list[Callable[[str, str, BaseException], None]] = []
 
+
+def report_fallback(name: str, op_count: int, error: BaseException, site: events.Site | None) -> None:
+    """Tell the observers and the event log that graph ``name`` runs op by op instead of through XLA, and why."""
+    for observe in fallback_observers:
+        observe(name, f"{name} ({op_count} ops)", error)
+    if state.log_enabled:
+        events.emit(events.FallbackOp, op=f"{name} ({type(error).__name__}: {error})"[:300], site=site)
+
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
@@ -62,7 +71,7 @@ def graph_signature(gm: torch.fx.GraphModule) -> str:
     return digest.hexdigest()[:20]
 
 
-def _op_count(gm: torch.fx.GraphModule) -> int:
+def op_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
@@ -182,16 +191,11 @@ class GraphRunner:
                 lambda: lowering.compile_graph(self.gm, tensors, precision),
                 self.name,
                 self.site,
-                lambda: _op_count(self.gm),
+                lambda: op_count(self.gm),
             )
         except Exception as error:  # noqa: BLE001 - a lowering that fails to trace: op by op, never a crash
             self.compile_failed = True
-            for report_fallback in fallback_observers:
-                report_fallback(self.name, f"{self.name} ({_op_count(self.gm)} ops)", error)
-            if state.log_enabled:
-                events.emit(
-                    events.FallbackOp, op=f"{self.name} ({type(error).__name__}: {error})"[:300], site=self.site
-                )
+            report_fallback(self.name, op_count(self.gm), error, self.site)
             return EagerOps(self.gm, self.precision).run(*args)
         profiling = op_records.profiling()
         if (profiling or state.log_enabled) and specialisation not in self.recorded_ops:
