@@ -62,11 +62,29 @@ torch.tpu.manual_seed(1)
 out["draws_tpu_seeded"] = draws()
 torch.manual_seed(2)
 out["draws_other_seed"] = draws()
+torch.tpu.manual_seed(21)
+out["seeded_after_activation"] = torch.rand(3, device="tpu").cpu().tolist()
 
-# seeded like a CPU generator with the same seed: the numbers are the device generator's
+# a CUDA generator's state: (seed, offset), 16 bytes, the offset moved past each op's numbers in steps of four;
+# DTensor writes offsets into it to give each shard of a random tensor its own numbers (FSDP2's meta init)
 torch.tpu.manual_seed(7)
-out["rand_seed7"] = torch.rand(5, device="tpu").cpu().tolist()
-out["cpu_generator_seed7"] = torch.rand(5, generator=torch.Generator().manual_seed(7)).tolist()
+start = torch.tpu.get_rng_state_all()[0]
+drawn = torch.rand(5, device="tpu").cpu()
+after = torch.tpu.get_rng_state_all()[0]
+out["philox_state"] = [start.numel(), start[:8].view(torch.int64).item(), start[8:].view(torch.int64).item(),
+                       after[8:].view(torch.int64).item()]
+shard = start.clone()
+shard[8:] = torch.tensor([8], dtype=torch.int64).view(torch.uint8)
+torch.tpu.set_rng_state(shard)
+at_offset = torch.rand(5, device="tpu").cpu()
+torch.tpu.set_rng_state(start)
+out["state_replays"] = [bool(torch.equal(drawn, torch.rand(5, device="tpu").cpu())),
+                        bool(torch.equal(at_offset, torch.rand(5, device="tpu").cpu()))]
+try:
+    torch.tpu.set_rng_state(torch.get_rng_state())
+    out["cpu_state_refused"] = ""
+except ValueError as error:
+    out["cpu_state_refused"] = str(error)
 
 # torch.tpu.manual_seed leaves the CPU stream alone
 torch.manual_seed(5)
@@ -160,8 +178,15 @@ def test_the_device_generator_is_seeded_by_both_seeds_and_reproduces(runs: dict[
     out = runs[mode]
     assert out["draws"] == out["draws_again"] == out["draws_tpu_seeded"]
     assert all(a != b for a, b in zip(out["draws"], out["draws_other_seed"], strict=True))
-    assert out["rand_seed7"] == out["cpu_generator_seed7"]
-    assert out["seeded_before_activation"] == torch.rand(3, generator=torch.Generator().manual_seed(21)).tolist()
+    assert out["seeded_before_activation"] == out["seeded_after_activation"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_device_state_is_a_seed_and_offset_that_replays(runs: dict[str, dict], mode: str) -> None:
+    out = runs[mode]
+    assert out["philox_state"] == [16, 7, 0, 8]  # rand(5) moved the offset by 5, rounded up to Philox's 4s
+    assert out["state_replays"] == [True, True]
+    assert "16 bytes (seed, offset), got 5056" in out["cpu_state_refused"]
 
 
 def test_every_eager_mode_draws_the_same_numbers(runs: dict[str, dict]) -> None:

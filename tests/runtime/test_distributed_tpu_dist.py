@@ -115,6 +115,15 @@ def test_fsdp2_and_dtensor_on_a_tpu_device_mesh_in_defer_and_fuse(fsdp_ranks: di
     assert ranks[0]["fsdp_losses"] == ranks[1]["fsdp_losses"]
 
 
+def test_fsdp2_meta_device_initialisation_draws_every_shard_from_the_device_generator(
+    fsdp_ranks: dict[int, dict],
+) -> None:
+    weight, bias = fsdp_ranks[0]["meta_init"][:2]
+    assert fsdp_ranks[0]["meta_init"] == fsdp_ranks[1]["meta_init"]  # one full tensor, whichever rank gathers it
+    assert max(map(abs, weight + bias)) <= 8**-0.5  # Linear(8, 16)'s kaiming bound
+    assert weight[:64] != weight[64:] and len(set(weight)) == len(weight)  # each shard its own numbers
+
+
 def test_functional_collectives_return_waitable_results_and_finish_before_the_group_is_destroyed(
     fsdp_ranks: dict[int, dict],
 ) -> None:

@@ -194,7 +194,9 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
     np.testing.assert_allclose(fused_history, strict_history, rtol=1e-6)
     assert compiles[-1] == compiles[2]  # a batch at a new offset of the same dataset is not a new program
     compiled = out["compiled"]
-    assert compiled["poisson"][0] == compiled["poisson"][1]  # no lowering: eager for that op, same draws
+    # no lowering: eager for that op, same draws (a different draw moves the sum by 2 or more; XLA sums the rest
+    # in its own order)
+    assert compiled["poisson"][1] == pytest.approx(compiled["poisson"][0], rel=1e-6)
     assert compiled["dropout_reproducible"] and compiled["dropout_fresh"] and compiled["dropout_scale"]
     assert 0.3 < compiled["dropout_rate"] < 0.7
     poisson_line = next(

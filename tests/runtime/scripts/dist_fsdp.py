@@ -26,6 +26,21 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
+def meta_initialised(mesh) -> list:  # noqa: ANN001 - a DeviceMesh
+    """FSDP2's meta-device initialisation (torchtitan's): DTensor draws each shard of a parameter at its own
+    offset of the device generator's state, which it reads and writes as a CUDA generator's (seed, offset)."""
+    torch.manual_seed(1)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="tpu")
+    for layer in model:
+        layer.reset_parameters()
+    return [p.full_tensor().cpu().flatten().tolist() for p in model.parameters()]
+
+
 def host_memory() -> dict:
     """Pinned memory and the host's device count, as a rank of a multi-rank run sees them."""
     local_world = int(os.environ["LOCAL_WORLD_SIZE"])
@@ -102,6 +117,7 @@ def main() -> None:
         "fsdp_losses": fsdp_losses,
         "plain_losses": plain_losses,
         "host_memory": host_memory(),
+        "meta_init": meta_initialised(mesh),
     }
     gathered = funcol.all_gather_tensor(sharded.to_local(), 0, mesh)
     results["async_result"] = [type(gathered).__name__, gathered.wait().cpu().tolist()]

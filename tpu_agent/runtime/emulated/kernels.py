@@ -71,7 +71,12 @@ def run_on_cpu(
     draw = draw_of(func)
     if draw is not None and not _tracing():
         if draw.generator_at is not None:
-            cargs, ckwargs = draw.with_device_generator(cargs, ckwargs)
+            cargs, ckwargs, device_generator = draw.with_device_generator(cargs, ckwargs)
+            if device_generator is not None:
+                device_generator.reseed_engine()
+                out = _call(plan, func, cargs, ckwargs)
+                device_generator.advance(_drawn(out))
+                return out
         elif not draw.drops_nothing(cargs, ckwargs):
             return _call_on_device_stream(plan, func, cargs, ckwargs)
     return _call(plan, func, cargs, ckwargs)
@@ -95,20 +100,23 @@ class Draw:
         self.generator_at = names.index("generator") if "generator" in names else None
         self.dropout_at = names.index("dropout_p") if "dropout_p" in names else None
 
-    def with_device_generator(self, cargs: list, ckwargs: dict) -> tuple[list, dict]:
-        """The arguments with the device generator where the program passed none (the dispatcher leaves out an
-        argument at its default: a kwarg-only or trailing ``generator=None`` is absent, not None)."""
+    def with_device_generator(
+        self, cargs: list, ckwargs: dict
+    ) -> tuple[list, dict, generator.DeviceDefaultGenerator | None]:
+        """The arguments with the device's default generator where the program passed none (the dispatcher leaves
+        out an argument at its default: a kwarg-only or trailing ``generator=None`` is absent, not None), and that
+        generator when it was put in (None: the program's own generator, used as it is)."""
         at = self.generator_at
         assert at is not None
         if at < len(cargs):  # passed by position (``poisson``, ``_fused_dropout``)
             if cargs[at] is not None:
-                return cargs, ckwargs
+                return cargs, ckwargs, None
             cargs = list(cargs)
             cargs[at] = generator.default
-            return cargs, ckwargs
+            return cargs, ckwargs, generator.default
         if ckwargs.get("generator") is not None:
-            return cargs, ckwargs
-        return cargs, {**ckwargs, "generator": generator.default}
+            return cargs, ckwargs, None
+        return cargs, {**ckwargs, "generator": generator.default}, generator.default
 
     def drops_nothing(self, cargs: list, ckwargs: dict) -> bool:
         at = self.dropout_at
@@ -139,13 +147,24 @@ def _tracing() -> bool:
 
 
 def _call_on_device_stream(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: dict) -> Any:
-    """Run an op that takes no generator argument with torch's CPU default generator carrying the device
-    generator's state; both are restored after (a few microseconds: 5 KB state copies)."""
+    """Run an op that takes no generator argument with torch's CPU default generator seeded for the device
+    generator's next draw; the CPU's state is restored after (a few microseconds: a 5 KB state copy)."""
     cpu = torch.default_generator
     saved = cpu.get_state()
-    cpu.set_state(generator.default.get_state())
+    generator.default.reseed_engine(cpu)
     try:
-        return _call(plan, func, cargs, ckwargs)
+        out = _call(plan, func, cargs, ckwargs)
     finally:
-        generator.default.set_state(cpu.get_state())
         cpu.set_state(saved)
+    generator.default.advance(_drawn(out))
+    return out
+
+
+def _drawn(out: Any) -> int:
+    """How many random numbers an op drew, as its largest output holds (Philox's offset counts them); none when
+    it ran on tracing tensors (the fake and functional tensors of Dynamo and AOTAutograd tracing a compiled
+    function, meta tensors: a real result is a plain CPU tensor), which draw nothing."""
+    tensors = [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
+    if not tensors or type(tensors[0]) is not torch.Tensor or tensors[0].is_meta:
+        return 0
+    return max(t.numel() for t in tensors)

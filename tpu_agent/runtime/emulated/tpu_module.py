@@ -111,11 +111,22 @@ def experimental(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _device_generator() -> torch.Generator:
+def _device_generator(device: Any = None) -> torch.Generator:
     """The device's default generator once the pending DeferAndFuse graph has run: its random ops draw when they
     run, so seeding, reading or restoring the state in between would give the ops issued before the call the
     numbers of the stream after it (``torch.utils.checkpoint`` saves the state, then replays the forward's
-    dropout). TorchTPU's docs use ``torch.tpu.manual_seed_all`` as a flush."""
+    dropout). TorchTPU's docs use ``torch.tpu.manual_seed_all`` as a flush.
+
+    ``device`` may name any chip of the host: torch code written for processes that see every device asks for
+    other chips' states (``fork_rng``'s default device list; DTensor's random ops on rank ``r`` use device
+    ``r % device_count()``). The process's one generator, its own chip's, answers for them."""
+    if device is not None:
+        index = index_of(device)
+        if not 0 <= index < state.host_devices:
+            raise ValueError(
+                f"TPU device index {index} is not on this host, which has {state.host_devices} TPU devices "
+                f"(0 to {state.host_devices - 1})"
+            )
     deferred.flush("rng_state")
     return generator.default
 
@@ -219,8 +230,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.random.get_rng_state")
     def get_rng_state(device: Any = "tpu") -> torch.Tensor:
-        check_device_index(index_of(device))
-        return _device_generator().get_state()
+        return _device_generator(device).get_state()
 
     class device:  # noqa: N801 - TorchTPU's name
         """``torch.tpu.device(i)``: internal; negative or None indices are a no-op."""
@@ -304,8 +314,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @experimental
     def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
-        check_device_index(index_of(device))
-        _device_generator().set_state(new_state)
+        _device_generator(device).set_state(new_state)
 
     @staticmethod
     @experimental

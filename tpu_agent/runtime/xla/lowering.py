@@ -8,8 +8,8 @@ torchax, all so that the result matches the emulated device's eager numerics:
 * **MXU precision.** The operands of matmul-family ops (:data:`ops.MXU_OPERANDS`) are rounded as the eager
   emulation rounds them (1-pass bf16 at DEFAULT, ~16 significand bits at HIGH, untouched at HIGHEST); the
   precision is part of the executable's cache key.
-* **RNG.** The PRNG key is an argument of the executable, drawn from torch's default generator at each call,
-  so dropout is fresh every step, and reproducible under ``torch.manual_seed``.
+* **RNG.** The PRNG key is made from a seed argument of the executable, drawn from the device's generator at each
+  call, so dropout is fresh every step, and reproducible under ``torch.manual_seed``.
 * **Input mutation.** An op that writes into a graph input (``copy_`` into a placeholder, as functionalisation
   leaves them, or any in-place op torchax implements by rebinding its tensor) makes the new value an extra
   output; the caller writes it back into the input's CPU data.
@@ -33,7 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from jax._src.lax.lax import _convert_element_type  # the one way to make a weakly typed value from an array
 
-from tpu_agent.runtime.emulated import ops, state
+from tpu_agent.runtime.emulated import generator, ops, state
 from tpu_agent.runtime.xla import arrays, extra_ops, torchax_compat
 
 # Ops that are pure Python over ints/tuples or graph plumbing: never need a lowering.
@@ -232,9 +232,7 @@ _NO_SEED = np.uint32(0)
 def _next_seed() -> np.uint32:
     """A PRNG seed drawn from the device's generator (``torch.tpu.default_generators[0]``), not the CPU's: set by
     ``torch.manual_seed``, fresh each call, and the program's CPU stream stays where a CUDA run leaves it."""
-    from tpu_agent.runtime.emulated import generator
-
-    return np.uint32(int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64, generator=generator.default)))
+    return np.uint32(generator.default.next_seed())
 
 
 class _Interpreter(torch.fx.Interpreter):
