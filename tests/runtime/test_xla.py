@@ -193,6 +193,8 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
     np.testing.assert_allclose(fused_losses, strict_losses, rtol=1e-6)
     np.testing.assert_allclose(fused_history, strict_history, rtol=1e-6)
     assert compiles[-1] == compiles[2]  # a batch at a new offset of the same dataset is not a new program
+    (strict_chunks, strict_compiled), (fused_chunks, fused_compiled) = out["chunks"]
+    assert fused_chunks == strict_chunks == strict_compiled == fused_compiled
     compiled = out["compiled"]
     # no lowering: eager for that op, same draws (a different draw moves the sum by 2 or more; XLA sums the rest
     # in its own order)
@@ -213,7 +215,9 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
     )
     assert ["aten.masked_select.default", "xla_semantics.py", masked_line] in out["fallbacks"]
     assert all(0.15 < rate < 0.35 for rate in out["deferred_dropout"])
-    assert not [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]  # every deferred graph compiled
+    # every deferred graph compiled but the one whose as_strided reads the storage under a view (chunks)
+    deferred = [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]
+    assert len(deferred) == 1 and "NotPlannable: as_strided on a view" in deferred[0][0], deferred
 
 
 LIVENESS_SCRIPT = """

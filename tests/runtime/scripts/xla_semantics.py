@@ -153,6 +153,19 @@ def sliding_batches() -> list:
     return [losses, history.cpu().tolist(), compiles]
 
 
+def overlapping_chunks() -> list:
+    """Longformer's chunking: ``as_strided`` with overlapping windows over a transposed, reshaped view, which
+    reads the storage under the view (eager for that op under XLA), compiled and not."""
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:
+        q = t.transpose(0, 1).transpose(1, 2).reshape(4, 8, 4)  # a view of t's storage, not a copy
+        q = q.view(4, 2, 4, 4)
+        return q.as_strided(size=(4, 3, 4, 4), stride=(q.stride(0), q.stride(1) // 2, q.stride(2), q.stride(3))) * 1
+
+    base = torch.arange(128.0).reshape(8, 2, 2, 4).to("tpu")
+    return [chunks(base * 1).cpu().tolist(), torch.compile(chunks, backend="tpu")(base * 1).cpu().tolist()]
+
+
 def run(mode: torch.tpu.EagerMode, case) -> list:
     with torch.tpu.set_eager_mode(mode):
         return case()
@@ -166,6 +179,7 @@ out = {
         ("data_dependent", data_dependent),
         ("host_stream", host_stream_after_attention),
         ("sliding", sliding_batches),
+        ("chunks", overlapping_chunks),
     ]
 }
 out["deferred_dropout"] = run(FUSED, deferred_dropout)

@@ -64,6 +64,16 @@ def as_strided(
     return jnp.broadcast_to(shaped, tuple(sizes))
 
 
+def reads_logical_order(x: torch.Tensor, sizes: Sequence[int], strides: Sequence[int], offset: int | None) -> bool:
+    """Whether ``as_strided(x, sizes, strides, offset)`` reads only elements of ``x`` in its logical order, which is
+    all a lowering sees of it (a JAX array has no strides): true for a contiguous ``x`` that starts its storage
+    and holds the whole view. On a transposed view or a slice, ``as_strided`` indexes the storage underneath
+    (Longformer chunks attention that way), which the graph does not have: such an op runs eagerly."""
+    start = x.storage_offset() if offset is None else offset
+    end = start + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True)) + 1 if all(sizes) else start
+    return x.is_contiguous() and x.storage_offset() == 0 and 0 <= start and end <= x.numel()
+
+
 def as_strided_scatter(
     x: jax.Array, src: jax.Array, sizes: Sequence[int], strides: Sequence[int], storage_offset: int | None = None
 ) -> jax.Array | None:

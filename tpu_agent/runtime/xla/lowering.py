@@ -163,10 +163,32 @@ def is_data_dependent(node: torch.fx.Node) -> bool:
 
 
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The call nodes of ``gm`` torchax cannot lower (or whose output shapes an XLA program cannot fix)."""
+    """The call nodes of ``gm`` torchax cannot lower (or whose output shapes an XLA program cannot fix, or which
+    read a storage the program does not have: :func:`extra_ops.reads_logical_order`)."""
     return [
-        n for n in gm.graph.nodes if n.op == "call_function" and (is_data_dependent(n) or not has_lowering(n.target))
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and (is_data_dependent(n) or not has_lowering(n.target) or _strides_through_storage(n))
     ]
+
+
+_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
+
+
+def _strides_through_storage(node: torch.fx.Node) -> bool:
+    """An ``as_strided`` of a value the graph computed whose layout, as traced, is not its storage in logical
+    order. Graph inputs reach the program as arrays the strides and offsets index from their first element (a
+    DeferAndFuse graph's input buffers: :mod:`.planning` keys its slots that way)."""
+    if node.target not in _AS_STRIDED or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    if node.args[0].op == "placeholder":
+        return False
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return False
+    offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+    return not extra_ops.reads_logical_order(value, node.args[1], node.args[2], offset)
 
 
 @dataclass

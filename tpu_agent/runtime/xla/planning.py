@@ -24,7 +24,7 @@ import torch
 from tpu_agent.runtime.emulated import liveness, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import Graph
-from tpu_agent.runtime.xla import arrays
+from tpu_agent.runtime.xla import arrays, extra_ops
 
 
 class NotPlannable(Exception):
@@ -191,6 +191,8 @@ def _plan(graph: Graph, planner: Planner) -> Plan:
     views = []
     read, produce = planner.read, planner.produce
     for node in graph.nodes:
+        if node.func is _AS_STRIDED and not extra_ops.reads_logical_order(*_strided_args(node)):
+            raise NotPlannable(f"as_strided on a view of a larger or reordered storage, recorded at {node.site}")
         args = read(node.args)
         kwargs = read(list(node.kwargs.items())) if node.kwargs else ""
         is_view = node.func.is_view
@@ -200,6 +202,15 @@ def _plan(graph: Graph, planner: Planner) -> Plan:
         parts.append(f"{node.signature}{args}{kwargs}->{produce(node.outputs, is_view)}@{_PRECISION[node.precision]}")
     key = hashlib.sha1(planner.finish().encode()).hexdigest()[:20]
     return Plan(planner.buffers, planner.slots, planner.outputs, planner.floats, key, views, planner.live)
+
+
+_AS_STRIDED = torch.ops.aten.as_strided.default
+
+
+def _strided_args(node: Any) -> tuple[torch.Tensor, Any, Any, int | None]:
+    args, kwargs = node.args, node.kwargs
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    return args[0], args[1], args[2], offset
 
 
 def _slot_text(number: int, slot: Slot) -> str:
