@@ -225,3 +225,14 @@ def test_a_mode_past_its_timeout_is_an_error() -> None:
     report = check_model(f"{FACTORIES}:good_mlp", CheckOptions(modes=("strict",), timeout_s=0.5))
     assert report.modes[0].error is not None and report.modes[0].error.stage == "timeout"
     assert report.exit_code == 1
+
+
+def test_a_recurrent_state_gradient_reaches_the_xla_compiled_backward() -> None:
+    """RWKV's compiled backward gets a gradient for an output AOTAutograd traced as a plain tensor: it takes the tpu
+    gradient's CPU data (``TpuTensor.__coerce_same_metadata_as_tangent__``) instead of refusing its type."""
+    from tpu_agent.runtime.xla import settings
+
+    if settings.missing_xla_packages():
+        pytest.skip(f"the XLA compiler needs {settings.missing_xla_packages()}")
+    report = check_model("rwkv", CheckOptions(modes=("compile",), env={"TPU_AGENT_COMPILER": "xla"}))
+    assert report.modes[0].status == "pass", report.modes[0].error

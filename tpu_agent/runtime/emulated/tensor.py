@@ -93,6 +93,13 @@ class TpuTensor(torch.Tensor):
     ) -> torch.Tensor:
         return wrap(inner["_elem"])
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None) -> Any:
+        """AOTAutograd traced this gradient as a plain tensor (for an output it did not see derive from a tpu
+        input, as RWKV's recurrent state): the compiled backward gets the CPU data it traced, not the wrapper."""
+        if expected_type is None or expected_type is TpuTensor:
+            return self
+        return unwrap(self) if expected_type is torch.Tensor else None
+
     # ``param.data = other``: torch copies ``other``'s metadata into this tensor below the dispatcher, so the CPU
     # data (and what was derived from it) must follow here, or the tensor would keep computing with its old data.
     @property
