@@ -71,12 +71,9 @@ def run_on_cpu(
     draw = draw_of(func)
     if draw is not None and not _tracing():
         if draw.generator_at is not None:
-            cargs, ckwargs, device_generator = draw.with_device_generator(cargs, ckwargs)
-            if device_generator is not None:
-                device_generator.reseed_engine()
-                out = _call(plan, func, cargs, ckwargs)
-                device_generator.advance(_drawn(out))
-                return out
+            cargs, ckwargs, given_default = draw.with_device_generator(cargs, ckwargs)
+            if given_default:
+                return _draw_from_device(plan, func, cargs, ckwargs)
         elif not draw.drops_nothing(cargs, ckwargs):
             return _call_on_device_stream(plan, func, cargs, ckwargs)
     return _call(plan, func, cargs, ckwargs)
@@ -100,23 +97,21 @@ class Draw:
         self.generator_at = names.index("generator") if "generator" in names else None
         self.dropout_at = names.index("dropout_p") if "dropout_p" in names else None
 
-    def with_device_generator(
-        self, cargs: list, ckwargs: dict
-    ) -> tuple[list, dict, generator.DeviceDefaultGenerator | None]:
+    def with_device_generator(self, cargs: list, ckwargs: dict) -> tuple[list, dict, bool]:
         """The arguments with the device's default generator where the program passed none (the dispatcher leaves
-        out an argument at its default: a kwarg-only or trailing ``generator=None`` is absent, not None), and that
-        generator when it was put in (None: the program's own generator, used as it is)."""
+        out an argument at its default: a kwarg-only or trailing ``generator=None`` is absent, not None), and
+        whether it was put in (False: the program's own generator, used as it is)."""
         at = self.generator_at
         assert at is not None
         if at < len(cargs):  # passed by position (``poisson``, ``_fused_dropout``)
             if cargs[at] is not None:
-                return cargs, ckwargs, None
+                return cargs, ckwargs, False
             cargs = list(cargs)
             cargs[at] = generator.default
-            return cargs, ckwargs, generator.default
+            return cargs, ckwargs, True
         if ckwargs.get("generator") is not None:
-            return cargs, ckwargs, None
-        return cargs, {**ckwargs, "generator": generator.default}, generator.default
+            return cargs, ckwargs, False
+        return cargs, {**ckwargs, "generator": generator.default}, True
 
     def drops_nothing(self, cargs: list, ckwargs: dict) -> bool:
         at = self.dropout_at
@@ -151,11 +146,17 @@ def _call_on_device_stream(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: di
     generator's next draw; the CPU's state is restored after (a few microseconds: a 5 KB state copy)."""
     cpu = torch.default_generator
     saved = cpu.get_state()
-    generator.default.reseed_engine(cpu)
     try:
-        out = _call(plan, func, cargs, ckwargs)
+        return _draw_from_device(plan, func, cargs, ckwargs, cpu)
     finally:
         cpu.set_state(saved)
+
+
+def _draw_from_device(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: dict, engine: Any = None) -> Any:
+    """Run a random op on the engine (the device generator's own, or ``engine``) seeded for the device generator's
+    next draw, then move the generator's offset past the numbers the op drew."""
+    generator.default.reseed_engine(engine)
+    out = _call(plan, func, cargs, ckwargs)
     generator.default.advance(_drawn(out))
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -152,13 +152,21 @@ def result(a: jax.Array, dtype: torch.dtype | None) -> torch.Tensor:
     return t
 
 
+def storage_end(shape: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    """One past the last storage element a layout reads (``offset`` itself when it reads none); torch strides are
+    never negative."""
+    if not all(shape):
+        return offset
+    return offset + sum((n - 1) * step for n, step in zip(shape, stride, strict=True)) + 1
+
+
 def laid_out(value: torch.Tensor, stride: tuple[int, ...], offset: int) -> torch.Tensor:
     """``value`` with these strides and storage offset: itself when it has them, else a copy laid out so. XLA gives
     dense row-major results; a consumer may rely on the layout torch's kernels would have given (a traced
     ``view`` of a transposed result, a deferred tensor's views cut at the offsets its metadata promised)."""
     if value.stride() == stride and value.storage_offset() == offset:
         return value
-    extent = offset + sum((n - 1) * s for n, s in zip(value.shape, stride, strict=True)) + 1
+    extent = storage_end(value.shape, stride, offset)
     out = torch.empty(max(extent, 1), dtype=value.dtype).as_strided(value.shape, stride, offset)
     return out.copy_(value)
 
@@ -202,4 +210,4 @@ def _entry_references() -> tuple[int, int]:
     return without_array, with_array
 
 
-__all__ = ["array", "buffer", "flat_storage", "laid_out", "result", "sweep", "to_jax", "to_torch"]
+__all__ = ["array", "buffer", "flat_storage", "laid_out", "result", "storage_end", "sweep", "to_jax", "to_torch"]

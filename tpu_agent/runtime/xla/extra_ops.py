@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from tpu_agent.runtime.xla import arrays
+
 Block = tuple[list[int], list[int], int]  # (sizes of the dense block's axes, permutation, element count)
 
 
@@ -64,14 +66,25 @@ def as_strided(
     return jnp.broadcast_to(shaped, tuple(sizes))
 
 
-def reads_logical_order(x: torch.Tensor, sizes: Sequence[int], strides: Sequence[int], offset: int | None) -> bool:
-    """Whether ``as_strided(x, sizes, strides, offset)`` reads only elements of ``x`` in its logical order, which is
-    all a lowering sees of it (a JAX array has no strides): true for a contiguous ``x`` that starts its storage
-    and holds the whole view. On a transposed view or a slice, ``as_strided`` indexes the storage underneath
-    (Longformer chunks attention that way), which the graph does not have: such an op runs eagerly."""
+def reads_logical_order(x: torch.Tensor, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``as_strided`` with these arguments (input, size, stride, storage offset), ``x`` its input's tensor
+    or traced value, reads only elements of ``x`` in its logical order, which is all a lowering sees of it (a JAX
+    array has no strides): true for a contiguous ``x`` that starts its storage and holds the whole view. On a
+    transposed view or a slice, ``as_strided`` indexes the storage underneath (Longformer chunks attention that
+    way), which the graph does not have: such an op runs eagerly."""
+    sizes, strides = args[1], args[2]
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
     start = x.storage_offset() if offset is None else offset
-    end = start + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True)) + 1 if all(sizes) else start
+    end = arrays.storage_end(sizes, strides, start)
     return x.is_contiguous() and x.storage_offset() == 0 and 0 <= start and end <= x.numel()
+
+
+def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a layout covers its memory exactly once: a dense block (:func:`_dense_block`) with no broadcast
+    dimension."""
+    return all(size == 1 or stride for size, stride in zip(sizes, strides, strict=True)) and (
+        _dense_block(sizes, strides) is not None
+    )
 
 
 def as_strided_scatter(

@@ -185,10 +185,7 @@ def _strides_through_storage(node: torch.fx.Node) -> bool:
     if node.args[0].op == "placeholder":
         return False
     value = node.args[0].meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        return False
-    offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
-    return not extra_ops.reads_logical_order(value, node.args[1], node.args[2], offset)
+    return isinstance(value, torch.Tensor) and not extra_ops.reads_logical_order(value, node.args, node.kwargs)
 
 
 @dataclass
@@ -418,21 +415,10 @@ def _output_layouts(gm: torch.fx.GraphModule) -> list[tuple[tuple[int, ...], int
         if isinstance(value, torch.Tensor) and value.layout is torch.strided:
             stride = value.stride()
             concrete = all(isinstance(n, int) for n in (*value.shape, *stride))
-            if concrete and not value.is_contiguous() and _dense(value.shape, stride):
+            if concrete and not value.is_contiguous() and extra_ops.is_dense(value.shape, stride):
                 layout = (tuple(stride), 0)
         layouts.append(layout)
     return layouts
-
-
-def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    """Whether the layout covers its memory exactly once: row-major strides of some order of the dimensions."""
-    expected = 1
-    for size, step in sorted(zip(shape, stride, strict=True), key=lambda pair: pair[1]):
-        if size != 1:
-            if step != expected:
-                return False
-            expected *= size
-    return True
 
 
 def _uses_rng(gm: torch.fx.GraphModule) -> bool:

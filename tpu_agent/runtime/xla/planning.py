@@ -125,7 +125,7 @@ class Planner:
         """Cut each buffer to the window of its storage that the inputs span, make the slots' offsets relative
         to it, and return the key text (which names window sizes and relative offsets only)."""
         slots = list(self.slots.values())
-        windows = storage_windows(len(self.buffers), [(s.buffer, s.shape, s.stride, s.offset) for s in slots])
+        windows = _storage_windows(len(self.buffers), [(s.buffer, s.shape, s.stride, s.offset) for s in slots])
         for index, (low, high) in enumerate(windows):
             self.cut(index, low, high)
         for slot in slots:
@@ -191,7 +191,7 @@ def _plan(graph: Graph, planner: Planner) -> Plan:
     views = []
     read, produce = planner.read, planner.produce
     for node in graph.nodes:
-        if node.func is _AS_STRIDED and not extra_ops.reads_logical_order(*_strided_args(node)):
+        if node.func is _AS_STRIDED and not extra_ops.reads_logical_order(node.args[0], node.args, node.kwargs):
             raise NotPlannable(f"as_strided on a view of a larger or reordered storage, recorded at {node.site}")
         args = read(node.args)
         kwargs = read(list(node.kwargs.items())) if node.kwargs else ""
@@ -207,29 +207,21 @@ def _plan(graph: Graph, planner: Planner) -> Plan:
 _AS_STRIDED = torch.ops.aten.as_strided.default
 
 
-def _strided_args(node: Any) -> tuple[torch.Tensor, Any, Any, int | None]:
-    args, kwargs = node.args, node.kwargs
-    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
-    return args[0], args[1], args[2], offset
-
-
 def _slot_text(number: int, slot: Slot) -> str:
     return f"#{number}=B{slot.buffer}{slot.shape}{slot.stride}+{slot.offset}"
 
 
-def storage_windows(
+def _storage_windows(
     count: int, layouts: list[tuple[int, tuple[int, ...], tuple[int, ...], int]]
 ) -> list[tuple[int, int]]:
     """For each of ``count`` storages, the element range ``(low, high)`` its tensors span; ``layouts``: each
-    tensor's storage index, shape, strides and offset (torch strides are never negative)."""
-    low = [-1] * count
-    high = [0] * count
+    tensor's storage index, shape, strides and offset (every storage has at least one)."""
+    spans: list[tuple[int, int] | None] = [None] * count
     for index, shape, stride, offset in layouts:
-        end = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) + 1 if all(shape) else offset
-        if low[index] < 0 or offset < low[index]:
-            low[index] = offset
-        high[index] = max(high[index], end)
-    return [(max(lo, 0), max(hi, lo, 0)) for lo, hi in zip(low, high, strict=True)]
+        end = arrays.storage_end(shape, stride, offset)
+        span = spans[index]
+        spans[index] = (offset, end) if span is None else (min(span[0], offset), max(span[1], end))
+    return [span if span is not None else (0, 0) for span in spans]
 
 
 def window(flat: torch.Tensor, low: int, high: int) -> torch.Tensor:
@@ -262,7 +254,7 @@ def _fingerprint(walk: liveness.Walk, live: set[int]) -> tuple[tuple, list[tuple
             firsts.append(elem)
         layouts.append((index, elem.shape, elem.stride(), elem.storage_offset()))
         dtypes.append(elem.dtype)
-    windows = storage_windows(len(firsts), layouts)
+    windows = _storage_windows(len(firsts), layouts)
     items: list[Any] = [(elem.dtype, high - low) for elem, (low, high) in zip(firsts, windows, strict=True)]
     items += [
         (index, dtype, shape, stride, offset - windows[index][0])
