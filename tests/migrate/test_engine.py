@@ -213,6 +213,31 @@ def test_user_device_name_is_not_shadowed(write) -> None:  # noqa: ANN001
     assert migrate_one(path).migrated_bytes is None
 
 
+def test_cuda_import_stays_while_code_still_refers_to_it(write) -> None:  # noqa: ANN001
+    # the mirror of fixtures/TPU301_import_named_in_comments: a real reference (a value use the rule leaves for a
+    # person, an ``__all__`` export) keeps the import, where a comment or a string does not
+    source = (
+        "from torch.cuda.amp import GradScaler, autocast\n"
+        "__all__ = ['GradScaler']\n"
+        "def step(model, x):\n"
+        "    with autocast():  # autocast\n"
+        "        return model(x)\n"
+        "amp_context = autocast\n"
+    )
+    new = _new(migrate_one(write("amp_kept.py", source)))
+    assert new.startswith("from torch.cuda.amp import GradScaler, autocast\n")
+    assert "torch.autocast(DEVICE.type, dtype=torch.bfloat16)" in new
+
+
+def test_docstring_text_decides_no_name(write) -> None:  # noqa: ANN001
+    # an example in a docstring binds nothing: the resolver is still added, the torch alias still used, and a
+    # DEVICE that only a docstring mentions does not make the resolver take another name
+    docstring = f'"""Usage:\n\nimport torch\n{RESOLVER}\n"""\n'
+    new = _new(migrate_one(write("doc.py", docstring + "import torch as th\nx = th.ones(1).cuda()\n")))
+    assert new.count("DEVICE = th.accelerator.current_accelerator(check_available=True)") == 1
+    assert "x = th.ones(1).to(DEVICE)" in new and "\nimport torch\n" not in new.removeprefix(docstring)
+
+
 def test_resolver_goes_before_first_module_level_use(write) -> None:  # noqa: ANN001
     source = "import os\nimport torch\nprint('x')\ndevice = 'cuda'\nimport sys\n"
     new = _new(migrate_one(write("i.py", source)))

@@ -133,6 +133,29 @@ def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None
 
 
 @pytest.mark.slow
+def test_growing_a_tensor_in_place_resizes_it_or_is_refused_clearly(observed: dict) -> None:
+    grow = observed["grow_in_place"]
+    assert grow["set_larger"] == [[5], [0.0, 1.0, 2.0, 3.0, 4.0]]
+    refused = grow["with_view_refused"]
+    assert refused["type"] == "RuntimeError" and "views of it" in refused["message"] and "(8,)" in refused["message"]
+    assert refused["emulator_frames"] <= 2  # the method the program called (Tensor.resize_), nothing beneath
+    assert grow["after_refusal"] == [[3], [0.0, 0.0, 0.0], [0.0, 0.0]]  # the tensor is left as it was
+
+
+@pytest.mark.slow
+def test_out_arguments_take_the_results_shape(observed: dict) -> None:
+    results = observed["out_arguments"]
+    assert {k: results[k] for k in ("shrunk", "same_size", "tuple")} == {
+        "shrunk": True,
+        "same_size": True,
+        "tuple": True,
+    }
+    refused = results["grow_refused"]
+    assert refused["type"] == "RuntimeError" and "aten.cat.out" in refused["message"] and "(4, 3)" in refused["message"]
+    assert refused["emulator_frames"] <= 2 and results["after_refusal"] == [0]
+
+
+@pytest.mark.slow
 def test_assigning_data_replaces_what_the_tensor_computes_with(observed: dict) -> None:
     assert observed["data_assign"] == {"values": True, "shape_follows": [[2, 3], True]}
 

@@ -173,6 +173,32 @@ def observe() -> dict:
     grown.resize_(2, 4)
     grown[1].fill_(5.0)
     out["resize_grow"] = {"shape": list(alias.shape), "kept": grown.view(-1)[:3].tolist(), "row": grown[1].tolist()}
+    source = torch.arange(5.0).to("tpu")
+    target = torch.zeros(2, device="tpu")
+    target.set_(source)  # to a larger source: the tensor takes its size, as set_ does on the CPU
+    viewed = torch.zeros(3, device="tpu")
+    view = viewed[:2]
+    out["grow_in_place"] = {
+        "set_larger": [list(target.shape), target.tolist()],
+        "with_view_refused": error_of(lambda: viewed.resize_(8)),
+        "after_refusal": [list(viewed.shape), viewed.tolist(), view.tolist()],
+    }
+
+    # ``out=`` variants resize ``out`` to the result: the tensor must take the result's shape (it kept its old one,
+    # and read the wrong elements); a result larger than its memory is refused with what to allocate instead.
+    values = torch.arange(6.0).view(2, 3)
+    roomy, exact = torch.empty(20, device="tpu"), torch.empty(2, 6, device="tpu")
+    returned = torch.cat([values.to("tpu"), values.to("tpu")], dim=1, out=exact)
+    sorted_values, sorted_indices = torch.empty(7, device="tpu"), torch.empty(7, dtype=torch.long, device="tpu")
+    torch.sort(values.flip(0).to("tpu").view(-1), out=(sorted_values, sorted_indices))
+    small = torch.empty(0, device="tpu")
+    out["out_arguments"] = {
+        "shrunk": same(torch.add(values.to("tpu"), 1, out=roomy), values + 1) and list(roomy.shape) == [2, 3],
+        "same_size": returned is exact and same(exact, torch.cat([values, values], dim=1)),
+        "tuple": same(sorted_values, values.flip(0).view(-1).sort().values) and same(sorted_indices, values.flip(0).view(-1).sort().indices),
+        "grow_refused": error_of(lambda: torch.cat([values.to("tpu")] * 2, out=small)),
+        "after_refusal": list(small.shape),
+    }
 
     host = torch.arange(6.0)
     pinned = host.pin_memory()

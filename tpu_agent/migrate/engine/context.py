@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.bindings import Bindings, mentions_name
+from tpu_agent.migrate.analysis.bindings import analyse as analyse_bindings
 from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
+from tpu_agent.migrate.analysis.unpacked import Unpacked
+from tpu_agent.migrate.analysis.unpacked import analyse as analyse_unpacked
 from tpu_agent.migrate.analysis.valueflow import ValueFlow
 from tpu_agent.migrate.analysis.valueflow import analyse as analyse_value_flow
 from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
@@ -34,13 +38,6 @@ RESOLVER_RE = re.compile(
 )
 RESOLVER_SINCE_TORCH = "2.7"  # torch.accelerator.current_accelerator(check_available=True)
 RESOLVER_COMMENT = "# tpu-agent: the accelerator in use (TPU, CUDA, ...) or the CPU when there is none"
-_TORCH_ALIAS_RE = re.compile(r"^import[ \t]+torch[ \t]+as[ \t]+(\w+)[ \t]*(?:#.*)?\r?$", re.MULTILINE)
-_TORCH_PLAIN_RE = re.compile(r"^import[ \t]+torch(?:[ \t]*(?:#.*)?\r?$|\.\w)", re.MULTILINE)
-# DEVICE bound by the user's code (an assignment, import or loop variable), ignoring comments such as our TODOs
-_NAME_TAKEN_RE = re.compile(
-    r"^(?![ \t]*#)[^#\n]*(?:\bDEVICE[ \t]*(?::[^=\n]+)?=(?!=)|\bas[ \t]+DEVICE\b|\bimport[ \t]+(?:[\w.]+[ \t]*,[ \t]*)*DEVICE\b|\bfor[ \t]+DEVICE\b)",
-    re.MULTILINE,
-)
 _TENSORISH_BASE_RE = re.compile(r"(Module|Tensor|Parameter|Sequential|ModuleList|ModuleDict)$")
 
 
@@ -101,12 +98,20 @@ class PyContext:
     claimed_calls: frozenset[str] = frozenset()
 
     aliases: dict[str, str] = field(default_factory=dict)
+    imports_cuda_module: bool = False  # some ``import torch.cuda`` (without ``as``) binds ``torch`` too
     findings: list[PendingFinding] = field(default_factory=list)
     needs_torch: bool = False
     needs_device: bool = False
     device_first_top: int | None = None
     top_index: int = -1
     stmt_stack: list[cst.CSTNode] = field(default_factory=list)
+    # the module's top-level statements (``top_index`` is the current one's position) and the ids of the
+    # statements the gate marked inert (not visited); in a ``reduced`` module the inert top-level ones are stubs
+    # standing for the code, and a rule that needs to read one sets ``needs_full_parse``
+    module_body: Sequence[cst.BaseStatement] = ()
+    inert_statements: set[int] = field(default_factory=set)
+    reduced: bool = False
+    needs_full_parse: bool = False
     class_stack: list[str] = field(default_factory=list)
     todos: dict[int, list[str]] = field(default_factory=dict)
     # ids of original nodes, filled on the way down and read on the way up
@@ -128,6 +133,8 @@ class PyContext:
     _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
     source: str = ""  # the file's text, for the analyses computed on demand
     _value_flow: ValueFlow | None = None
+    _bindings: Bindings | None = None
+    _unpacked: dict[str, Unpacked] = field(default_factory=dict)
     ast_tree: ast.Module | None = None  # the stdlib parse of ``source`` when the engine has one
     imported_flows: Imported = field(default_factory=dict)
 
@@ -138,17 +145,19 @@ class PyContext:
         options: MigrateOptions,
         rules: Mapping[str, Rule],
         claimed_calls: frozenset[str] = frozenset(),
+        tree: ast.Module | None = None,
     ) -> PyContext:
-        """Decide the resolver name and the ``torch`` alias from the text, before the pass needs them."""
-        ctx = cls(options=options, rules=rules, claimed_calls=claimed_calls, source=source)
-        resolver = RESOLVER_RE.search(source)
-        if resolver:
-            ctx.device_name, ctx.resolver_exists = resolver.group("name"), True
-        elif _NAME_TAKEN_RE.search(source):
-            ctx.device_name = "TPU_AGENT_DEVICE"
-        alias = _TORCH_ALIAS_RE.search(source)
-        if alias and not _TORCH_PLAIN_RE.search(source):
-            ctx.torch_name = alias.group(1)
+        """Decide the resolver name and the ``torch`` alias from the module's statements (``tree``, the stdlib
+        parse of ``source``), before the pass needs them. Without a tree the choices are the safe ones: a
+        resolver of another name wherever the text mentions ``DEVICE``, and ``torch`` imported as ``torch``."""
+        ctx = cls(options=options, rules=rules, claimed_calls=claimed_calls, source=source, ast_tree=tree)
+        resolver = _existing_resolver(source, tree)
+        if resolver is not None:
+            ctx.device_name, ctx.resolver_exists = resolver, True
+        elif ctx.device_name in source and (tree is None or mentions_name(tree, ctx.device_name)):
+            ctx.device_name = "TPU_AGENT_DEVICE"  # the user's code binds or reads DEVICE (in any scope)
+        if tree is not None:
+            ctx.torch_name = _torch_alias(tree)
         if "def cuda" in source:
             ctx.user_cuda = UserCudaClasses.scan(source)
         return ctx
@@ -159,6 +168,27 @@ class PyContext:
         if self._value_flow is None:
             self._value_flow = analyse_value_flow(self.source, self.ast_tree)
         return self._value_flow
+
+    @property
+    def bindings(self) -> Bindings:
+        """What the module binds to each name and attribute (computed on first need; empty without a tree)."""
+        if self._bindings is None:
+            self._bindings = analyse_bindings(self.ast_tree) if self.ast_tree is not None else Bindings()
+        return self._bindings
+
+    def unpacked(self, function: str) -> Unpacked:
+        """The mappings the module unpacks with ``**`` into calls of ``function``, and whether it shows every
+        entry each holds (:mod:`~tpu_agent.migrate.analysis.unpacked`; nothing without a tree)."""
+        if function not in self._unpacked:
+            tree = self.ast_tree
+            self._unpacked[function] = analyse_unpacked(tree, function) if tree is not None else Unpacked()
+        return self._unpacked[function]
+
+    @property
+    def scope_path(self) -> tuple[str, ...]:
+        """The names of the ``def``/``class`` statements around the current statement (as
+        :mod:`~tpu_agent.migrate.analysis.unpacked` names scopes)."""
+        return tuple(s.name.value for s in self.stmt_stack if isinstance(s, (cst.FunctionDef, cst.ClassDef)))
 
     # ---- names -------------------------------------------------------------------------------------
     @property
@@ -175,6 +205,7 @@ class PyContext:
                 else:
                     head = full.split(".")[0]
                     self.aliases[head] = head
+                    self.imports_cuda_module |= full == "torch.cuda" or full.startswith("torch.cuda.")
             return
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
@@ -207,6 +238,13 @@ class PyContext:
                 result = ".".join([base, *reversed(parts)])
         self._qualnames[key] = result
         return result
+
+    def resolve(self, dotted_name: str) -> str | None:
+        """The qualified name of a dotted name as the file's imports bind it (``tc.synchronize`` after ``import
+        torch.cuda as tc`` is ``torch.cuda.synchronize``), None when its head is no import."""
+        head, dot, rest = dotted_name.partition(".")
+        base = self.aliases.get(head)
+        return None if base is None else base + dot + rest
 
     def is_call_func(self, node: cst.CSTNode) -> bool:
         return id(node) in self.call_funcs
@@ -339,6 +377,36 @@ class PyContext:
 
     def todo_comments(self, statement: cst.CSTNode) -> list[str]:
         return self.todos.get(id(statement), [])
+
+
+def _existing_resolver(source: str, tree: ast.Module | None) -> str | None:
+    """The name of the device resolver an earlier migration put in the module (a module-level assignment, not
+    the same text in a docstring), or None."""
+    for match in RESOLVER_RE.finditer(source):
+        if tree is None:
+            return match.group("name")
+        line = source.count("\n", 0, match.start()) + 1
+        for statement in tree.body:
+            if (
+                isinstance(statement, ast.Assign)
+                and statement.lineno == line
+                and [getattr(t, "id", None) for t in statement.targets] == [match.group("name")]
+            ):
+                return match.group("name")
+    return None
+
+
+def _torch_alias(tree: ast.Module) -> str:
+    """The name the module's top-level ``import torch as th`` binds, unless it also imports torch plainly."""
+    alias = None
+    for statement in tree.body:
+        if isinstance(statement, ast.Import):
+            for name in statement.names:
+                if name.asname is None and name.name.partition(".")[0] == "torch":
+                    return "torch"
+                if name.asname is not None and name.name == "torch":
+                    alias = alias or name.asname
+    return alias or "torch"
 
 
 def decide(options: MigrateOptions, rules: Mapping[str, Rule], code: str, fixable: bool) -> bool | None:

@@ -57,9 +57,27 @@ def _cuda_aliases(tree: ast.Module) -> list[str]:
     return names
 
 
-def _trigger_gate(tree: ast.Module) -> re.Pattern[bytes]:
+def _device_property_holders(tree: ast.Module, source: str) -> list[str]:
+    """Names and attributes some assignment binds to ``get_device_properties(...)``: a statement reading a
+    CUDA-only field through one (``if PROPS.major >= 8``, ``self.props.minor``) holds no CUDA token itself,
+    but TPU208 reports it."""
+    if "get_device_properties" not in source:
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            function = node.value.func
+            called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+            if called == "get_device_properties":
+                for target in node.targets:
+                    if isinstance(target, (ast.Name, ast.Attribute)):
+                        names.append(target.id if isinstance(target, ast.Name) else target.attr)
+    return names
+
+
+def _trigger_gate(tree: ast.Module, source: str) -> re.Pattern[bytes]:
     """The prefilter regex, plus the file's own names for CUDA-ish things."""
-    aliases = _cuda_aliases(tree)
+    aliases = _cuda_aliases(tree) + _device_property_holders(tree, source)
     if not aliases:
         return CUDA_TOKENS
     return re.compile(
@@ -107,7 +125,7 @@ def reduce_source(source: str, tree: ast.Module) -> Reduction | None:
     stay as they are. A simple statement becomes ``(`` ... ``)``, a compound one ``if (`` ... ``): pass``: the
     import placement tells the two apart (imports go after the leading simple statements), and a leading
     docstring is kept (imports go after it)."""
-    gate = _trigger_gate(tree)
+    gate = _trigger_gate(tree, source)
     starts = line_starts(source)
     groups: list[_Group] = []
     for position, stmt in enumerate(tree.body):
@@ -174,7 +192,7 @@ def statement_map(module: cst.Module, source: str, tree: ast.Module | None = Non
             tree = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return StatementMap(set(), None)
-    gate = _trigger_gate(tree)
+    gate = _trigger_gate(tree, source)
     starts = line_starts(source)
     inert: set[int] = set()
     begins: list[int] = []

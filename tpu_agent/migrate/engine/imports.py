@@ -13,11 +13,16 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import GatherUnusedImportsVisitor
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import GlobalScope, ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
 from tpu_agent.migrate.engine.context import RESOLVER_COMMENT, PyContext
 from tpu_agent.migrate.model import Target
 
-CUDA_MODULE_PREFIXES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
+CUDA_MODULE = "torch.cuda"
+CUDA_MODULE_PREFIXES = (CUDA_MODULE, "torch.backends.cudnn", "torch.backends.cuda")
 
 
 def is_import_line(stmt: cst.CSTNode) -> TypeGuard[cst.SimpleStatementLine]:
@@ -117,18 +122,70 @@ class UnusedImports:
         return bool(self.names) or self.retire_module
 
 
+_NONE_UNUSED = UnusedImports(frozenset(), False)
+
+
+def _is_cuda_module_import(alias: cst.ImportAlias) -> bool:
+    """``import torch.cuda`` (or a submodule) without ``as``: it binds ``torch`` as well as the CUDA module."""
+    name = alias.evaluated_name
+    return alias.asname is None and (name == CUDA_MODULE or name.startswith(f"{CUDA_MODULE}."))
+
+
+class _UnusedImportsVisitor(GatherUnusedImportsVisitor):
+    """libcst's unused-import analysis (scope references, ``__all__``, names in string annotations), except that
+    a plain ``import torch.cuda`` is in use only while something refers to ``torch.cuda`` through it: the
+    ``torch`` it also binds stays bound by the ``import torch`` it becomes."""
+
+    def is_in_use(self, scope: Scope, alias: cst.ImportAlias) -> bool:
+        if not _is_cuda_module_import(alias):
+            return super().is_in_use(scope, alias)
+        parts = alias.evaluated_name.split(".")
+        modules = [".".join(parts[:end]) for end in range(2, len(parts) + 1)]  # torch.cuda, torch.cuda.amp...
+        return any(
+            isinstance(assignment, ImportAssignment) and assignment.references
+            for module in modules
+            for assignment in scope[module]
+        )
+
+
+def _cuda_qualname(alias: cst.ImportAlias, parent: cst.Import | cst.ImportFrom) -> str:
+    if isinstance(parent, cst.Import):
+        return alias.evaluated_name
+    return f"{get_full_name_for_node(parent.module) if parent.module is not None else ''}.{alias.evaluated_name}"
+
+
 def unused_cuda_imports(ctx: PyContext, code: str) -> UnusedImports:
-    """What :func:`remove_unused_cuda_imports` would drop from ``code`` (the output text)."""
-    names = frozenset(
-        name
-        for name, qualname in ctx.aliases.items()
-        if qualname.startswith(CUDA_MODULE_PREFIXES)
-        and name != "torch"
-        and len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) == 1
-    )
-    plain_cuda_imports = len(re.findall(r"^import[ \t]+torch\.cuda\b", code, re.MULTILINE))
-    retire_module = plain_cuda_imports > 0 and len(re.findall(r"\btorch\.cuda\b", code)) == plain_cuda_imports
-    return UnusedImports(names, retire_module)
+    """What :func:`remove_unused_cuda_imports` would drop from ``code`` (the output text).
+
+    Whether an import is still used is decided by real references (libcst's scope analysis of the output): a
+    name that a comment, a string or a docstring still mentions is unused all the same. The analysis parses the
+    output again, so it only runs when the text leaves a doubt: a name its text never repeats is unused."""
+    names = {
+        name for name, qualname in ctx.aliases.items() if qualname.startswith(CUDA_MODULE_PREFIXES) and name != "torch"
+    }
+    maybe_used = {name for name in names if len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code)) > 1}
+    plain_imports = len(re.findall(r"^import[ \t]+torch\.cuda\b", code, re.MULTILINE))
+    module_mentioned = ctx.imports_cuda_module and len(re.findall(r"\btorch\.cuda\b", code)) > plain_imports
+    if not maybe_used and not module_mentioned:
+        return UnusedImports(frozenset(names), ctx.imports_cuda_module)
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(code), unsafe_skip_copy=True)
+    except cst.ParserSyntaxError:
+        return _NONE_UNUSED  # the output does not parse: leave the imports alone
+    wrapper.resolve_many(_UnusedImportsVisitor.METADATA_DEPENDENCIES)
+    visitor = _UnusedImportsVisitor(CodemodContext(wrapper=wrapper))
+    wrapper.module.visit(visitor)
+    unused_names, retire_module = names - maybe_used, False
+    for alias, parent in visitor.unused_imports:
+        if not isinstance(visitor.get_metadata(ScopeProvider, parent), GlobalScope):
+            continue  # only module-level imports are removed
+        if _is_cuda_module_import(alias):
+            retire_module = True
+        elif _cuda_qualname(alias, parent).startswith(CUDA_MODULE_PREFIXES):
+            bound = _bound_name(alias)
+            if bound in names:
+                unused_names.add(bound)
+    return UnusedImports(frozenset(unused_names), retire_module)
 
 
 def remove_unused_cuda_imports(module: cst.Module, code: str, found: UnusedImports) -> str:
@@ -154,7 +211,7 @@ def remove_unused_cuda_imports(module: cst.Module, code: str, found: UnusedImpor
                             retire_module
                             and isinstance(small, cst.Import)
                             and alias.asname is None
-                            and alias.evaluated_name.startswith(CUDA_MODULE_PREFIXES[0])
+                            and _is_cuda_module_import(alias)
                         ):
                             alias = alias.with_changes(name=cst.Name("torch"))
                         keep.append(alias)

@@ -92,16 +92,16 @@ def rewrite(
     stdlib parse of ``source`` when the caller already made it."""
     reduction = reduce_source(source, tree) if reduce and tree is not None else None
     module = parse(reduction.text if reduction is not None else source)
-    ctx = PyContext.for_source(source, options, rules, dispatch.claimed_calls)
-    ctx.imported_flows = imported or {}
-    transformer = RulePass(ctx, dispatch)
     if reduction is not None:
         statements = statement_map(module, reduction.text, reduction.tree)
         statements.tree = tree  # the analyses (value flow) see every use, the stubbed statements' included
     else:
         statements = statement_map(module, source, tree)
-    transformer.inert = statements.inert
-    ctx.ast_tree = statements.tree
+    ctx = PyContext.for_source(source, options, rules, dispatch.claimed_calls, statements.tree)
+    ctx.imported_flows = imported or {}
+    transformer = RulePass(ctx, dispatch)
+    transformer.inert = ctx.inert_statements = statements.inert
+    ctx.module_body, ctx.reduced = module.body, reduction is not None
     new_module = module.visit(transformer)
     return Rewrite(source, module, new_module, ctx, statements, transformer.edits, reduction is not None)
 
@@ -118,7 +118,8 @@ def migrate_source(
 
     libcst parses only the statements the rules can act on (:func:`gate.reduce_source`); in the rare case
     that the output cannot be spliced from the original text (a top-level statement removed, an import
-    clean-up), the file is migrated again from its full parse."""
+    clean-up), or that a rule needs to read a statement the reduction stubbed, the file is migrated again from
+    its full parse."""
     # Parsing and the pass allocate many short-lived, acyclic nodes: the cyclic collector only slows them down.
     collecting = gc.isenabled()
     gc.disable()
@@ -137,6 +138,8 @@ def _outcome(result: Rewrite) -> PyOutcome | None:
     """Place the findings and produce the output text, splicing when the statement layout allows it; None for
     a reduced module whose output needs code generation of the whole module."""
     module, new_module, ctx, edits = result.module, result.new_module, result.ctx, result.edits
+    if result.reduced and ctx.needs_full_parse:
+        return None
     begins = result.statements.begins
     placed = layout(module, result.source, begins) if begins is not None else None
     found: dict[int, Position] = {}

@@ -12,13 +12,13 @@ would separate records from their handlers, or the handlers from their tables.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
+from tpu_agent.migrate.rules._bound import always_bound_to_call, bound_earlier, earlier_small_statements
 from tpu_agent.migrate.rules._cst import (
     arg_position,
     keep_parens,
@@ -662,7 +662,7 @@ def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
         return updated
     value = before.value
     if isinstance(value, cst.Name):
-        value = _bound_earlier(ctx, value.value) or value
+        value = bound_earlier(ctx, value.value) or value
     index = cuda_device_index(ctx, value)
     if index is None:
         return updated
@@ -674,17 +674,24 @@ def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
 _TPU_PROPERTIES = frozenset({"name", "total_memory", "multi_processor_count"})
 
 
+_DEVICE_PROPERTIES = "torch.cuda.get_device_properties"
+
+
 @FAMILY.leave(cst.Attribute)
 def cuda_only_property(ctx: PyContext, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-    """``torch.cuda.get_device_properties(d).major``, directly or through a name bound just before: the call is
-    rewritten (TPU201), the field it reads raises AttributeError on TPU, so it is reported as a capability check."""
+    """``torch.cuda.get_device_properties(d).major``, directly, through a name bound just before, or through a
+    name or attribute the module only ever binds to device properties (a module global, ``self.props`` set in
+    ``__init__``, a class attribute): the call is rewritten (TPU201), the field it reads raises AttributeError
+    on TPU, so it is reported as a capability check."""
     field_name = original.attr.value
-    if field_name in _TPU_PROPERTIES or field_name.startswith("__"):
+    if field_name in _TPU_PROPERTIES or field_name.startswith("__") or "get_device_properties" not in ctx.source:
         return updated
     value = original.value
     if isinstance(value, cst.Name):
-        value = _bound_earlier(ctx, value.value) or value
-    if isinstance(value, cst.Call) and ctx.qualname(value) == "torch.cuda.get_device_properties":
+        value = bound_earlier(ctx, value.value) or value
+    if (isinstance(value, cst.Call) and ctx.qualname(value) == _DEVICE_PROPERTIES) or always_bound_to_call(
+        ctx, value, _DEVICE_PROPERTIES
+    ):
         ctx.report(
             "TPU208",
             original,
@@ -693,34 +700,6 @@ def cuda_only_property(ctx: PyContext, original: cst.Attribute, updated: cst.Att
             fixable=False,
         )
     return updated
-
-
-def _bound_earlier(ctx: PyContext, name: str) -> cst.BaseExpression | None:
-    """The value the nearest earlier statement of the enclosing block assigns to ``name`` (None if none does).
-
-    nanoGPT's DDP setup is ``device = f'cuda:{ddp_local_rank}'`` then ``torch.cuda.set_device(device)``: the
-    device string loses its index (TPU102), so set_device_index(device) would raise on CUDA; the index the
-    string named is what the call needs."""
-    for small in _earlier_small_statements(ctx):
-        if not isinstance(small, cst.Assign) or len(small.targets) != 1:
-            continue
-        target = small.targets[0].target
-        if isinstance(target, cst.Name) and target.value == name:
-            return small.value
-    return None
-
-
-def _earlier_small_statements(ctx: PyContext) -> Iterator[cst.BaseSmallStatement]:
-    """The simple statements before the current statement in its enclosing block (a function's, a class's or
-    a compound statement's body), nearest first. Module level has none: it is not one block to the rules."""
-    if len(ctx.stmt_stack) < 2:
-        return
-    block = getattr(ctx.stmt_stack[-2], "body", None)
-    statements = getattr(block, "body", ())
-    position = next((i for i, statement in enumerate(statements) if statement is ctx.stmt_stack[-1]), 0)
-    for statement in reversed(statements[:position]):
-        if isinstance(statement, cst.SimpleStatementLine):
-            yield from reversed(statement.body)
 
 
 # CUDA seeding that torch.manual_seed(s) also does (it seeds the CPU and every device)
@@ -732,7 +711,7 @@ def _seeded_earlier(ctx: PyContext, call: cst.Call) -> bool:
     or a CUDA seeding call that becomes one (seed_everything's ``torch.manual_seed(s)``, ``torch.cuda.manual_seed(s)``,
     ``torch.cuda.manual_seed_all(s)``)."""
     arguments = [source(arg.value) for arg in call.args]
-    for small in _earlier_small_statements(ctx):
+    for small in earlier_small_statements(ctx):
         if (
             isinstance(small, cst.Expr)
             and isinstance(small.value, cst.Call)

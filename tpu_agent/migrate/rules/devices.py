@@ -203,9 +203,25 @@ def cuda_device_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpre
             return cuda_device_index(ctx, kind.value)
         if kind is not None and position is not None and string_value(kind.value) == "cuda":
             index = position.value
-    if index is None or "cuda" in source(index):
+    if index is None or _refers_to_cuda(ctx, index):
         return None
     return index
+
+
+def _refers_to_cuda(ctx: PyContext, node: cst.CSTNode) -> bool:
+    """Whether the expression names something under ``torch.cuda`` or holds a CUDA device string (the rules
+    rewrite those parts themselves); a name such as ``cfg.cuda_rank`` or a comment saying "cuda" does not count."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.Name, cst.Attribute)):
+            qualname = ctx.qualname(current) or ""
+            if qualname == "torch.cuda" or qualname.startswith("torch.cuda."):
+                return True
+        elif isinstance(current, (cst.SimpleString, cst.FormattedString)) and cuda_device_code(ctx, current):
+            return True
+        stack.extend(current.children)
+    return False
 
 
 def is_availability_fallback(ctx: PyContext, node: cst.CSTNode, fallback: str = "cpu") -> bool:
@@ -265,7 +281,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
     qualname = ctx.qualname(original)
     if qualname == "torch.device":
         arg = positional(original, 0) or keyword(original, "type")
-        if arg is None:
+        if arg is None or ctx.is_claimed(original):  # claimed: a device_id entry (TPU407) needs its index
             return updated
         index = arg_position(original, arg)
         if isinstance(arg.value, cst.IfExp) and not is_availability_fallback(ctx, arg.value):

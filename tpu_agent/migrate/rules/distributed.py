@@ -25,7 +25,6 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
-from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call
 from tpu_agent.migrate.rules.devices import is_availability_fallback, rewrite_device
 from tpu_agent.migrate.rules.references import DDP, DEVICE_MESH, DISTRIBUTED, TORCH_TPU
 
@@ -142,7 +141,7 @@ _DATA_PARALLEL = (
     "torch.nn.parallel.data_parallel",
     "torch.nn.parallel.data_parallel.data_parallel",
 )
-_INITS = frozenset(
+INITS = frozenset(
     {
         "torch.distributed.init_process_group",
         "torch.distributed.distributed_c10d.init_process_group",
@@ -166,7 +165,7 @@ _NCCL_AVAILABLE = frozenset(
     {"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"}
 )
 _BACKEND_NCCL = ("torch.distributed.Backend.NCCL", "torch.distributed.distributed_c10d.Backend.NCCL")
-FAMILY.claim(*_INITS, *_DDPS, *_MESHES, *_BARRIERS)
+FAMILY.claim(*INITS, *_DDPS, *_MESHES, *_BARRIERS)
 _MIXED_RE = re.compile(r"(?:\w+:\w+,)*cuda:nccl(?:,\w+:\w+)*")
 _BACKEND_NAME_RE = re.compile(r"backend$", re.IGNORECASE)
 
@@ -190,7 +189,7 @@ def _backend_value(ctx: PyContext, original: cst.BaseExpression) -> tuple[cst.Ba
 
 @FAMILY.visit(cst.Call)
 def _claim_init_backend(ctx: PyContext, node: cst.Call) -> None:
-    if ctx.qualname(node.func) in _INITS:
+    if ctx.qualname(node.func) in INITS:
         backend = positional(node, 0) or keyword(node, "backend")
         if backend is not None:
             ctx.claim(backend.value)
@@ -201,7 +200,7 @@ def _claim_init_backend(ctx: PyContext, node: cst.Call) -> None:
 @FAMILY.leave(cst.Call)
 def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     qualname = ctx.qualname(original)
-    if qualname in _INITS:
+    if qualname in INITS:
         backend = positional(original, 0) or keyword(original, "backend")
         if backend is None:
             return updated
@@ -393,75 +392,3 @@ FAMILY.text(
         message=_backend_message,
     )
 )
-
-
-# ---- device_id needs an index -------------------------------------------------------------------------
-FAMILY.rule(
-    code="TPU407",
-    name="device-id-index",
-    safety=Safety.SAFE,
-    summary="init_process_group(device_id=...) given a device without an index, a rank, or a CUDA device.",
-    rationale="torch raises 'Please use a device_id with index' for a device without an index, and under TorchTPU an "
-    "integer or a CUDA index other than the bound one fails. The process's own device, with the index the "
-    "process is bound to, is what every backend accepts (on CUDA it is the device set_device_index selected). "
-    "For the accelerator target it is None where no accelerator is present: there current_device_index() raises "
-    "and gloo takes no device_id.",
-    before='dist.init_process_group(backend="nccl", device_id=torch.device(f"cuda:{local_rank}"))',
-    after="dist.init_process_group(backend=..., "
-    "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index()) "
-    "if torch.accelerator.is_available() else None)",
-    references=(f"{DISTRIBUTED}#torch.distributed.init_process_group",),
-    apis=(
-        ApiEquivalent(
-            "init_process_group(..., device_id=device)",
-            "device_id=torch.device(DEVICE.type, torch.accelerator.current_device_index())",
-        ),
-    ),
-    since_torch="2.7",
-)
-
-
-def _is_indexed_current_device(ctx: PyContext, node: cst.BaseExpression) -> bool:
-    """``torch.device(<type>, torch.accelerator.current_device_index())``, alone or behind a CPU guard: what this
-    rule writes."""
-    if isinstance(node, cst.IfExp):
-        node = node.body
-    return (
-        isinstance(node, cst.Call)
-        and ctx.qualname(node) == "torch.device"
-        and len(node.args) == 2
-        and ctx.qualname(node.args[1].value) == "torch.accelerator.current_device_index"
-    )
-
-
-def indexed_process_device(ctx: PyContext) -> cst.Call:
-    """The process's device with its index: ``torch.device(DEVICE.type, torch.accelerator.current_device_index())``."""
-    index = cst.Call(func=ctx.torch_attr("accelerator.current_device_index"))
-    return cst.Call(func=ctx.torch_attr("device"), args=[cst.Arg(ctx.device_type()), cst.Arg(index)])
-
-
-def _process_device_id(ctx: PyContext) -> cst.BaseExpression:
-    """:func:`indexed_process_device`; for the accelerator target ``None`` without an accelerator (CPU-only runs),
-    unless an availability test around the call already ensures one."""
-    device = indexed_process_device(ctx)
-    if ctx.target.value != "accelerator" or already_guarded(ctx):
-        return device
-    return cst.IfExp(test=availability_call(ctx), body=device, orelse=cst.Name("None"))
-
-
-@FAMILY.leave(cst.Call)
-def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-    if type(updated) is not cst.Call or ctx.qualname(original) not in _INITS:
-        return updated
-    device_id = keyword(original, "device_id")
-    if device_id is None or _is_indexed_current_device(ctx, device_id.value):
-        return updated
-    if isinstance(device_id.value, cst.Name) and device_id.value.value == "None":
-        return updated
-    new = ctx.fix(
-        "TPU407",
-        device_id.value,
-        lambda: _process_device_id(ctx),
-        lambda n: f"device_id={source(device_id.value)} -> {source(n)} (a device_id needs an index)",
-    )
-    return replace_arg_value(updated, arg_position(original, device_id), new) if new is not None else updated

@@ -343,6 +343,8 @@ def _infer(
     outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
     if func in ops.METADATA_INPLACE_OPS:
         tt.sync_metadata(outputs, mout)
+    elif mkwargs and tt.route_of(func).plan.out_arguments:
+        tt.sync_out_arguments(func, kwargs, mkwargs, before_relayout=lambda: flush("layout_change"))
     signature = _signature(func, margs)
     inferred = None
     if key is not None:
@@ -435,7 +437,8 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
             return _eager(func, args, kwargs, "fallback")
     if route.special is not None:
         route.special(func, args, kwargs)
-    key = shape_cache.key_of(func, args, kwargs) if not plan.metadata_inplace else None
+    # ops that change a tensor's layout in place are inferred every time: the cache describes new outputs only
+    key = shape_cache.key_of(func, args, kwargs) if not (plan.metadata_inplace or plan.out_arguments) else None
     inferred = shape_cache.lookup(key) if key is not None else None
     if inferred is not None:
         description = inferred.outputs

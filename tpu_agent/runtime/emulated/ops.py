@@ -203,6 +203,7 @@ class OpPlan:
     data_dependent: bool
     storage_changing: bool
     metadata_inplace: bool
+    out_arguments: tuple[str, ...]  # the ``out=`` arguments an out variant writes (and may resize) in place
     mixed_device_ok: bool
     is_view: bool
     transfer: bool  # in TRANSFER_OPS: may move data between host and device
@@ -235,6 +236,7 @@ def plan_of(func: Any) -> OpPlan:
         data_dependent=data_dependent,
         storage_changing=storage_changing,
         metadata_inplace=func in METADATA_INPLACE_OPS,
+        out_arguments=tuple(a.name for a in func._schema.arguments if a.is_out) if hasattr(func, "_schema") else (),
         mixed_device_ok=func in MIXED_DEVICE_OK,
         is_view=is_view,
         transfer=func in TRANSFER_OPS,

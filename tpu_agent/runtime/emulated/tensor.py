@@ -114,14 +114,17 @@ class TpuTensor(torch.Tensor):
         self._layout = None
         self.__dict__.pop("_meta", None)
 
-    # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the method
-    # runs the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
+    # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the methods
+    # (``resize_``, ``resize_as_``, ``set_`` to a larger source) run the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
     # internals (``torch.utils.swap_tensors``): every reference the program holds sees the new size.
     def resize_(self, *sizes: Any, memory_format: Any = None) -> torch.Tensor:
         return _grown(self, lambda: _Tensor.resize_(self, *sizes, memory_format=memory_format))
 
     def resize_as_(self, other: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
         return _grown(self, lambda: _Tensor.resize_as_(self, other, memory_format=memory_format))
+
+    def set_(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return _grown(self, lambda: _Tensor.set_(self, *args, **kwargs))
 
     # Host reads: name the cause for the event log, materialise pending work, then read the CPU data.
     def item(self) -> Any:
@@ -197,7 +200,17 @@ def _grown(t: TpuTensor, resize: Callable[[], torch.Tensor]) -> torch.Tensor:
     try:
         return resize()
     except WrapperTooSmall:
-        torch.utils.swap_tensors(t, wrap(unwrap(t)))
+        grown = unwrap(t)
+        try:
+            torch.utils.swap_tensors(t, wrap(grown))
+        except RuntimeError:  # views of ``t`` or tensors autograd saved hold its wrapper: it cannot be swapped
+            needed = tuple(grown.shape)
+            grown.as_strided_(t.shape, t.stride(), t.storage_offset())
+            raise RuntimeError(
+                f"cannot grow a tpu tensor of shape {tuple(t.shape)} to {needed} in place while views of it (or "
+                "tensors autograd saved from it) are alive: a tpu tensor's memory is sized when it is made. Drop "
+                f"the views first, or make a new tensor (torch.empty({needed}, device='tpu')) and copy into it."
+            ) from None
         return t
 
 
@@ -503,6 +516,45 @@ class WrapperTooSmall(RuntimeError):
     """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
 
 
+def sync_out_arguments(
+    func: Any, kwargs: dict, data_kwargs: dict, before_relayout: Callable[[], None] | None = None
+) -> None:
+    """After an ``out=`` op, give each ``out`` tpu tensor the layout the op gave its data (``data_kwargs``: the
+    CPU tensors in Strict, the meta tensors when DeferAndFuse records): out variants resize ``out`` to the result's
+    shape, and a wrapper left at its old shape reads the wrong elements. When recording, an ``out`` that has data
+    takes the new layout at once, so views cut from it before the flush agree; ``before_relayout`` runs first
+    (DeferAndFuse materialises the pending ops, which read the old layout).
+
+    A result larger than the tensor's memory cannot grow it from inside the dispatcher (``resize_`` can: it runs
+    before it); that is refused with the shape to allocate, and the tensor keeps its old shape and data layout."""
+    for name in route_of(func).plan.out_arguments:
+        wrappers, data = kwargs.get(name), data_kwargs.get(name)
+        if type(wrappers) is TpuTensor:
+            wrappers, data = (wrappers,), (data,)
+        if not isinstance(wrappers, (tuple, list)) or not isinstance(data, (tuple, list)):
+            continue
+        for wrapper, source in zip(wrappers, data, strict=True):
+            if type(wrapper) is not TpuTensor or not isinstance(source, _Tensor):
+                continue
+            try:
+                sync_metadata(wrapper, source)
+            except WrapperTooSmall:
+                needed = tuple(source.shape)
+                source.as_strided_(wrapper.shape, wrapper.stride(), wrapper.storage_offset())
+                raise RuntimeError(
+                    f"{func}: the out= tensor '{name}' of shape {tuple(wrapper.shape)} is too small for the result "
+                    f"of shape {needed}, and a tpu tensor's memory cannot grow inside an op. Allocate it with the "
+                    f"result's shape (torch.empty({needed}, device='tpu')), call {name}.resize_({needed}) first, or "
+                    "use the op's return value instead of out=."
+                ) from None
+            elem = wrapper._elem
+            if elem is not None and elem is not source and elem.shape != source.shape:
+                if before_relayout is not None:
+                    before_relayout()
+                    before_relayout = None
+                elem.as_strided_(source.shape, source.stride(), source.storage_offset())
+
+
 class Route:
     """What the dispatcher does with one overload, decided once per process: its op plan, the check that must
     run before it (:data:`_SPECIAL`), whether its CPU kernel can be called directly (no MXU rounding, CPU-gap
@@ -580,6 +632,8 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
         result = rewrap(out, args, cargs, kwargs, ckwargs)
     if route.plan.metadata_inplace:
         sync_metadata(result, out)
+    elif route.plan.out_arguments and kwargs:
+        sync_out_arguments(func, kwargs, ckwargs)
     if route.written_lists:
         bump_written_lists(route, args)
     return result
