@@ -33,6 +33,7 @@ from tpu_agent.runtime.emulated import tensor as tt
 
 MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
 _META = torch.device("meta")
+_modes_active = torch._C._len_torch_dispatch_stack  # how many dispatch modes are on: one C call, 0 when eager
 
 
 class Node:
@@ -420,7 +421,10 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
     """The DeferAndFuse dispatcher: append ``func`` to the pending graph and return deferred tpu tensors.
 
     The hot path of DeferAndFuse: with the op's signature in the shape cache, recording costs a key, a lookup,
-    the output wrappers and a :class:`Node`, and must stay below what Strict pays to run the op."""
+    the output wrappers and a :class:`Node`, and must stay below what Strict pays to run the op. An op torch
+    traces runs as Strict runs it, on the trace's own tensors (see :func:`tensor.torch_is_tracing`)."""
+    if _modes_active() and tt.torch_is_tracing():
+        return tt.strict_dispatch(func, args, kwargs)
     route = tt.route_of(func)
     plan = route.plan
     if not plan.plain_record:  # a transfer, view, host read or data-dependent op may have to run now

@@ -173,6 +173,20 @@ class TpuTensor(torch.Tensor):
 
 # torch's own tracing tensors (torch.compile's fake and functional tensors), which meet tpu tensors as arguments
 _TRACING_TENSORS = (FakeTensor, FunctionalTensor)
+_TRACING_MODES = (
+    torch._C._TorchDispatchModeKey.FAKE,
+    torch._C._TorchDispatchModeKey.FUNCTIONAL,
+    torch._C._TorchDispatchModeKey.PROXY,
+)
+
+
+def torch_is_tracing() -> bool:
+    """Whether torch is tracing the op being dispatched rather than running it: Dynamo's fake propagation,
+    AOTAutograd's functional trace of a compiled graph, ``make_fx``. Their tpu tensors carry fake or functional
+    data that only lives inside the trace, so DeferAndFuse must not record such an op: a later flush would run
+    it on tracing tensors outside their modes, and the trace would see deferred outputs instead of the data it
+    follows (and flush a graph of tracing tensors to get it)."""
+    return any(torch._C._get_dispatch_mode(key) is not None for key in _TRACING_MODES)
 
 
 def _another_wrapper(types: Any) -> bool:
