@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tpu_agent.migrate.analysis.bindings import Value, bound_names
+from tpu_agent.migrate.analysis.valueflow import call_name
 
 ScopePath = tuple[str, ...]  # the def/class names around a scope; () is the module
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -63,7 +64,7 @@ def analyse(tree: ast.Module, function: str) -> Unpacked:
     watched = {
         keyword.value.id
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and _callee(node) == function
+        if isinstance(node, ast.Call) and call_name(node) == function
         for keyword in node.keywords
         if keyword.arg is None and isinstance(keyword.value, ast.Name)
     }
@@ -78,7 +79,7 @@ def analyse(tree: ast.Module, function: str) -> Unpacked:
     values: dict[tuple[ScopePath, str], list[Value]] = {}
     problems: dict[tuple[ScopePath, str], str] = {}
     for node, path, parent, grand in walk:
-        if isinstance(node, ast.Call) and _callee(node) == function:
+        if isinstance(node, ast.Call) and call_name(node) == function:
             for keyword in node.keywords:
                 if keyword.arg is None and isinstance(keyword.value, ast.Name):
                     found.reasons[(found.resolve(path, keyword.value.id), keyword.value.id)] = None
@@ -110,11 +111,6 @@ def _scoped(
         for child in value if isinstance(value, list) else [value]:
             if isinstance(child, ast.AST):
                 yield from _scoped(child, scope, node, parent)
-
-
-def _callee(call: ast.Call) -> str | None:
-    func = call.func
-    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
 
 
 def _bound_value(node: ast.AST, parent: ast.AST | None) -> Value:
@@ -155,7 +151,7 @@ def _use_problem(name: ast.Name, parent: ast.AST | None, grand: ast.AST | None, 
     """None for a use that keeps every entry visible, else how it may change or pass on the mapping."""
     where = f"on line {name.lineno}"
     if isinstance(parent, ast.keyword) and parent.arg is None:
-        callee = _callee(grand) if isinstance(grand, ast.Call) else None
+        callee = call_name(grand) if isinstance(grand, ast.Call) else None
         return None if callee == function else f"{name.id} is also unpacked into {callee or 'another call'}() {where}"
     if isinstance(parent, ast.Subscript) and parent.value is name:
         literal = isinstance(parent.slice, ast.Constant) and isinstance(parent.slice.value, str)

@@ -202,7 +202,8 @@ def analyse(source: str, tree: ast.Module | None = None) -> ValueFlow:
     return flow
 
 
-def _call_name(call: ast.Call) -> str | None:
+def call_name(call: ast.Call) -> str | None:
+    """The last name of the called function: ``init_process_group`` for ``dist.init_process_group(...)``."""
     func = call.func
     if isinstance(func, ast.Name):
         return func.id
@@ -218,7 +219,7 @@ def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> 
         # the value (the attribute is its own key)
         return (UseKind.OTHER, None) if parent.attr in _STR_METHODS else (None, None)
     if isinstance(parent, ast.keyword):
-        name = _call_name(grand) if isinstance(grand, ast.Call) else None
+        name = call_name(grand) if isinstance(grand, ast.Call) else None
         if parent.arg in _DEVICE_KEYWORDS:
             return UseKind.DEVICE, None
         if parent.arg in _BACKEND_KEYWORDS:
@@ -231,7 +232,7 @@ def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> 
     if isinstance(parent, ast.Call) and node is parent.func:
         return None, None  # `torch.device(...)` calls a function of that name: not a use of a `device` value
     if isinstance(parent, ast.Call):
-        name = _call_name(parent)
+        name = call_name(parent)
         first = bool(parent.args) and parent.args[0] is node
         if first and name in _DEVICE_FIRST_FUNCS:
             return UseKind.DEVICE, None

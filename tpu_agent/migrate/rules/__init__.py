@@ -19,10 +19,10 @@ from tpu_agent.migrate.rules import (
     cuda_api,
     cuda_classes,  # noqa: F401 - registers its rules and handlers with the cuda-api and backend-flags families
     dependencies,  # noqa: F401 - registers its rules and text fixes with the third-party family
-    device_id,  # noqa: F401 - registers its rule and handlers with the distributed family
     devices,
     distributed,
     env_vars,
+    init_kwargs,  # noqa: F401 - registers its rule and handlers with the distributed family
     nvtx,  # noqa: F401 - registers its rule and handlers with the cuda-api family
     third_party,
     value_flow,  # noqa: F401 - registers its rules and handlers with the devices and distributed families

@@ -578,15 +578,19 @@ def _bind_per_rank(
     return _guarded(off_tpu(ctx), updated, _ONE_DEVICE)
 
 
-def off_tpu(ctx: PyContext) -> cst.BaseExpression:
-    """``DEVICE.type != "tpu"``, behind ``torch.accelerator.is_available() and`` unless already checked."""
-    not_tpu = cst.Comparison(
+def not_tpu(ctx: PyContext) -> cst.Comparison:
+    """``DEVICE.type != "tpu"``: the device in use is not a TPU."""
+    return cst.Comparison(
         left=ctx.device_type(),
         comparisons=[cst.ComparisonTarget(operator=cst.NotEqual(), comparator=cst.SimpleString('"tpu"'))],
     )
+
+
+def off_tpu(ctx: PyContext) -> cst.BaseExpression:
+    """``DEVICE.type != "tpu"``, behind ``torch.accelerator.is_available() and`` unless already checked."""
     if already_guarded(ctx):
-        return not_tpu
-    return cst.BooleanOperation(left=availability_call(ctx), operator=cst.And(), right=not_tpu)
+        return not_tpu(ctx)
+    return cst.BooleanOperation(left=availability_call(ctx), operator=cst.And(), right=not_tpu(ctx))
 
 
 def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:

@@ -38,7 +38,7 @@ FAMILY.rule(
     name="nccl-backend",
     safety=Safety.SAFE,
     summary='The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
-    "Backend.NCCL, a --backend default or a backend variable.",
+    "Backend.NCCL, a --backend default, a backend variable or a mapping unpacked into init_process_group.",
     rationale="NCCL is CUDA-only; TorchTPU's backend is tpu_dist. "
     "torch.distributed.get_default_backend_for_device(DEVICE) picks nccl, tpu_dist or gloo for the device in use; "
     "omitting the backend gives cpu:gloo plus the accelerator's default, the device-agnostic form of the mixed string.",
@@ -174,7 +174,15 @@ def _is_nccl(ctx: PyContext, node: cst.CSTNode) -> bool:
     return string_value(node) == "nccl" or ctx.qualname(node) in _BACKEND_NCCL
 
 
-def _backend_value(ctx: PyContext, original: cst.BaseExpression) -> tuple[cst.BaseExpression | None, str] | None:
+def is_nccl_backend(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """A backend expression TPU401 rewrites: "nccl", Backend.NCCL, ``"nccl" if <available> else "gloo"``, or a
+    mixed string with cuda:nccl."""
+    value = string_value(node)
+    nccl_or_gloo = is_availability_fallback(ctx, node, "gloo") and _is_nccl(ctx, node.body)  # type: ignore[attr-defined]
+    return _is_nccl(ctx, node) or nccl_or_gloo or (value is not None and _MIXED_RE.fullmatch(value) is not None)
+
+
+def backend_value(ctx: PyContext, original: cst.BaseExpression) -> tuple[cst.BaseExpression | None, str] | None:
     """For a backend expression: (replacement, or None meaning 'omit the argument'), and a note; else None."""
     if _is_nccl(ctx, original) or (is_availability_fallback(ctx, original, "gloo") and _is_nccl(ctx, original.body)):  # type: ignore[attr-defined]
         return ctx.default_backend(original if isinstance(original, cst.SimpleString) else None), ""
@@ -243,15 +251,13 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
 
 
 def _replace_backend(ctx: PyContext, original: cst.Call, updated: cst.Call, backend: cst.Arg) -> cst.Call | None:
-    value = string_value(backend.value)
-    nccl_or_gloo = is_availability_fallback(ctx, backend.value, "gloo") and _is_nccl(ctx, backend.value.body)  # type: ignore[attr-defined]
-    if not (_is_nccl(ctx, backend.value) or nccl_or_gloo or (value is not None and _MIXED_RE.fullmatch(value))):
+    if not is_nccl_backend(ctx, backend.value):
         return None
     index = arg_position(original, backend)
     shown: list[str] = []
 
     def build() -> cst.Call:
-        new_value, note = _backend_value(ctx, backend.value)  # type: ignore[misc]
+        new_value, note = backend_value(ctx, backend.value)  # type: ignore[misc]
         shown.append((source(new_value) if new_value is not None else "the default") + note)
         if new_value is None:
             return drop_args(updated, lambda i, a: i == index)

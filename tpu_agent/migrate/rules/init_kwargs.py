@@ -1,15 +1,15 @@
-"""TPU407: the ``device_id`` a process group is created with needs the process's device *with its index*.
+"""What init_process_group is given: a ``device_id`` with the process's device and its index (TPU407), and the
+backend and device_id a mapping unpacked into the call carries (TPU401, TPU407).
 
-Given as ``init_process_group(device_id=...)``, or as an entry of a mapping unpacked into the call
-(``**pg_kw`` after ``pg_kw = {"device_id": torch.device("cuda", local_rank)}``, ``dict(device_id=...)`` or
-``pg_kw["device_id"] = ...``): the device rules would turn that CUDA device into DEVICE, which has no index, so
-the entry is this rule's as a whole. It is rewritten only where :mod:`~tpu_agent.migrate.analysis.unpacked`
-shows every entry of the mapping; otherwise the entry and the call are left for a person, with the reason.
+``**pg_kw`` after ``pg_kw = {"backend": "nccl", "device_id": torch.device("cuda", local_rank)}`` (or
+``dict(...)``, or ``pg_kw["device_id"] = ...``) hides those arguments from the call's own rules, and the device
+rules would turn the CUDA device into DEVICE, which has no index: the entries are this module's as a whole. They
+are rewritten only where :mod:`~tpu_agent.migrate.analysis.unpacked` shows every entry of the mapping; otherwise
+the entries and the call are left for a person, with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -17,9 +17,9 @@ import libcst as cst
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._bound import bound_earlier
 from tpu_agent.migrate.rules._cst import arg_position, keyword, replace_arg_value, source, string_value
-from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call
+from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call, not_tpu
 from tpu_agent.migrate.rules.devices import cuda_device_index
-from tpu_agent.migrate.rules.distributed import FAMILY, INITS
+from tpu_agent.migrate.rules.distributed import FAMILY, INITS, backend_value, is_nccl_backend
 from tpu_agent.migrate.rules.references import DISTRIBUTED
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ FAMILY.rule(
 )
 
 _DEVICE_ID = "device_id"
+_BACKEND = "backend"
+_KEYS = frozenset({_DEVICE_ID, _BACKEND})
 _INIT_FUNCTION = "init_process_group"
 
 
@@ -96,11 +98,7 @@ def _process_device_id(ctx: PyContext, index: cst.BaseExpression | None) -> cst.
     is ``None`` without an accelerator (CPU-only runs), unless an availability test around it ensures one."""
     current: cst.BaseExpression = cst.Call(func=ctx.torch_attr("accelerator.current_device_index"))
     if ctx.target.value == "accelerator" and index is not None:
-        not_tpu = cst.Comparison(
-            left=ctx.device_type(),
-            comparisons=[cst.ComparisonTarget(operator=cst.NotEqual(), comparator=cst.SimpleString('"tpu"'))],
-        )
-        current = cst.IfExp(test=not_tpu, body=index, orelse=current)
+        current = cst.IfExp(test=not_tpu(ctx), body=index, orelse=current)
     device = cst.Call(func=ctx.torch_attr("device"), args=[cst.Arg(ctx.device_type()), cst.Arg(current)])
     if ctx.target.value != "accelerator" or already_guarded(ctx):
         return device
@@ -123,36 +121,37 @@ def _fix_device_id(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpress
     )
 
 
-# ---- mappings: their device_id entries ----------------------------------------------------------------
-def _entries(mapping: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The values a dict display or a ``dict(...)`` call gives the key ``device_id``."""
+# ---- mappings unpacked into the call: their backend and device_id entries --------------------------------
+def _entries(mapping: cst.BaseExpression) -> list[tuple[str, cst.BaseExpression]]:
+    """(key, value) of each backend and device_id entry of a dict display or a ``dict(...)`` call, in order."""
     if isinstance(mapping, cst.Dict):
-        return [
-            element.value
+        keyed = [
+            (string_value(element.key), element.value)
             for element in mapping.elements
-            if isinstance(element, cst.DictElement) and string_value(element.key) == _DEVICE_ID
+            if isinstance(element, cst.DictElement)
         ]
-    if isinstance(mapping, cst.Call) and isinstance(mapping.func, cst.Name) and mapping.func.value == "dict":
-        return [arg.value for arg in mapping.args if arg.keyword is not None and arg.keyword.value == _DEVICE_ID]
-    return []
+    elif isinstance(mapping, cst.Call) and isinstance(mapping.func, cst.Name) and mapping.func.value == "dict":
+        keyed = [(arg.keyword.value, arg.value) for arg in mapping.args if arg.keyword is not None]
+    else:
+        return []
+    return [(key, value) for key, value in keyed if key in _KEYS]
 
 
-def _with_entries(
-    mapping: cst.BaseExpression, replace: Callable[[int], cst.BaseExpression | None]
-) -> cst.BaseExpression:
-    """``mapping`` (updated) with its ``i``-th device_id entry's value replaced by ``replace(i)`` (kept if None)."""
+def _with_entries(mapping: cst.BaseExpression, values: list[cst.BaseExpression | None]) -> cst.BaseExpression:
+    """``mapping`` (updated) with the value of its ``i``-th backend/device_id entry replaced by ``values[i]``
+    (kept where None)."""
     position = -1
 
     def swap(value: cst.BaseExpression) -> cst.BaseExpression:
         nonlocal position
         position += 1
-        return replace(position) or value
+        return values[position] or value
 
     if isinstance(mapping, cst.Dict):
         return mapping.with_changes(
             elements=[
                 element.with_changes(value=swap(element.value))
-                if isinstance(element, cst.DictElement) and string_value(element.key) == _DEVICE_ID
+                if isinstance(element, cst.DictElement) and string_value(element.key) in _KEYS
                 else element
                 for element in mapping.elements
             ]
@@ -160,17 +159,50 @@ def _with_entries(
     assert isinstance(mapping, cst.Call)  # a dict(...) call: _entries found entries in it
     return mapping.with_changes(
         args=[
-            arg.with_changes(value=swap(arg.value))
-            if arg.keyword is not None and arg.keyword.value == _DEVICE_ID
-            else arg
+            arg.with_changes(value=swap(arg.value)) if arg.keyword is not None and arg.keyword.value in _KEYS else arg
             for arg in mapping.args
         ]
     )
 
 
-def _bound_entries(ctx: PyContext, node: cst.Assign | cst.AnnAssign) -> tuple[str, list[cst.BaseExpression]] | None:
-    """(name, device_id values) for ``name = {...}`` / ``name = dict(...)`` / ``name["device_id"] = value``
-    where ``name`` is unpacked into init_process_group; else None."""
+def _fix_backend(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """TPU401 for a backend entry; where the argument would be omitted (a mixed string on the accelerator
+    target) the entry becomes None, which is what the parameter's default is."""
+    shown: list[str] = []
+
+    def build() -> cst.BaseExpression:
+        new, note = backend_value(ctx, value) or (None, "")
+        shown.append((source(new) if new is not None else "None") + note)
+        return new if new is not None else cst.Name("None")
+
+    return ctx.fix("TPU401", value, build, lambda n: f"backend {source(value)} -> {shown[0]}")
+
+
+def _fix_entry(
+    ctx: PyContext, key: str, value: cst.BaseExpression, via: str, reason: str | None
+) -> cst.BaseExpression | None:
+    """The new value of one entry of a mapping unpacked into init_process_group (``via`` says how), None to keep
+    it; an unresolved mapping (``reason``) has its CUDA entries reported for a person instead."""
+    code, needed = ("TPU401", is_nccl_backend(ctx, value)) if key == _BACKEND else ("TPU407", _needs_index(ctx, value))
+    if not needed:
+        return None
+    if reason is not None:
+        what = (
+            "set its backend for the device in use"
+            if key == _BACKEND
+            else "give it the process's device with its index"
+        )
+        message = f"{key}={source(value)} reaches init_process_group through {via}, but {reason}: {what} by hand"
+        ctx.report(code, value, message, fixable=False)
+        return None
+    return _fix_backend(ctx, value) if key == _BACKEND else _fix_device_id(ctx, value)
+
+
+def _bound_entries(
+    ctx: PyContext, node: cst.Assign | cst.AnnAssign
+) -> tuple[str, list[tuple[str, cst.BaseExpression]]] | None:
+    """(name, its backend/device_id entries) for ``name = {...}`` / ``name = dict(...)`` / ``name["device_id"] =
+    value`` where ``name`` is unpacked into init_process_group; else None."""
     if _INIT_FUNCTION not in ctx.source or node.value is None:
         return None
     if isinstance(node, cst.Assign):
@@ -189,9 +221,9 @@ def _bound_entries(ctx: PyContext, node: cst.Assign | cst.AnnAssign) -> tuple[st
         and unpacked.is_unpacked(ctx.scope_path, target.value.value)
         and len(target.slice) == 1
         and isinstance(target.slice[0].slice, cst.Index)
-        and string_value(target.slice[0].slice.value) == _DEVICE_ID
+        and (key := string_value(target.slice[0].slice.value)) in _KEYS
     ):
-        return target.value.value, [node.value]
+        return target.value.value, [(key, node.value)]
     return None
 
 
@@ -199,13 +231,13 @@ def _bound_entries(ctx: PyContext, node: cst.Assign | cst.AnnAssign) -> tuple[st
 @FAMILY.visit(cst.AnnAssign)
 def _claim_bound_entries(ctx: PyContext, node: cst.Assign | cst.AnnAssign) -> None:
     found = _bound_entries(ctx, node)
-    for value in found[1] if found is not None else ():
-        ctx.claim(value)  # this rule's as a whole: the device rules would drop its index
+    for _, value in found[1] if found is not None else ():
+        ctx.claim(value)  # this family's as a whole: the device rules would drop a device_id's index
 
 
 @FAMILY.leave(cst.Assign)
 @FAMILY.leave(cst.AnnAssign)
-def bound_device_id(
+def bound_init_arguments(
     ctx: PyContext, original: cst.Assign | cst.AnnAssign, updated: cst.Assign | cst.AnnAssign
 ) -> cst.Assign | cst.AnnAssign:
     found = _bound_entries(ctx, original)
@@ -213,21 +245,14 @@ def bound_device_id(
         return updated
     name, entries = found
     reason = ctx.unpacked(_INIT_FUNCTION).reason(ctx.scope_path, name)
-    fixes: list[cst.BaseExpression | None] = []
-    for value in entries:
-        if reason is not None:
-            message = f"device_id={source(value)} reaches init_process_group through **{name}, but {reason}: "
-            ctx.report("TPU407", value, message + "give it the process's device with its index by hand", fixable=False)
-            fixes.append(None)
-        else:
-            fixes.append(_fix_device_id(ctx, value) if _needs_index(ctx, value) else None)
+    fixes = [_fix_entry(ctx, key, value, f"**{name}", reason) for key, value in entries]
     if not any(fixes):
         return updated
     assert updated.value is not None  # _bound_entries found entries in it
     target = original.targets[0].target if isinstance(original, cst.Assign) else original.target
     if isinstance(target, cst.Subscript):  # name["device_id"] = value
         return updated.with_changes(value=fixes[0])
-    return updated.with_changes(value=_with_entries(updated.value, fixes.__getitem__))
+    return updated.with_changes(value=_with_entries(updated.value, fixes))
 
 
 # ---- the call -----------------------------------------------------------------------------------------
@@ -235,7 +260,7 @@ def bound_device_id(
 def _claim_inline_entries(ctx: PyContext, node: cst.Call) -> None:
     if ctx.qualname(node.func) in INITS:
         for arg in node.args:
-            for value in _entries(arg.value) if arg.star == "**" else ():
+            for _, value in _entries(arg.value) if arg.star == "**" else ():
                 ctx.claim(value)
 
 
@@ -252,10 +277,10 @@ def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
         if arg.star != "**":
             continue
         entries = _entries(arg.value)
-        if entries:  # **{"device_id": ...}, **dict(device_id=...)
-            fixes = [_fix_device_id(ctx, value) if _needs_index(ctx, value) else None for value in entries]
+        if entries:  # **{"device_id": ...}, **dict(backend=...)
+            fixes = [_fix_entry(ctx, key, value, "**{...}", None) for key, value in entries]
             if any(fixes):
-                updated = replace_arg_value(updated, i, _with_entries(updated.args[i].value, fixes.__getitem__))
+                updated = replace_arg_value(updated, i, _with_entries(updated.args[i].value, fixes))
             continue
         reason = (
             ctx.unpacked(_INIT_FUNCTION).reason(ctx.scope_path, arg.value.value)
