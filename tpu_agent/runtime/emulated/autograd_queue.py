@@ -6,6 +6,9 @@ the ``tpu`` device, and every later ``tpu`` backward fails with torch's internal
 ``device_ready_queues_``. The emulated device computes on the host anyway, so its backward runs where CPU
 backward runs: the engine's multithreading switch (thread-local, hence set around each backward call rather
 than once) routes every node to the calling thread's queue, whatever the engine sized at its start.
+
+A Python error raised beneath a backward node is taken by :class:`.device_guard.DeviceGuard` so that the engine
+does not abort; the wrapper raises it in place of the engine's empty error.
 """
 
 from __future__ import annotations
@@ -17,12 +20,21 @@ from typing import Any
 import torch
 import torch.autograd
 
+from tpu_agent.runtime.emulated import device_guard
+
 
 def _on_calling_thread(run_backward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(run_backward)
     def run(*args: Any, **kwargs: Any) -> Any:
+        device_guard.take_error()  # one taken outside a backward is not this backward's
         with torch.autograd.set_multithreading_enabled(False):
-            return run_backward(*args, **kwargs)
+            try:
+                return run_backward(*args, **kwargs)
+            except Exception:
+                taken = device_guard.take_error()
+                if taken is None:
+                    raise
+        raise taken  # the node's own error, in place of the engine's "returned NULL without setting an exception"
 
     run.__emulated_queue__ = True  # type: ignore[attr-defined]  # marks it wrapped (install is idempotent)
     return run

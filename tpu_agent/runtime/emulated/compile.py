@@ -211,7 +211,7 @@ def _is_tpu_backend(backend: Any) -> bool:
 _registered = False
 _EMULATION_MODULES = (
     "tensor", "mxu", "kernels", "cpu_gaps", "deferred", "debug", "telemetry", "memory", "unsupported", "autocast", "device",
-    "modes",
+    "modes", "device_guard",
 )  # fmt: skip
 
 
@@ -244,6 +244,16 @@ def _skip_emulation_frames() -> None:
                         skip_code(c)
 
 
+def _break_reason(reason: str) -> str:
+    """Dynamo's graph-break text in one line: its headline, and the explanation when it gives one (the headline
+    alone can be "... Graph break encountered:", with what broke only in the explanation below it)."""
+    lines = [line.strip() for line in reason.strip().splitlines()] if reason else []
+    if not lines:
+        return "unknown"
+    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
+    return (lines[0] if explanation is None else f"{lines[0]} {explanation}")[:500]
+
+
 def _register() -> None:
     """Register the backend, keep Dynamo out of the emulation's own frames and collectives, and log graph breaks."""
     global _registered
@@ -269,9 +279,7 @@ def _register() -> None:
         if state.log_enabled and not already:
             stack = getattr(exc, "real_stack", None) or torch._guards.TracingContext.extract_stack()
             site = events.Site(stack[-1].filename, stack[-1].lineno or 0, stack[-1].name) if stack else None
-            events.emit(
-                events.GraphBreak, reason=reason.strip().splitlines()[0][:500] if reason else "unknown", site=site
-            )
+            events.emit(events.GraphBreak, reason=_break_reason(reason), site=site)
 
     InstructionTranslatorBase.log_graph_break = log_graph_break
 

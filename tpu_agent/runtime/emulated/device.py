@@ -22,6 +22,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.runtime.emulated import (
     autograd_queue,
+    device_guard,
     generator,
     host_memory,
     memory,
@@ -233,7 +234,7 @@ def register() -> None:
     """Rename PrivateUse1 to ``tpu`` and install the device pieces (call once, from :func:`activate`)."""
     refuse_foreign_backend()
     module = tpu_module.build_module()
-    _setup_privateuseone_for_python_backend("tpu", backend_module=module)
+    _setup_privateuseone_for_python_backend("tpu", backend_module=module, device_guard=device_guard.DeviceGuard())
     tensor.DEVICE = torch.device("tpu", 0)
     _register_kernels()
     _patch_accelerator()

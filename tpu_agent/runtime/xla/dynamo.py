@@ -8,6 +8,9 @@ Torch's core ATen decompositions (and :mod:`.decompositions`' foreach loops) run
 decomposed forms of the composite backward ops (``native_layer_norm_backward`` and others) more reliably than
 their fused forms.
 
+A graph AOTAutograd cannot trace (other than one Dynamo breaks itself, see :data:`_DYNAMO_HANDLES`) runs op by
+op on the device, reported as a :class:`~tpu_agent.runtime.events.FallbackOp`, instead of failing the compile.
+
 A tensor AOTAutograd did not derive from a tpu input (a factory such as ``torch.arange(n, device=x.device)``,
 alone in a graph after a break) is a plain tensor to it, so the executable's CPU result would leak out as a CPU
 tensor: :func:`_on_devices` puts such outputs back on the device Dynamo recorded for them.
@@ -19,14 +22,18 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._dynamo.exc
 import torch.utils._pytree as pytree
 
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import tensor
 from tpu_agent.runtime.xla import decompositions
-from tpu_agent.runtime.xla.graphs import GraphRunner
+from tpu_agent.runtime.xla.graphs import GraphRunner, op_count, report_fallback
 
 _TPU = torch.device("tpu", 0)
+# Left to Dynamo: its own control flow (restarts, skips) and the fake-tensor refusals it turns into a graph break
+# at the op (a data-dependent output shape, as a boolean-mask index_put's backward has), as it does on CPU
+_DYNAMO_HANDLES = (torch._dynamo.exc.TorchDynamoException, *torch._dynamo.exc.exceptions_allowed_to_be_fallback)
 
 
 def compile_dynamo_graph(
@@ -49,7 +56,14 @@ def compile_dynamo_graph(
         inference_compiler=compiler("inference"),
         decompositions=decompositions.table(),
     )
-    return _on_devices(backend(gm, example_inputs), _output_devices(gm))
+    try:
+        compiled = backend(gm, example_inputs)
+    except _DYNAMO_HANDLES:
+        raise
+    except Exception as error:  # noqa: BLE001 - a graph AOTAutograd cannot trace runs op by op, never a crash
+        report_fallback(f"{name} [xla]", op_count(gm), error, site)
+        return gm.forward
+    return _on_devices(compiled, _output_devices(gm))
 
 
 def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
