@@ -6,7 +6,9 @@ layer (as a device-specific kernel bug would), so the localiser has a known righ
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 
 import torch
 from torch import nn
@@ -83,6 +85,83 @@ class KeepsItsLastOutput(nn.Module):
 
 def keeps_state() -> tuple[nn.Module, torch.Tensor]:
     return KeepsItsLastOutput(), torch.randn(2, 8)
+
+
+class ClosesOverSubmodules(nn.Module):
+    """minGPT's ``Block``: its forward calls a lambda that closes over submodules (``copy.deepcopy`` copies the
+    lambda as itself, still calling the original's), a bound method of a submodule and a ``functools.partial``
+    holding one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.ModuleDict({"c_fc": nn.Linear(8, 16), "c_proj": nn.Linear(16, 8)})
+        m = self.mlp
+        self.mlpf = lambda x: m.c_proj(torch.relu(m.c_fc(x)))
+        self.norm = nn.LayerNorm(8)
+        self.normalise = self.norm.forward
+        self.head = nn.Linear(8, 4)
+        self.project = functools.partial(self.head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(self.normalise(x + self.mlpf(x)))
+
+
+def closes_over_submodules() -> tuple[nn.Module, torch.Tensor]:
+    return ClosesOverSubmodules(), torch.randn(2, 8)
+
+
+class DrawnOutsideTorch(nn.Module):
+    """State that a second construction does not reproduce: a parameter and a non-persistent buffer drawn from
+    Python's unseeded ``random`` (``state_dict`` leaves the buffer out), and a buffer each forward advances."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.tensor([random.uniform(1.0, 2.0) for _ in range(8)]))
+        self.register_buffer("shift", torch.tensor([random.uniform(-1.0, 1.0) for _ in range(8)]), persistent=False)
+        self.register_buffer("calls", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1  # each run of the model must start where the CPU reference started
+        return self.proj(x) * self.scale + self.shift * self.calls
+
+
+def drawn_outside_torch() -> tuple[nn.Module, torch.Tensor]:
+    return DrawnOutsideTorch(), torch.randn(2, 8)
+
+
+_built_once: list[nn.Module] = []
+
+
+def builds_only_once() -> tuple[nn.Module, torch.Tensor]:
+    """A factory that refuses a second call (as one registering a class by name would)."""
+    if _built_once:
+        raise RuntimeError("already built")
+    _built_once.append(_mlp(nn.GELU()))
+    return _built_once[0], torch.randn(4, 16)
+
+
+_ONE_MODEL = _mlp(nn.Tanh())
+
+
+def returns_one_model() -> tuple[nn.Module, torch.Tensor]:
+    """The same model object on every call: building again gives no copy."""
+    return _ONE_MODEL, torch.randn(4, 16)
+
+
+class PlainTensorAttribute(nn.Module):
+    """A tensor kept as a plain attribute, not a buffer: it stays on CPU when the model moves, a real error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = torch.ones(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.offset
+
+
+def plain_tensor_attribute() -> tuple[nn.Module, torch.Tensor]:
+    return _mlp(PlainTensorAttribute()), torch.randn(4, 16)
 
 
 def not_a_pair() -> nn.Module:

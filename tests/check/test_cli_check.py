@@ -36,6 +36,11 @@ SERVED_FACTORIES: dict[str, tuple[str, ...] | None] = {
     "keeps_state": ("strict",),
     "wrong_forward": ("strict", "defer-and-fuse"),
     "wrong_backward": ("strict",),
+    "closes_over_submodules": None,
+    "drawn_outside_torch": None,
+    "builds_only_once": ("strict", "defer-and-fuse"),
+    "returns_one_model": ("strict", "defer-and-fuse"),
+    "plain_tensor_attribute": ("strict", "defer-and-fuse"),
     "raises": ("strict", "compile"),
     "not_a_pair": ("strict",),
     "missing_function": ("strict",),
@@ -176,6 +181,42 @@ def test_backward_only_bug_is_localised(served: dict[str, Any]) -> None:
         "backward",
     )
     assert where["op_location"] == f"factories.py:{line_of('return grad * 1.5')} in backward"
+
+
+def test_functions_kept_on_modules_call_the_device_copys_own_submodules(served: dict[str, Any]) -> None:
+    """Regression (minGPT's ``Block``): a lambda closing over submodules, a bound method and a partial of one;
+    a deep copy's lambda called the CPU model's submodules and every mode failed with tensors on two devices."""
+    report = _report(served, "closes_over_submodules")
+    assert [(m["mode"], m["status"]) for m in report["modes"]] == [
+        ("strict", "pass"),
+        ("defer-and-fuse", "pass"),
+        ("compile", "pass"),
+    ], report
+    assert all(m["gradients_checked"] == 9 for m in report["modes"])  # 8 parameters and the input
+
+
+def test_state_that_building_again_does_not_reproduce_is_copied_as_it_was_before_the_reference(
+    served: dict[str, Any],
+) -> None:
+    report = _report(served, "drawn_outside_torch")
+    assert [m["status"] for m in report["modes"]] == ["pass", "pass", "pass"], report
+
+
+@pytest.mark.parametrize("name", ["builds_only_once", "returns_one_model"])
+def test_a_model_that_cannot_be_built_again_is_checked_on_deep_copies(served: dict[str, Any], name: str) -> None:
+    report = _report(served, name)
+    assert [m["status"] for m in report["modes"]] == ["pass", "pass"], report
+
+
+def test_an_error_is_localised_to_the_op_that_raises_it_in_defer_and_fuse_too(served: dict[str, Any]) -> None:
+    report = _report(served, "plain_tensor_attribute")
+    assert [m["mode"] for m in report["modes"]] == ["strict", "defer-and-fuse"]
+    for mode in report["modes"]:
+        where = mode["localisation"]
+        assert mode["status"] == "error" and (where["module"], where["kind"]) == ("1", "error"), mode
+        assert where["op"] == "aten::add.Tensor", where
+        assert where["op_location"] == f"factories.py:{line_of('return x + self.offset')} in forward"
+        assert "differs" not in where["note"]
 
 
 def test_module_factory_in_the_text_table() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,16 @@ SEED = 0
 
 @dataclass
 class Built:
-    """A model in eval mode (dropout off, so both devices compute the same function) and its inputs."""
+    """A model in eval mode (dropout off, so both devices compute the same function) and its inputs.
+
+    ``rebuild`` builds the model once more the same way (seeded, in eval mode): a device run needs a model of its
+    own, and only a second construction gives one whose functions (a lambda closing over submodules) call its own
+    submodules, which ``copy.deepcopy`` does not."""
 
     model: Any
     invocation: tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of the forward call
     info: ModelInfo
+    rebuild: Callable[[], Any]
 
 
 def _hf_class(model_type: str, task: str) -> Any:
@@ -81,10 +87,12 @@ def _part_for(cls: Any, config: Any) -> Any:
     return next((part for part in vars(config).values() if isinstance(part, wanted)), config)
 
 
-def _finish(model: Any, inputs: Any, info: ModelInfo) -> Built:
+def _finish(model: Any, inputs: Any, info: ModelInfo, make: Callable[[], Any]) -> Built:
+    """``model``, which ``make()`` built, with its inputs; ``make`` seeds torch first, so that calling it again
+    builds the same model."""
     model.eval()
     info.parameters = sum(parameter.numel() for parameter in model.parameters())
-    return Built(model, as_invocation(inputs), info)
+    return Built(model, as_invocation(inputs), info, lambda: make().eval())
 
 
 def _build_hf_type(spec: ModelSpec) -> Built:
@@ -121,10 +129,14 @@ def _build_hf_type(spec: ModelSpec) -> Built:
             "has no shrink rule",
             own_config,
         )
-    torch.manual_seed(SEED)
-    model = cls(config)
+
+    def make() -> Any:
+        torch.manual_seed(SEED)
+        return cls(config)
+
+    model = make()
     info = ModelInfo(spec=spec.target, kind=HF_TYPE, name=cls.__name__, task=task, weights="random init, tiny config")
-    return _finish(model, example_inputs(model, config, task), info)
+    return _finish(model, example_inputs(model, config, task), info, make)
 
 
 def _build_directory(spec: ModelSpec, max_parameters: int) -> Built:
@@ -145,21 +157,23 @@ def _build_directory(spec: ModelSpec, max_parameters: int) -> Built:
             "check runs the model on CPU several times; raise --max-params if this machine can hold it",
         )
     weights = [name for name in (*WEIGHT_FILES, *WEIGHT_INDEXES) if (directory / name).is_file()]
-    torch.manual_seed(SEED)
-    if weights:
-        model = cls.from_pretrained(
+
+    def make() -> Any:
+        torch.manual_seed(SEED)
+        if not weights:
+            return cls(config)
+        return cls.from_pretrained(
             directory,
             local_files_only=True,
             trust_remote_code=False,
             weights_only=True,
             use_safetensors=any("safetensors" in name for name in weights) or None,
         )
-        source = f"weights from {weights[0]}"
-    else:
-        model = cls(config)
-        source = "random init (no weights in the directory)"
+
+    model = make()
+    source = f"weights from {weights[0]}" if weights else "random init (no weights in the directory)"
     info = ModelInfo(spec=str(directory), kind=DIRECTORY, name=cls.__name__, task=task, weights=source)
-    return _finish(model, example_inputs(model, config, task), info)
+    return _finish(model, example_inputs(model, config, task), info, make)
 
 
 def _load_factory(target: str) -> Any:
@@ -193,8 +207,12 @@ def _build_factory(spec: ModelSpec) -> Built:
     import torch
 
     function = _load_factory(spec.target)
-    torch.manual_seed(SEED)
-    result = function()
+
+    def make() -> Any:
+        torch.manual_seed(SEED)
+        return function()
+
+    result = make()
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise TpuAgentError(
             "bad-factory",
@@ -207,7 +225,7 @@ def _build_factory(spec: ModelSpec) -> Built:
             "bad-factory", f"{spec.target} returned inputs of type {type(inputs).__name__}", FACTORY_HINT
         )
     info = ModelInfo(spec=spec.target, kind=FACTORY, name=type(model).__name__, weights="as the factory built it")
-    return _finish(model, inputs, info)
+    return _finish(model, inputs, info, lambda: make()[0])
 
 
 def build(spec: ModelSpec, max_parameters: int) -> Built:

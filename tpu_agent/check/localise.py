@@ -161,6 +161,8 @@ def _op_recorder() -> Any:
             name = str(func.name() if hasattr(func, "name") else func)
             try:
                 out = func(*args, **(kwargs or {}))
+                # copied within the try: under DeferAndFuse an op's own failure surfaces only when it runs
+                outputs = {key: _host_copy(t) for key, t in flatten_tensors(out)}
             except Exception as error:
                 self.ops.append(
                     OpRecord(
@@ -171,7 +173,7 @@ def _op_recorder() -> Any:
                     )
                 )
                 raise
-            self.ops.append(OpRecord(name, location, {key: _host_copy(t) for key, t in flatten_tensors(out)}))
+            self.ops.append(OpRecord(name, location, outputs))
             return out
 
     return OpRecorder()
@@ -273,6 +275,9 @@ def localise(
         result.op, result.op_location, result.op_detail = op.name, op.location, description
         if compiled:
             result.note = "op found by replaying the module eagerly; it diverges in eager mode too"
+    elif verdict.kind == "error":
+        how = "torch.compile's graph raises it" if compiled else "it comes from the module's Python code"
+        result.note = f"no aten op raises when the module is traced op by op: {how}"
     elif compiled:
         result.note = "the module's eager ops all match: the divergence comes from torch.compile's graph"
     else:

@@ -10,7 +10,6 @@ returned as ``usage_error`` so that the parent can exit 2 with the same message.
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 from tpu_agent.check.build import Built, build
 from tpu_agent.check.compare import TensorDiff, compare_named
+from tpu_agent.check.copies import DeviceCopies
 from tpu_agent.check.execute import StepResult, error_info, run_step, settle
 from tpu_agent.check.localise import localise
 from tpu_agent.check.model import ERROR, MISMATCH, PASS, ModeResult
@@ -81,12 +81,10 @@ def _set_mode(mode: str) -> None:
 
 
 def run_mode(
-    mode: str, built: Built, reference: StepResult, request: dict[str, Any], pristine: Any | None = None
+    mode: str, built: Built, reference: StepResult, request: dict[str, Any], copies: DeviceCopies
 ) -> ModeResult:
-    """Run ``built`` on the tpu device in ``mode`` and compare with ``reference``; localise any divergence.
-
-    The device copy is made from ``pristine``, a copy of the model taken before any forward ran (default: the
-    model as it is now)."""
+    """Run a copy of ``built`` (from ``copies``, made before the reference ran) on the tpu device in ``mode`` and
+    compare with ``reference``; localise any divergence."""
     import torch
 
     started = time.perf_counter()
@@ -96,7 +94,11 @@ def run_mode(
         return torch.compile(module, backend="tpu") if compiled else module
 
     try:
-        tpu_model = copy.deepcopy(built.model if pristine is None else pristine).to(DEVICE)
+        tpu_model = copies.take()
+    except Exception as error:  # not the device's doing: the model could not be built or copied again
+        return ModeResult(mode, ERROR, error=error_info("worker", error), seconds=time.perf_counter() - started)
+    try:
+        tpu_model.to(DEVICE)  # in place, as a user moves a model: whatever holds its submodules sees them moved
     except Exception as error:  # moving the model is the first thing the device must do right
         return ModeResult(mode, ERROR, error=error_info("tpu-forward", error), seconds=time.perf_counter() - started)
     # the weights are on the device before the first step: under DeferAndFuse their copies are deferred, and a
@@ -147,12 +149,9 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     # first backward, so a device registered after that fails every later backward on it.
     activate()
     torch.set_float32_matmul_precision(request.get("matmul_precision", "highest"))
-    # Copied before the reference's forward: a model that keeps non-leaf tensors from its forward (a recurrent
-    # state, a cache) cannot be deep-copied after one, and every mode should start from the same fresh state.
-    try:
-        pristine = copy.deepcopy(built.model)
-    except Exception:  # a model that cannot be copied at all: each mode then tries the model as it is
-        pristine = None
+    # Copied before the reference's forward: every mode should start from the same fresh state (and a model that
+    # keeps non-leaf tensors from its forward, a recurrent state or a cache, cannot be deep-copied after one).
+    copies = DeviceCopies(built)
     reference = run_step(built.model, built.invocation, "cpu", "cpu")
     if reference.error is not None:
         failed = [ModeResult(mode, ERROR, error=reference.error).to_dict() for mode in modes]
@@ -162,7 +161,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         try:
             if len(modes) > 1 or request.get("switch_modes"):  # one process, several modes: switch in-process
                 _set_mode(mode)
-            results.append(run_mode(mode, built, reference, request, pristine).to_dict())
+            results.append(run_mode(mode, built, reference, request, copies).to_dict())
         except Exception as error:  # a failure outside the model's own run: report it against this mode only
             results.append(ModeResult(mode, ERROR, error=error_info("worker", error)).to_dict())
     return {"model": built.info.to_dict(), "modes": results}

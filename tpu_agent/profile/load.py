@@ -200,6 +200,14 @@ def load_raw(directory: Path) -> ProfileModel:
     return model
 
 
+def _script_args(run_info: ev.RunInfo | None, options: dict[str, Any]) -> list[str]:
+    """The script's own arguments: as the script saw them (RunInfo's argv), else as ``profile`` was given them."""
+    args: object = options.get("args")
+    if run_info is not None:
+        args = run_info.argv[1:] if isinstance(run_info.argv, list) else None
+    return [str(arg) for arg in args] if isinstance(args, list) else []
+
+
 def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileModel:
     run_info = next((e for e in ranks[min(ranks)].events if isinstance(e, ev.RunInfo)), None)
     chip_key = str(options.get("chip") or (run_info.chip if run_info else DEFAULT_CHIP))
@@ -210,6 +218,7 @@ def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileMod
         world_size=run_info.world_size if run_info else max(len(ranks), int(options.get("nproc", 1))),
         env=dict(run_info.env) if run_info else {},
         script=str(options["script"]) if options.get("script") is not None else None,
+        script_args=_script_args(run_info, options),
         requested_steps=int(options["steps"]) if options.get("steps") is not None else None,
         requested_warmup=int(options["warmup"]) if options.get("warmup") is not None else None,
         source="tpu-agent",

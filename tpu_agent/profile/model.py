@@ -258,6 +258,7 @@ class RunConfig:
     world_size: int = 1
     env: dict[str, str] = field(default_factory=dict)
     script: str | None = None
+    script_args: list[str] = field(default_factory=list)  # its command line after the script (its own flags)
     requested_steps: int | None = None
     requested_warmup: int | None = None
     source: str = "tpu-agent"  # tpu-agent | xspace

@@ -52,14 +52,27 @@ def parse_guard(reason: str) -> ShapeGuard | None:
 
 
 @functools.lru_cache(maxsize=32)
-def _tree(path: str) -> ast.Module | None:
+def read_source(path: str) -> str | None:
+    """The text of the user's file (cached: several rules read the same one); ``None`` when unreadable."""
     try:
-        return ast.parse(read_regular(Path(path), limit=MAX_SOURCE_BYTES, follow_symlinks=True).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return read_regular(Path(path), limit=MAX_SOURCE_BYTES, follow_symlinks=True).decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
 
 
-def _scope_of(tree: ast.Module, line: int) -> ast.AST:
+@functools.lru_cache(maxsize=32)
+def parse_source(path: str) -> ast.Module | None:
+    """The syntax tree of :func:`read_source`; ``None`` when unreadable or not Python."""
+    text = read_source(path)
+    if text is None:
+        return None
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def scope_of(tree: ast.Module, line: int) -> ast.AST:
     """The innermost function containing ``line`` (the module when none)."""
     scope: ast.AST = tree
     for node in ast.walk(tree):
@@ -73,14 +86,14 @@ def _scope_of(tree: ast.Module, line: int) -> ast.AST:
 
 def function_at(path: str, line: int) -> str:
     """The name of the innermost function around ``line`` (``<module>`` at top level, ``<unknown>`` unreadable)."""
-    tree = _tree(path)
+    tree = parse_source(path)
     if tree is None:
         return "<unknown>"
-    scope = _scope_of(tree, line)
+    scope = scope_of(tree, line)
     return scope.name if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
 
 
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+def own_nodes(scope: ast.AST) -> list[ast.AST]:
     """Nodes of ``scope`` outside nested functions and classes (their names are another scope's)."""
     found: list[ast.AST] = []
     stack = list(ast.iter_child_nodes(scope))
@@ -97,7 +110,7 @@ def _assigned_before(scope: ast.AST, name: str, line: int) -> int | None:
     """The latest line before ``line`` that binds ``name`` in ``scope`` (an assignment, a ``for`` target, a
     ``with ... as``)."""
     lines = [
-        n.lineno for n in _own_nodes(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+        n.lineno for n in own_nodes(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
     ]
     before = [n for n in lines if n < line]
     return max(before) if before else None
@@ -127,10 +140,10 @@ def _argument_names(call: ast.Call) -> list[str]:
 
 def origin_of_call_inputs(path: str, line: int) -> TensorOrigin | None:
     """For a model call at ``line`` (eager code): the nearest line before it that creates one of its inputs."""
-    tree = _tree(path)
+    tree = parse_source(path)
     if tree is None:
         return None
-    scope = _scope_of(tree, line)
+    scope = scope_of(tree, line)
     best: TensorOrigin | None = None
     for call in _calls_on(tree, line):
         for name in _argument_names(call):
@@ -153,7 +166,7 @@ def origin_of_argument(path: str, function: str, argument: str) -> TensorOrigin 
     The first call of ``function`` in the file that passes that argument is followed back to the latest
     assignment of the name it passes; an expression passed directly is created on the call line itself.
     """
-    tree = _tree(path)
+    tree = parse_source(path)
     parameters = _parameters(tree, function) if tree is not None else None
     if tree is None or parameters is None or argument not in parameters:
         return None
@@ -168,7 +181,7 @@ def origin_of_argument(path: str, function: str, argument: str) -> TensorOrigin 
         if passed is None:
             continue
         if isinstance(passed, ast.Name):
-            created = _assigned_before(_scope_of(tree, call.lineno), passed.id, call.lineno)
+            created = _assigned_before(scope_of(tree, call.lineno), passed.id, call.lineno)
             return TensorOrigin(created or call.lineno, call.lineno, passed.id)
         return TensorOrigin(call.lineno, call.lineno, None)
     return None

@@ -42,9 +42,16 @@ def _step_ops(start: int, batch: int, hidden: int, out: int) -> list[Op]:
 
 
 def write_capture(
-    logdir: Path, steps: int = 1000, script: Path | None = None, batch: int = 64, hidden: int = 200, out: int = 100
+    logdir: Path,
+    steps: int = 1000,
+    script: Path | None = None,
+    batch: int = 64,
+    hidden: int = 200,
+    out: int = 100,
+    args: tuple[str, ...] = (),
 ) -> Path:
-    """Write a ``steps``-step capture under ``logdir`` and return its raw directory."""
+    """Write a ``steps``-step capture under ``logdir`` and return its raw directory (``args``: the script's own
+    command line, as its ``sys.argv[1:]``)."""
     raw = raw_dir(logdir)
     raw.mkdir(parents=True, exist_ok=True)
     script_path = str(script or logdir / "train.py")
@@ -58,7 +65,7 @@ def write_capture(
             chip="v5e",
             eager_mode="DEFER_NEVER",
             world_size=1,
-            argv=[script_path],
+            argv=[script_path, *args],
             env={},
         )
     ]
@@ -99,6 +106,7 @@ def write_capture(
     (raw / CAPTURE_FILE.format(rank=0)).write_text(json.dumps(record), encoding="utf-8")
     options = {
         "script": script_path,
+        "args": list(args),
         "steps": steps - warmup,
         "warmup": warmup,
         "chip": "v5e",

@@ -14,6 +14,7 @@ runs them (same MXU rounding). Each such op is reported once as a
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -152,6 +153,10 @@ class GraphRunner:
         assignment: dict[torch.fx.Node, int] = {}
         for node in self.gm.graph.nodes:
             if node.op != "call_function":
+                continue
+            source = node.args[0] if node.target is operator.getitem and node.args else None
+            if source in unsupported:  # an eager op's segment returns its tensors, not the tuple holding them: a
+                assignment[node] = assignment[source]  # tuple argument would run the next segment op by op
                 continue
             eager = node in unsupported
             if previous_eager is not None and (eager or previous_eager):

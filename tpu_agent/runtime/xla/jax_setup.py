@@ -16,6 +16,15 @@
   fork warning, though workers only load data and never run an executable. Both warnings are filtered by their
   exact text; every other warning still reaches the user.
 
+* **Linear algebra XLA expands itself.** On CPU, JAX lowers a triangular solve and a Cholesky factorisation
+  to LAPACK custom calls that split their batch onto XLA's intra-op thread pool and block until it is done; with
+  several such calls in flight at once (Qwen3.5's gated delta rule issues independent batched solves, forward and
+  backward) every pool thread can sit waiting for work queued behind it, and the executable hangs forever at
+  0 % CPU. Their generic lowerings, the HLO ops XLA expands into loops of ordinary ops, as it does for a TPU, run
+  without the pool's blocking; they are registered for the CPU platform in place of the custom calls. This
+  names JAX-internal lowering functions (``jax._src``): :func:`expand_linear_algebra_in_xla` says when they
+  are gone, and a test fails then.
+
 Importing this module does the set-up; :mod:`.arrays`, the first of the stack to touch JAX devices, imports it.
 """
 
@@ -59,3 +68,24 @@ def persist_executables() -> None:
 
 
 persist_executables()
+
+
+def expand_linear_algebra_in_xla() -> bool:
+    """Lower ``triangular_solve`` and ``cholesky`` to the HLO ops XLA expands, not to LAPACK custom calls (see
+    the module docstring); ``False`` when this JAX no longer has the generic lowerings under these names."""
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.lax import linalg
+
+        generic = (
+            (linalg.triangular_solve_p, linalg._triangular_solve_lowering),
+            (linalg.cholesky_p, linalg._cholesky_lowering),
+        )
+    except (ImportError, AttributeError):
+        return False
+    for primitive, lowering in generic:
+        mlir.register_lowering(primitive, lowering, platform="cpu")
+    return True
+
+
+expand_linear_algebra_in_xla()
