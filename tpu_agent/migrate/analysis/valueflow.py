@@ -215,8 +215,11 @@ def call_name(call: ast.Call) -> str | None:
 def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> tuple[UseKind | None, str | None]:
     """(kind of use, None) or (None, key the value is copied into); (None, None) for no use (``x.attr``)."""
     if isinstance(parent, ast.Attribute):
-        # `dev.startswith(...)` reads the string; `device.type`, `args.device`: the node is an object holding
-        # the value (the attribute is its own key)
+        # `dev.startswith("cuda")` tests the value as a comparison with "cuda" does (and is rewritten with it);
+        # other string methods, and other prefixes (`backend.startswith("nc")`), read its text; `device.type`, `args.device`: the node is an object holding the
+        # value (the attribute is its own key)
+        if parent.attr == "startswith" and _called_with_cuda(parent, grand):
+            return UseKind.COMPARE, None
         return (UseKind.OTHER, None) if parent.attr in _STR_METHODS else (None, None)
     if isinstance(parent, ast.keyword):
         name = call_name(grand) if isinstance(grand, ast.Call) else None
@@ -265,6 +268,18 @@ def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> 
     if isinstance(parent, (ast.If, ast.While, ast.BoolOp, ast.UnaryOp)):
         return UseKind.NEUTRAL, None  # truthiness of a non-empty string does not depend on its text
     return UseKind.OTHER, None
+
+
+def _called_with_cuda(method: ast.Attribute, call: ast.AST | None) -> bool:
+    """``method`` is called with the one argument ``"cuda"``: ``x.startswith("cuda")``."""
+    return (
+        isinstance(call, ast.Call)
+        and call.func is method
+        and not call.keywords
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Constant)
+        and call.args[0].value == "cuda"
+    )
 
 
 def is_cuda_literal(value: object) -> bool:

@@ -15,15 +15,18 @@ from tpu_agent.migrate.model import MigrateOptions, Rule
 from tpu_agent.migrate.rules import (
     amp,
     backend_flags,
+    bind_device,  # noqa: F401 - registers its handlers with the cuda-api family
     compile,
     cuda_api,
     cuda_classes,  # noqa: F401 - registers its rules and handlers with the cuda-api and backend-flags families
     dependencies,  # noqa: F401 - registers its rules and text fixes with the third-party family
+    device_tests,  # noqa: F401 - registers its handlers with the devices family
     devices,
     distributed,
     env_vars,
     init_kwargs,  # noqa: F401 - registers its rule and handlers with the distributed family
     nvtx,  # noqa: F401 - registers its rule and handlers with the cuda-api family
+    seeding,  # noqa: F401 - registers its handlers with the cuda-api family
     third_party,
     value_flow,  # noqa: F401 - registers its rules and handlers with the devices and distributed families
 )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
+from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import call, source, string_like
 from tpu_agent.migrate.rules.references import BACKENDS, MATMUL_PRECISION
@@ -56,13 +56,23 @@ FAMILY.rule(
     name="tf32-matmul",
     safety=Safety.SAFE,
     summary="torch.backends.cuda.matmul.allow_tf32 = ...",
-    rationale="TF32 is an NVIDIA format. torch.set_float32_matmul_precision is the global form: 'high' is TF32 on "
-    "CUDA; on TPU 'medium' is the 1-pass bf16 MXU default (TPU target), 'highest' the full-precision 6-pass mode.",
+    rationale="TF32 is an NVIDIA format; torch.set_float32_matmul_precision is the global form, and both targets "
+    "write the same value. True becomes 'medium': on CUDA it allows TF32 exactly as 'high' does (cuBLAS has no bf16 "
+    "path for float32 matmuls), and TorchTPU maps it to Precision.DEFAULT, the 1-pass bf16 MXU mode that is the TPU "
+    "default and what its porting guide gives for allow_tf32 = True; 'high' would ask TorchTPU for 3-pass matmuls, "
+    "slower than the default the flag meant to allow. (oneDNN may also use bf16 for float32 matmuls on CPUs with "
+    "bf16 units: the reduced precision the flag accepted.) False becomes 'highest', full float32 everywhere "
+    "(6-pass on TPU).",
     before="torch.backends.cuda.matmul.allow_tf32 = True",
-    after='torch.set_float32_matmul_precision("high")',
+    after='torch.set_float32_matmul_precision("medium")',
     references=(MATMUL_PRECISION,),
     since_torch="1.12",
-    apis=(ApiEquivalent("torch.backends.cuda.matmul.allow_tf32", 'torch.set_float32_matmul_precision("high")'),),
+    apis=(
+        ApiEquivalent(
+            "torch.backends.cuda.matmul.allow_tf32 = True / False",
+            'torch.set_float32_matmul_precision("medium") / ("highest")',
+        ),
+    ),
 )
 FAMILY.rule(
     code="TPU604",
@@ -164,14 +174,16 @@ def flag_assignment(
     return updated
 
 
+_FAST_MATMULS = "medium"  # TF32 on CUDA, TorchTPU's 1-pass bf16 default (see TPU603's rationale)
+
+
 def _matmul_precision(ctx: PyContext, value: cst.BaseExpression, literal: bool | None) -> cst.Expr:
-    fast = "medium" if ctx.target is Target.TPU else "high"
     if literal is None:
         arg: cst.BaseExpression = cst.IfExp(
-            test=value, body=string_like(None, fast), orelse=string_like(None, "highest")
+            test=value, body=string_like(None, _FAST_MATMULS), orelse=string_like(None, "highest")
         )
     else:
-        arg = string_like(None, fast if literal else "highest")
+        arg = string_like(None, _FAST_MATMULS if literal else "highest")
     return cst.Expr(call(ctx.torch_attr("set_float32_matmul_precision"), [cst.Arg(arg)]))
 
 

@@ -7,7 +7,9 @@ reported, with what to do on TPU, so that no CUDA-only call survives silently.
 
 Why this module is long: it is one rule family (the ``torch.cuda`` module API). Each rule record sits
 next to the handler that applies it, and the handlers share the family's tables of CUDA calls; splitting it
-would separate records from their handlers, or the handlers from their tables.
+would separate records from their handlers, or the handlers from their tables. Two parts that need none of
+the tables live apart: binding a rank's device (:mod:`~tpu_agent.migrate.rules.bind_device`) and repeated
+seeding (:mod:`~tpu_agent.migrate.rules.seeding`).
 """
 
 from __future__ import annotations
@@ -18,16 +20,12 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._bound import always_bound_to_call, bound_earlier, earlier_small_statements
+from tpu_agent.migrate.rules._bound import always_bound_to_call, bound_earlier
 from tpu_agent.migrate.rules._cst import (
-    arg_position,
     keep_parens,
     keyword,
-    positional,
-    replace_arg_value,
     source,
 )
-from tpu_agent.migrate.rules.devices import cuda_device_index
 from tpu_agent.migrate.rules.references import (
     ACCELERATOR,
     DISTRIBUTED,
@@ -172,6 +170,12 @@ def _apis(code: str) -> tuple[ApiEquivalent, ...]:
             )
             for qualname, function in DEVICE_MODULE.items()
         ]
+        rows.append(
+            ApiEquivalent(
+                "torch.accelerator.set_device_index(rank)",
+                'the same, run only where DEVICE.type != "tpu" (--target tpu: deleted)',
+            )
+        )
     rows += [ApiEquivalent(_written(qualname), advice) for qualname, (rule, advice) in MANUAL.items() if rule == code]
     return tuple(rows)
 
@@ -181,11 +185,13 @@ FAMILY.rule(
     name="cuda-device-api",
     safety=Safety.SAFE,
     summary="torch.cuda device queries: is_available, device_count, current_device, set_device, device(i), "
-    "get_device_name, get_device_properties.",
+    "get_device_name, get_device_properties; torch.accelerator.set_device_index(rank) in device-agnostic code.",
     rationale="TorchTPU implements the torch.accelerator API (its own torch.tpu twins raise when called from user "
     "code); torch.accelerator works on CUDA builds too. TorchTPU binds one device per process and rejects "
     "set_device_index with any other index, so set_device is deleted for the tpu target and, for the accelerator "
-    "target, still binds the CUDA device of each rank but is skipped on TPU. The device name and properties come from "
+    "target, still binds the CUDA device of each rank but is skipped on TPU. Code already written against "
+    "torch.accelerator gets the same treatment where it binds an index other than 0 (rank, local_rank, args.gpu): "
+    "rank 1 would fail on TPU with 'Cannot set TPU device to index 1'. The device name and properties come from "
     "the device's own module (torch.tpu on TPU). For the accelerator target, calls that need a device are guarded "
     "with torch.accelerator.is_available() (statements) or get their CPU value (expressions) so CPU-only runs keep "
     "working.",
@@ -233,7 +239,10 @@ FAMILY.rule(
     name="cuda-manual-seed",
     safety=Safety.SAFE,
     summary="torch.cuda.manual_seed / manual_seed_all / seed / seed_all.",
-    rationale="torch.manual_seed seeds the CPU and every accelerator, TPU included.",
+    rationale="torch.manual_seed seeds the CPU and every accelerator, TPU included. A CUDA seeding call that an "
+    "identical torch.manual_seed (same arguments, not rebound in between) has already run before, in the same "
+    "function or module, is deleted rather than turned into a second torch.manual_seed (harmless, but noise); an "
+    "if left empty by the deletion goes with it.",
     before="torch.cuda.manual_seed_all(0)",
     after="torch.manual_seed(0)",
     references=(RANDOM,),
@@ -424,11 +433,11 @@ def _interprocess_event(ctx: PyContext, node: cst.Call) -> None:
 # ---- CPU fallback for the accelerator target --------------------------------------------------------------
 # torch.accelerator calls raise where no accelerator exists; the accelerator target keeps such programs
 # running on CPU-only machines by guarding them (statements) or giving them their CPU value (expressions).
+# set_device_index is bind_device's: it is kept off TPU as well.
 _GUARDED_STATEMENTS = frozenset(
     {
         "synchronize",
         "empty_cache",
-        "set_device_index",
         "reset_peak_memory_stats",
         "reset_accumulated_memory_stats",
         "set_stream",
@@ -445,10 +454,9 @@ _CPU_VALUES = {
 }
 _CPU_NAME = "cpu"  # what get_device_name() reads without an accelerator (get_device_properties has no CPU value)
 _AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
-_ONE_DEVICE = "# TorchTPU binds one device per process"
 
 
-def _device_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
+def device_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
     """``X`` when ``node`` is the rewritten ``torch.accelerator.X`` or ``torch.get_device_module(DEVICE).X``
     (spelled with the file's torch alias)."""
     if not isinstance(node, cst.Attribute):
@@ -530,7 +538,9 @@ def availability_call(ctx: PyContext) -> cst.Call:
     return cst.Call(func=ctx.torch_attr("accelerator.is_available"))
 
 
-def _guarded(test: cst.BaseExpression, statement: cst.SimpleStatementLine, comment: str | None = None) -> cst.If:
+def guarded_statement(
+    test: cst.BaseExpression, statement: cst.SimpleStatementLine, comment: str | None = None
+) -> cst.If:
     """``if test:`` around ``statement``, which hands its leading lines to the ``if``."""
     return cst.If(
         test=test,
@@ -557,25 +567,10 @@ def guard_statement(
     qualname = ctx.qualname(before.value) if isinstance(before.value, cst.Call) else None
     if qualname is None or not qualname.startswith("torch.cuda."):
         return updated
-    function = _device_function(ctx, small.value.func)
-    if function == "set_device_index":
-        return _bind_per_rank(ctx, original, updated)
+    function = device_function(ctx, small.value.func)
     if function not in _GUARDED_STATEMENTS or already_guarded(ctx):
         return updated
-    return _guarded(availability_call(ctx), updated)
-
-
-def _bind_per_rank(
-    ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
-) -> cst.BaseStatement:
-    """``set_device_index(i)`` binds rank i's GPU on CUDA, but TorchTPU binds one device per process and
-    rejects any other index: run it only off TPU, merging into an enclosing ``if`` that holds nothing else
-    rather than nesting."""
-    parent = ctx.stmt_stack[-2] if len(ctx.stmt_stack) > 1 else None
-    if _sole_statement(parent, original):
-        _merge_into(ctx, parent)  # type: ignore[arg-type]
-        return updated
-    return _guarded(off_tpu(ctx), updated, _ONE_DEVICE)
+    return guarded_statement(availability_call(ctx), updated)
 
 
 def not_tpu(ctx: PyContext) -> cst.Comparison:
@@ -591,18 +586,6 @@ def off_tpu(ctx: PyContext) -> cst.BaseExpression:
     if already_guarded(ctx):
         return not_tpu(ctx)
     return cst.BooleanOperation(left=availability_call(ctx), operator=cst.And(), right=not_tpu(ctx))
-
-
-def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
-    """True when ``node`` is all there is in the body of the ``if`` ``parent``, which has no ``else``."""
-    if not isinstance(parent, cst.If) or parent.orelse is not None:
-        return False
-    body = parent.body.body
-    return len(body) == 1 and body[0] is node
-
-
-def _merge_into(ctx: PyContext, statement: cst.If) -> None:
-    ctx.extra_tests[id(statement)] = (off_tpu(ctx), _ONE_DEVICE)
 
 
 _LOOSE_TESTS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
@@ -629,48 +612,6 @@ def merge_test(ctx: PyContext, original: cst.If, updated: cst.If) -> cst.If:
     elif isinstance(body, cst.SimpleStatementSuite) and body.trailing_whitespace.comment is None:
         body = body.with_changes(trailing_whitespace=_header(comment))
     return updated.with_changes(test=cst.BooleanOperation(left=test, operator=cst.And(), right=condition), body=body)
-
-
-@FAMILY.visit(cst.Expr)
-def _set_device_statement(ctx: PyContext, node: cst.Expr) -> None:
-    if not (isinstance(node.value, cst.Call) and ctx.qualname(node.value) == "torch.cuda.set_device"):
-        return
-    if ctx.target is Target.TPU:
-        ctx.claim(node.value.func)  # deleted below instead of renamed
-    elif ctx.options.rule_enabled("TPU201") and ctx.stmt_stack and _sole_statement(ctx.stmt_stack[-1], node):
-        _merge_into(ctx, ctx.stmt_stack[-1])  # type: ignore[arg-type]  # `if c: torch.cuda.set_device(i)`
-
-
-@FAMILY.leave(cst.Expr)
-def delete_set_device(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr | cst.RemovalSentinel:
-    call = original.value
-    if not (isinstance(call, cst.Call) and ctx.is_claimed(call.func) and ctx.qualname(call) == "torch.cuda.set_device"):
-        return updated
-    if ctx.report("TPU201", original, f"deleted `{source(original)}`: TorchTPU binds one device per process"):
-        return cst.RemovalSentinel.REMOVE
-    return updated
-
-
-# torch.cuda calls whose torch.accelerator twin takes a device *index*: the device a rule rewrote their argument
-# to (DEVICE, torch.device("tpu")) has no index, so set_device_index(DEVICE) raises on CUDA and
-# device_index(<a device>) raises everywhere; they get the index the CUDA device named instead.
-_INDEX_PARAMETER = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
-
-
-@FAMILY.leave(cst.Call)
-def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-    if ctx.qualname(original) not in _INDEX_PARAMETER or _device_function(ctx, updated.func) is None:
-        return updated
-    before, after = positional(original, 0), positional(updated, 0)
-    if before is None or after is None:
-        return updated
-    value = before.value
-    if isinstance(value, cst.Name):
-        value = bound_earlier(ctx, value.value) or value
-    index = cuda_device_index(ctx, value)
-    if index is None:
-        return updated
-    return replace_arg_value(updated, arg_position(updated, after), index)
 
 
 # the fields of TorchTPU's device properties (_TpuDeviceProperties); CUDA's others (major, minor, L2_cache_size...)
@@ -706,44 +647,6 @@ def cuda_only_property(ctx: PyContext, original: cst.Attribute, updated: cst.Att
     return updated
 
 
-# CUDA seeding that torch.manual_seed(s) also does (it seeds the CPU and every device)
-_CUDA_SEEDS = frozenset({"torch.cuda.manual_seed", "torch.cuda.manual_seed_all"})
-
-
-def _seeded_earlier(ctx: PyContext, call: cst.Call) -> bool:
-    """Whether an earlier statement of the block seeds every device with the same arguments: ``torch.manual_seed``
-    or a CUDA seeding call that becomes one (seed_everything's ``torch.manual_seed(s)``, ``torch.cuda.manual_seed(s)``,
-    ``torch.cuda.manual_seed_all(s)``)."""
-    arguments = [source(arg.value) for arg in call.args]
-    for small in earlier_small_statements(ctx):
-        if (
-            isinstance(small, cst.Expr)
-            and isinstance(small.value, cst.Call)
-            and ctx.qualname(small.value) in (*_CUDA_SEEDS, "torch.manual_seed")
-            and [source(arg.value) for arg in small.value.args] == arguments
-        ):
-            return True
-    return False
-
-
-@FAMILY.visit(cst.Expr)
-def _repeated_seed(ctx: PyContext, node: cst.Expr) -> None:
-    call = node.value
-    if isinstance(call, cst.Call) and ctx.qualname(call) in _CUDA_SEEDS and _seeded_earlier(ctx, call):
-        ctx.claim(call.func)  # deleted below instead of renamed into a repeat of the seeding above
-
-
-@FAMILY.leave(cst.Expr)
-def delete_repeated_seed(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr | cst.RemovalSentinel:
-    call = original.value
-    if not (isinstance(call, cst.Call) and ctx.is_claimed(call.func) and ctx.qualname(call) in _CUDA_SEEDS):
-        return updated
-    message = f"deleted `{source(original)}`: the same torch.manual_seed above already seeds every device"
-    if ctx.report("TPU204", original, message):
-        return cst.RemovalSentinel.REMOVE
-    return updated
-
-
 @FAMILY.leave(cst.Call)
 def cpu_value(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     if ctx.target.value != "accelerator" or _is_expression_statement(ctx.stmt_stack[-1], original):
@@ -751,7 +654,7 @@ def cpu_value(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Base
     qualname = ctx.qualname(original)
     if qualname is None or not qualname.startswith("torch.cuda."):
         return updated
-    function = _device_function(ctx, updated.func)
+    function = device_function(ctx, updated.func)
     if function == "get_device_name":
         default: cst.BaseExpression = ctx.string(_CPU_NAME)
     elif function in _CPU_VALUES:
@@ -785,7 +688,7 @@ class _DropFallbacks(cst.CSTTransformer):
         if (
             id(original_node) in self.ctx.cpu_fallbacks
             and isinstance(test, cst.Call)
-            and _device_function(self.ctx, test.func) == "is_available"
+            and device_function(self.ctx, test.func) == "is_available"
         ):
             return updated_node.body
         return updated_node

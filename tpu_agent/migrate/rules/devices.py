@@ -46,7 +46,10 @@ FAMILY.rule(
     rationale="TorchTPU's device is 'tpu'. The accelerator target writes one module-level resolver (the accelerator "
     "in use, or the CPU) so that the same file keeps running on CUDA and CPU-only machines. TorchTPU runs one device "
     "per process, so an index is dropped: the process's device is selected by the launcher (and on CUDA by "
-    "torch.accelerator.set_device_index).",
+    'torch.accelerator.set_device_index). A test of a device string against "cuda" (device == "cuda", "cuda" in '
+    'device, device.startswith("cuda")) changes with the value: it asks whether the device is the accelerator in use '
+    '(device == DEVICE.type != "cpu", TPU104\'s form), so the migrated program takes the accelerator branch on TPU '
+    "and, as before, the CPU branch on a machine without an accelerator.",
     before='x = torch.zeros(3, device="cuda:0")\nmodel.to(torch.device("cuda"))',
     after='DEVICE = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")\n'
     "x = torch.zeros(3, device=DEVICE)\nmodel.to(DEVICE)",
@@ -56,6 +59,10 @@ FAMILY.rule(
         ApiEquivalent(
             'torch.device("cuda"), "cuda", "cuda:N" in a device position',
             'DEVICE, the module\'s accelerator-or-CPU resolver (--target tpu: "tpu")',
+        ),
+        ApiEquivalent(
+            'device == "cuda", "cuda" in device, device.startswith("cuda")',
+            'device == DEVICE.type != "cpu", device.partition(":")[0] == DEVICE.type != "cpu" (--target tpu: == "tpu")',
         ),
     ),
 )
@@ -142,7 +149,7 @@ FAMILY.rule(
 )
 
 _CUDA_DEVICE_RE = re.compile(r"cuda(?::\d+)?")
-_DEVICE_VAR_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
+DEVICE_VAR_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
 _AVAILABILITY_CHECKS = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
 # functions whose first positional argument is a device
 _DEVICE_FIRST = frozenset({"torch.set_default_device", "torch.get_device_module", "torch.Generator"})
@@ -366,17 +373,19 @@ def _argparse_default(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
     return updated
 
 
-def _is_device_variable(target: cst.BaseExpression) -> bool:
+def is_device_variable(target: cst.BaseExpression) -> bool:
+    """A name or attribute whose name says it holds a device (``device``, ``args.device``, ``dev``,
+    ``device_type``): CUDA literals assigned to one are rewritten by name, and tests of it follow."""
     if isinstance(target, cst.Name):
-        return bool(_DEVICE_VAR_RE.search(target.value))
+        return bool(DEVICE_VAR_RE.search(target.value))
     if isinstance(target, cst.Attribute):
-        return bool(_DEVICE_VAR_RE.search(target.attr.value))
+        return bool(DEVICE_VAR_RE.search(target.attr.value))
     return False
 
 
 @FAMILY.leave(cst.Assign)
 def device_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-    if all(_is_device_variable(t.target) for t in original.targets):
+    if all(is_device_variable(t.target) for t in original.targets):
         new = rewrite_device(ctx, original.value, "type", updated=updated.value)
         if new is not None:
             return updated.with_changes(value=new)
@@ -385,7 +394,7 @@ def device_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -
 
 @FAMILY.leave(cst.AnnAssign)
 def annotated_device_variable(ctx: PyContext, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
-    if original.value is not None and _is_device_variable(original.target):
+    if original.value is not None and is_device_variable(original.target):
         new = rewrite_device(ctx, original.value, "type", updated=updated.value)
         if new is not None:
             return updated.with_changes(value=new)
@@ -394,7 +403,7 @@ def annotated_device_variable(ctx: PyContext, original: cst.AnnAssign, updated: 
 
 @FAMILY.leave(cst.Param)
 def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.Param) -> cst.Param:
-    if original.default is not None and _DEVICE_VAR_RE.search(original.name.value):
+    if original.default is not None and DEVICE_VAR_RE.search(original.name.value):
         new = rewrite_device(ctx, original.default, "type", updated=updated.default)
         if new is not None:
             return updated.with_changes(default=new)

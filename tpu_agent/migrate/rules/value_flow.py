@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.analysis.crossmodule import merged
-from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
+from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
 from tpu_agent.migrate.rules._base import Family
+from tpu_agent.migrate.rules._bound import key_of
 from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
-from tpu_agent.migrate.rules.devices import cuda_device_code, rewrite_device
+from tpu_agent.migrate.rules.devices import DEVICE_VAR_RE, cuda_device_code, rewrite_device
 from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
 
 if TYPE_CHECKING:
@@ -63,7 +64,6 @@ distributed.FAMILY.rule(
     ),
 )
 
-_NAMED_DEVICE_RE = re.compile(r"(?:^|_)(?:dev|device|device_type)$", re.IGNORECASE)
 _NAMED_BACKEND_RE = re.compile(r"backend$", re.IGNORECASE)
 _BACKEND_CHECKS = frozenset(
     {
@@ -73,15 +73,6 @@ _BACKEND_CHECKS = frozenset(
         "torch.distributed.distributed_c10d.is_nccl_available",
     }
 )
-
-
-def _key_of(target: cst.BaseExpression) -> tuple[str, str] | None:
-    """(analysis key, the bare name) of an assignment target."""
-    if isinstance(target, cst.Name):
-        return name_key(target.value), target.value
-    if isinstance(target, cst.Attribute):
-        return attr_key(target.attr.value), target.attr.value
-    return None
 
 
 DefinitionRewrite = Callable[
@@ -153,52 +144,15 @@ def _definition_flow(ctx: PyContext, key: str) -> tuple[Verdict | None, str]:
 def _device_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
 ) -> cst.BaseExpression | None:
-    key = _key_of(target)
+    key = key_of(target)
     if key is None or cuda_device_code(ctx, original) is None or cuda_device_code(ctx, updated) is None:
         return None  # not a CUDA literal, or the name-based rule already rewrote it
     verdict, others = _definition_flow(ctx, key[0])
-    if verdict is Verdict.DEVICE and not _NAMED_DEVICE_RE.search(key[1]):
+    if verdict is Verdict.DEVICE and not DEVICE_VAR_RE.search(key[1]):
         return rewrite_device(ctx, original, "type", updated=updated)
     if verdict is Verdict.MIXED:
         ctx.report("TPU108", original, f"{key[1]} = {source(original)} is used as a device and by {others}")
     return None
-
-
-def _compared_key(ctx: PyContext, node: cst.BaseExpression) -> bool:
-    """A name or attribute (not ``.type``, which TPU104 covers) whose every use is a device position."""
-    key = _key_of(node)
-    if key is None or (isinstance(node, cst.Attribute) and node.attr.value == "type"):
-        return False
-    return ctx.value_flow.flow(key[0]).verdict is Verdict.DEVICE
-
-
-@devices.FAMILY.leave(cst.Comparison)
-def device_value_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.Comparison:
-    # dev == "cuda", "cuda" in dev, where dev is a device key: the literal becomes the device type with the definition
-    if "cuda" not in ctx.source:
-        return updated
-    sides = [original.left, *(c.comparator for c in original.comparisons)]
-    new_sides: list[cst.BaseExpression | None] = [None] * len(sides)
-    for i, comparison in enumerate(original.comparisons):
-        if not isinstance(comparison.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
-            continue
-        for literal, other in ((i, i + 1), (i + 1, i)):
-            if string_value(sides[literal]) == "cuda" and _compared_key(ctx, sides[other]):
-                template = sides[literal]
-                new_sides[literal] = ctx.fix(
-                    "TPU101",
-                    template,
-                    functools.partial(ctx.device_type, template),
-                    lambda n: f'"cuda" -> {source(n)} in {source(original)} (compared with a device value)',
-                )
-    if not any(new_sides):
-        return updated
-    left = new_sides[0] or updated.left
-    targets = [
-        c.with_changes(comparator=new_sides[j + 1]) if new_sides[j + 1] is not None else c
-        for j, c in enumerate(updated.comparisons)
-    ]
-    return updated.with_changes(left=keep_parens(original.left, left), comparisons=targets)
 
 
 _register_definition(devices.FAMILY, _device_definition)
@@ -251,7 +205,7 @@ def _claim_backend_check(ctx: PyContext, node: cst.IfExp) -> None:
 def _backend_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
 ) -> cst.BaseExpression | None:
-    key = _key_of(target)
+    key = key_of(target)
     if key is None or not _holds_string(ctx, original, "nccl"):
         return None
     if not updated.deep_equals(original):

@@ -1,0 +1,83 @@
+"""Migrated programs take the branch their tests meant: the accelerator's on the emulated ``tpu`` device, the
+CPU's without an accelerator, and every rank binds its device (QA on karpathy/build-nanogpt and
+pytorch/examples' DDP example). The fixtures pin the rewritten text; these run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpu_agent.migrate.api import apply, plan
+from tpu_agent.migrate.model import MigrateOptions
+
+# build-nanogpt's train_gpt2.py: the device string picked at run time, then tested three ways
+DEVICE_TESTS = """\
+import torch
+
+device = "cpu"
+if torch.cuda.is_available():
+    device = "cuda"
+device_type = "cuda" if device.startswith("cuda") else "cpu"
+use_fused = device_type == "cuda"
+pin = "cuda" in device
+x = torch.randn(4, 4, device=device)
+with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+    y = x @ x
+print("result", device_type, use_fused, pin, y.dtype)
+"""
+# pytorch/examples distributed/ddp/example.py binds each rank's device with torch.accelerator only
+BIND_RANK = """\
+import os
+
+import torch
+
+rank = int(os.environ["LOCAL_RANK"])
+torch.accelerator.set_device_index(rank)
+print("rank", rank, "bound", torch.zeros(1, device=torch.accelerator.current_accelerator()).device.type)
+"""
+
+
+def _migrated(tmp_path: Path, text: str) -> Path:
+    source = tmp_path / "src" / "train.py"
+    source.parent.mkdir()
+    source.write_text(text)
+    result = plan([source.parent], MigrateOptions(jobs=1))
+    assert [f.display_path for f in result.changed_files], "the program was not migrated"
+    apply(result, output_dir=tmp_path / "out")
+    return tmp_path / "out" / "train.py"
+
+
+def _run(command: list[str], cwd: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_AGENT_", "TORCH_TPU_"))}
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_device_string_tests_take_the_accelerator_branch_on_tpu(tmp_path: Path) -> None:
+    script = _migrated(tmp_path, DEVICE_TESTS)
+    out = _run([sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", script.name], script.parent)
+    assert "result tpu True True torch.bfloat16" in out, out
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="needs a machine without an accelerator")
+def test_device_string_tests_take_the_cpu_branch_without_an_accelerator(tmp_path: Path) -> None:
+    script = _migrated(tmp_path, DEVICE_TESTS)
+    out = _run([sys.executable, script.name], script.parent)
+    assert "result cpu False False torch.bfloat16" in out, out
+
+
+@pytest.mark.slow
+def test_every_rank_binds_its_device_on_tpu(tmp_path: Path) -> None:
+    script = _migrated(tmp_path, BIND_RANK)
+    command = [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--nproc", "2", script.name]
+    out = _run(command, script.parent)
+    assert sorted(line for line in out.splitlines() if line.startswith("rank")) == [
+        "rank 0 bound tpu",
+        "rank 1 bound tpu",
+    ], out

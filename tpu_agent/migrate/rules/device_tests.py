@@ -1,0 +1,134 @@
+"""Tests on a device string (TPU101): ``device == "cuda"``, ``"cuda" in device``, ``device.startswith("cuda")``.
+
+The device rules rewrite a CUDA device value where it is defined (``device = "cuda"`` becomes ``DEVICE.type``,
+``"tpu"`` on TPU); a test of that value against ``"cuda"`` must change with it, or the migrated program takes
+its CPU branch on TPU. build-nanogpt's ``device_type = "cuda" if device.startswith("cuda") else "cpu"`` gave
+"cpu" there: autocast did nothing for TPU tensors, fused AdamW was off, the timer skipped its synchronize.
+Comparing with ``DEVICE.type`` alone is not enough either: on a CPU-only machine it is "cpu", so
+``device_type == DEVICE.type`` held where ``device_type == "cuda"`` did not (fused AdamW on the CPU). Every
+test becomes :func:`~tpu_agent.migrate.rules.devices.on_accelerator`'s ``<type> == DEVICE.type != "cpu"``,
+the form TPU104 writes for tensors: the accelerator branch on CUDA and on TPU, the CPU branch without an
+accelerator. A substring or prefix test reads the type part of the string (``device.partition(":")[0]``,
+"cuda" for "cuda:1").
+
+The values tested: a name or attribute whose name says device (the definition rules rewrite those by name),
+or whose every use is a device position (the value-flow analysis; a prefix test counts as a comparison
+there), and ``str()`` of one. ``x.device.type == "cuda"`` is TPU104's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from tpu_agent.migrate.analysis.valueflow import Verdict
+from tpu_agent.migrate.rules import devices
+from tpu_agent.migrate.rules._bound import key_of
+from tpu_agent.migrate.rules._cst import keep_parens, source, string_value
+from tpu_agent.migrate.rules.devices import is_device_variable, on_accelerator
+
+if TYPE_CHECKING:
+    from tpu_agent.migrate.engine.context import PyContext
+
+_EQUALITY = (cst.Equal, cst.NotEqual)
+_MEMBERSHIP = (cst.In, cst.NotIn)
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
+
+
+def _is_device_string(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """``device``, ``args.device``, a name only ever used as a device, or ``str()`` of one (not ``x.type``)."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value == "str"
+        and "str" not in ctx.aliases
+        and len(node.args) == 1
+        and node.args[0].keyword is None
+        and not node.args[0].star
+    ):
+        node = node.args[0].value
+    if isinstance(node, cst.Attribute) and node.attr.value == "type":
+        return False
+    if is_device_variable(node):
+        return True
+    key = key_of(node)
+    return key is not None and ctx.value_flow.flow(key[0]).verdict is Verdict.DEVICE
+
+
+def _type_part(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``value.partition(":")[0]``: the device type a device string names."""
+    if not isinstance(value, _ATOMS) and not value.lpar:
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    partition = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("partition")), args=[cst.Arg(ctx.string(":"))])
+    return cst.Subscript(value=partition, slice=[cst.SubscriptElement(cst.Index(cst.Integer("0")))])
+
+
+def _rewrite(
+    ctx: PyContext, original: cst.BaseExpression, subject: cst.BaseExpression, negated: bool
+) -> cst.BaseExpression | None:
+    """Report and build ``on_accelerator(subject)`` for the test ``original``; None when not fixed."""
+    new = ctx.fix(
+        "TPU101",
+        original,
+        lambda: on_accelerator(ctx, subject, negated),
+        lambda n: f"{source(original)} -> {source(n)} (a test on a device string: the accelerator in use, not the CPU)",
+    )
+    if new is None:
+        return None
+    # a comparison stands wherever the compared one stood; `not (...)` and a comparison replacing a call need room
+    if not ctx.is_bare(original) and (isinstance(original, cst.Call) or isinstance(new, cst.UnaryOperation)):
+        new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return keep_parens(original, new)
+
+
+@devices.FAMILY.leave(cst.Comparison)
+def device_string_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+    # device == "cuda", "cuda" == device, device != "cuda", "cuda" in device, "cuda" not in device
+    if "cuda" not in ctx.source:
+        return updated
+    sides = [original.left, *(c.comparator for c in original.comparisons)]
+    if "cuda" not in (string_value(side) for side in sides):
+        return updated
+    if len(original.comparisons) != 1:
+        if any(string_value(side) == "cuda" for side in sides) and any(_is_device_string(ctx, s) for s in sides):
+            ctx.report(
+                "TPU101",
+                original,
+                f'{source(original)}: compare the device with DEVICE.type != "cpu" (a chain of comparisons is '
+                "left as it is)",
+                fixable=False,
+            )
+        return updated
+    operator = original.comparisons[0].operator
+    left, right = original.left, original.comparisons[0].comparator
+    after = (updated.left, updated.comparisons[0].comparator)
+    subject: cst.BaseExpression | None = None
+    if isinstance(operator, _EQUALITY) and string_value(right) == "cuda" and _is_device_string(ctx, left):
+        subject = after[0]
+    elif isinstance(operator, _EQUALITY) and string_value(left) == "cuda" and _is_device_string(ctx, right):
+        subject = after[1]
+    elif isinstance(operator, _MEMBERSHIP) and string_value(left) == "cuda" and _is_device_string(ctx, right):
+        subject = _type_part(ctx, after[1])
+    if subject is None:
+        return updated
+    new = _rewrite(ctx, original, subject, isinstance(operator, (cst.NotEqual, cst.NotIn)))
+    return new if new is not None else updated
+
+
+@devices.FAMILY.leave(cst.Call)
+def device_string_prefix(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    # device.startswith("cuda") -> device.partition(":")[0] == DEVICE.type != "cpu"
+    func = original.func
+    if not (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "startswith"
+        and len(original.args) == 1
+        and original.args[0].keyword is None
+        and string_value(original.args[0].value) == "cuda"
+        and isinstance(updated.func, cst.Attribute)
+        and _is_device_string(ctx, func.value)
+    ):
+        return updated
+    new = _rewrite(ctx, original, _type_part(ctx, updated.func.value), negated=False)
+    return new if new is not None else updated
