@@ -214,3 +214,10 @@ def command_line_value(args: list[str], name: str) -> str | None:
         elif arg == f"--{name}" and index + 1 < len(args):
             value = args[index + 1]
     return value
+
+
+def setting_seen_at(path: str, name: str, line: int) -> Setting | None:
+    """The assignment of ``name`` that ``line`` of ``path`` sees (its function's, else the module's): a switch
+    such as nanoGPT's ``compile = True``, which ``--compile=False`` overrides."""
+    tree, text = parse_source(path), read_source(path)
+    return _Resolver(tree, text, line).setting(name) if tree is not None and text is not None else None

@@ -7,6 +7,7 @@ diff that would not apply.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import re
@@ -179,29 +180,65 @@ def in_loop(path: str, line: int) -> bool:
     return False
 
 
-def wrap_model_after_construction(path: str, class_name: str, before_line: int, wrapper: str) -> str | None:
-    """After the last ``model = ...`` that follows ``model = ClassName(...)`` (and precedes ``before_line``),
-    add ``model = <wrapper>(model, ...)``; ``wrapper`` is a format string with ``{var}``."""
+def insert_after_block(path: str, first: int, last: int, statement: str) -> str | None:
+    """Add ``statement`` after the statement spanning lines ``first``..``last`` (a whole ``if`` with its
+    branches, say), at that statement's indentation; ``None`` when the next line already says it."""
+    lines = _read(path)
+    if lines is None or not 1 <= first <= last <= len(lines):
+        return None
+    if last < len(lines) and lines[last].strip() == statement.strip():
+        return None
+    new_line = f"{_indent(lines[first - 1])}{statement}\n"
+    return _diff(path, lines, lines[:last] + [new_line] + lines[last:])
+
+
+def drop_call_kwargs(path: str, line: int, callee: str, names: set[str]) -> str | None:
+    """Remove the keyword arguments ``names`` from the ``callee(...)`` call starting on ``line`` (it may span
+    lines), with the comma before each."""
     lines = _read(path)
     if lines is None:
         return None
-    found = None
-    for index, text in enumerate(lines[: before_line - 1]):
-        match = re.match(rf"(\s*)(\w+)\s*=\s*.*\b{re.escape(class_name)}\(", text)
-        if match:
-            found = (index, match.group(1), match.group(2))
-    if found is None:
+    text = "".join(lines)
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    index, indent, var = found
-    last = index
-    for row in range(index + 1, before_line - 1):
-        if re.match(rf"{indent}{var}\s*=[^=]", lines[row]):
-            last = row
-    end = _statement_end(lines, last)
-    statement = f"{indent}{var} = {wrapper.format(var=var)}\n"
-    if end + 1 < len(lines) and lines[end + 1] == statement:
-        return None
-    return _diff(path, lines, lines[: end + 1] + [statement] + lines[end + 1 :])
+    starts = [0]
+    for row in lines:
+        starts.append(starts[-1] + len(row))
+
+    def offset(row: int, col: int) -> int:  # ast columns count UTF-8 bytes
+        return starts[row - 1] + len(lines[row - 1].encode("utf-8")[:col].decode("utf-8", "ignore"))
+
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and call.lineno == line and ast.unparse(call.func) == callee):
+            continue
+        arguments: list[ast.expr | ast.keyword] = sorted(
+            [*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset)
+        )
+        spans = []
+        for index, argument in enumerate(arguments):
+            if not (isinstance(argument, ast.keyword) and argument.arg in names):
+                continue
+            end = offset(argument.end_lineno or argument.lineno, argument.end_col_offset or 0)
+            if index:  # from the end of the argument before it: drops the comma in between
+                before = arguments[index - 1]
+                start = offset(before.end_lineno or before.lineno, before.end_col_offset or 0)
+            elif index + 1 < len(arguments):  # the first one: up to the next argument
+                start, after = offset(argument.lineno, argument.col_offset), arguments[index + 1]
+                end = offset(after.lineno, after.col_offset)
+            else:
+                start = offset(argument.lineno, argument.col_offset)
+            spans.append((start, end))
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(spans):  # two dropped in a row may share the text between them
+            if merged and start <= merged[-1][1]:
+                start, end = merged[-1][0], max(end, merged.pop()[1])
+            merged.append((start, end))
+        for start, end in reversed(merged):
+            text = text[:start] + text[end:]
+        return _diff(path, lines, text.splitlines(keepends=True)) if spans else None
+    return None
 
 
 def line_text(path: str, line: int) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpu_agent.fsutil import read_regular
-from tpu_agent.profile import patches
+from tpu_agent.profile import patches, placement
 from tpu_agent.profile.patches import MAX_SOURCE_BYTES
 
 _GUARD = re.compile(
@@ -208,9 +208,15 @@ def pad_statement(variable: str, dim: int, bucket: int, rank: int | None) -> str
 
 
 def padding_diff(path: str, origin: TensorOrigin, dim: int, sizes: list[int], rank: int | None = None) -> str | None:
-    """The diff that pads the changing tensor right after the line that creates it (``None`` when unnamed)."""
+    """The diff that pads the changing tensor right after the line that creates it (``None`` when unnamed); when
+    that line sits in a branch the use does not (``if crop: x = x[:, :n]``), after that whole statement, so the
+    padding runs on every path to the use."""
     if origin.variable is None:
         return None
-    return patches.insert_after_statement(
-        path, origin.line, pad_statement(origin.variable, dim, bucket_for(sizes), rank)
-    )
+    statement = pad_statement(origin.variable, dim, bucket_for(sizes), rank)
+    tree = parse_source(path)
+    body = getattr(scope_of(tree, origin.line), "body", None) if tree is not None else None
+    outer = placement.hoisted(body, origin.line, origin.use_line) if isinstance(body, list) else None
+    if outer is None:
+        return patches.insert_after_statement(path, origin.line, statement)
+    return patches.insert_after_block(path, outer.lineno, outer.end_lineno or outer.lineno, statement)

@@ -49,9 +49,11 @@ def write_capture(
     hidden: int = 200,
     out: int = 100,
     args: tuple[str, ...] = (),
+    dispatched: int = 8,
 ) -> Path:
     """Write a ``steps``-step capture under ``logdir`` and return its raw directory (``args``: the script's own
-    command line, as its ``sys.argv[1:]``)."""
+    command line, as its ``sys.argv[1:]``; ``dispatched``: ops the runtime dispatched per step, 50 and more
+    make EM-3's "nothing is compiled")."""
     raw = raw_dir(logdir)
     raw.mkdir(parents=True, exist_ok=True)
     script_path = str(script or logdir / "train.py")
@@ -75,7 +77,7 @@ def write_capture(
         start = BASE_NS + index * STEP_NS
         records.append(ev.StepMarker(start, 0, index, phase="begin", source="optimizer"))
         records.append(ev.HostSync(start + 3_500_000, 0, index, op="item", site=site["item"]))
-        records.append(ev.OpBatch(start + STEP_NS - 2, 0, index, count=8, by_name={"aten.addmm.default": 2}))
+        records.append(ev.OpBatch(start + STEP_NS - 2, 0, index, count=dispatched, by_name={"aten.addmm.default": 2}))
         records.append(ev.MemorySample(start + STEP_NS - 1, 0, index, allocated_bytes=1 << 20, peak_bytes=2 << 20))
         records.append(ev.StepMarker(start + STEP_NS, 0, index, phase="end", source="optimizer"))
         if index >= warmup:
