@@ -115,8 +115,9 @@ class TpuTensor(torch.Tensor):
         self.__dict__.pop("_meta", None)
 
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the methods
-    # (``resize_``, ``resize_as_``, ``set_`` to a larger source) run the op, and when the data outgrew the wrapper the tensor object takes over a new wrapper's
-    # internals (``torch.utils.swap_tensors``): every reference the program holds sees the new size.
+    # (``resize_``, ``resize_as_``, ``set_`` to a larger source) run the op, and when the data outgrew the wrapper
+    # the tensor object takes over a new wrapper's internals (``torch.utils.swap_tensors``): every reference the
+    # program holds sees the new size.
     def resize_(self, *sizes: Any, memory_format: Any = None) -> torch.Tensor:
         return _grown(self, lambda: _Tensor.resize_(self, *sizes, memory_format=memory_format))
 
@@ -550,6 +551,11 @@ def sync_out_arguments(
         for wrapper, source in zip(wrappers, data, strict=True):
             if type(wrapper) is not TpuTensor or not isinstance(source, _Tensor):
                 continue
+            elem = wrapper._elem
+            relayout = elem is not None and elem is not source and _layout(elem) != _layout(source)
+            if relayout and before_relayout is not None:
+                before_relayout()
+                before_relayout = None
             try:
                 sync_metadata(wrapper, source)
             except WrapperTooSmall:
@@ -561,12 +567,12 @@ def sync_out_arguments(
                     f"result's shape (torch.empty({needed}, device='tpu')), call {name}.resize_({needed}) first, or "
                     "use the op's return value instead of out=."
                 ) from None
-            elem = wrapper._elem
-            if elem is not None and elem is not source and elem.shape != source.shape:
-                if before_relayout is not None:
-                    before_relayout()
-                    before_relayout = None
+            if relayout and elem is not None:
                 elem.as_strided_(source.shape, source.stride(), source.storage_offset())
+
+
+def _layout(t: torch.Tensor) -> tuple[torch.Size, tuple[int, ...], int]:
+    return t.shape, t.stride(), t.storage_offset()
 
 
 class Route:
