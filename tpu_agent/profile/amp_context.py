@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from tpu_agent.profile.sources import own_nodes, parse_source, read_source, scope_of
+from tpu_agent.profile.sources import dotted_name, own_nodes, parse_source, read_source, scope_of
 
 AUTOCAST_CALLS = frozenset(
     {
@@ -65,17 +65,8 @@ class AutocastContext:
         return self.setting.literal if self.setting is not None else None
 
 
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
 def _is_call_to(node: ast.AST, names: frozenset[str]) -> bool:
-    return isinstance(node, ast.Call) and _dotted(node.func) in names
+    return isinstance(node, ast.Call) and dotted_name(node.func) in names
 
 
 class _Resolver:
@@ -131,13 +122,13 @@ class _Resolver:
 
     def dtype(self, node: ast.expr, hops: int = 0) -> tuple[ast.expr | None, Setting | None]:
         """The ``torch.<dtype>`` literal behind ``node``, or the module-level setting it is looked up from."""
-        if isinstance(node, ast.Attribute) and _dotted(node) is not None:
+        if isinstance(node, ast.Attribute) and dotted_name(node) is not None:
             return node, None
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name):  # {'bfloat16': ...}[dtype]
             return None, self.setting(node.slice.id)
         if (
             isinstance(node, ast.Call)
-            and _dotted(node.func) == "getattr"
+            and dotted_name(node.func) == "getattr"
             and len(node.args) == 2
             and isinstance(node.args[1], ast.Name)
         ):  # getattr(torch, dtype)
@@ -187,7 +178,7 @@ def enclosing_autocast(path: str, line: int) -> AutocastContext | None:
             if found is None:
                 continue
             call, fallback = found
-            callee = _dotted(call.func) or "autocast"
+            callee = dotted_name(call.func) or "autocast"
             argument = _dtype_argument(call, callee)
             literal, setting = resolver.dtype(argument) if argument is not None else (None, None)
             return AutocastContext(

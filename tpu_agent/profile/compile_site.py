@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpu_agent.profile import patches, placement
-from tpu_agent.profile.sources import function_at, own_nodes, parse_source, read_source, scope_of
+from tpu_agent.profile.sources import dotted_name, function_at, own_nodes, parse_source, read_source, scope_of
 
 COMPILE_CALLS = frozenset({"torch.compile"})
 TPU_BACKEND = "tpu"
@@ -41,20 +41,11 @@ class Construction:
     variable: str
 
 
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
 def _builds(value: ast.AST, class_name: str) -> bool:
     """Whether ``value`` calls ``ClassName(...)``, ``module.ClassName(...)`` or ``ClassName.from_pretrained(...)``."""
     for node in ast.walk(value):
         if isinstance(node, ast.Call):
-            parts = (_dotted(node.func) or "").split(".")
+            parts = (dotted_name(node.func) or "").split(".")
             if parts[-1] == class_name or (len(parts) > 1 and parts[-2] == class_name):
                 return True
     return False
@@ -94,7 +85,7 @@ def _use_line(path: str, scope: ast.AST, variable: str, built: int, step_line: i
     for node in sorted((n for n in own_nodes(scope) if isinstance(n, ast.Call)), key=lambda n: n.lineno):
         passed = [*node.args, *(k.value for k in node.keywords)]
         passes = any(isinstance(a, ast.Name) and a.id == variable for a in passed)
-        if node.lineno > built and passes and (_dotted(node.func) or "").split(".")[-1] == function:
+        if node.lineno > built and passes and (dotted_name(node.func) or "").split(".")[-1] == function:
             return node.lineno
     return None
 
@@ -175,7 +166,7 @@ def existing_compile(path: str, variables: set[str]) -> CompileCall | None:
             n
             for n in ast.walk(tree)
             if isinstance(n, ast.Call)
-            and _dotted(n.func) in COMPILE_CALLS
+            and dotted_name(n.func) in COMPILE_CALLS
             and n.args
             and isinstance(n.args[0], ast.Name)
             and (not variables or n.args[0].id in variables)

@@ -93,6 +93,17 @@ def function_at(path: str, line: int) -> str:
     return scope.name if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
 
 
+def dotted_name(node: ast.AST) -> str | None:
+    """``torch.amp.autocast`` for that attribute chain (or a bare name); ``None`` when it is not one (a call's
+    result, a subscript): how the fix generators recognise a callee whatever module alias spelled it."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
 def own_nodes(scope: ast.AST) -> list[ast.AST]:
     """Nodes of ``scope`` outside nested functions and classes (their names are another scope's)."""
     found: list[ast.AST] = []

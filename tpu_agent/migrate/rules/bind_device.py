@@ -19,7 +19,7 @@ import libcst as cst
 from tpu_agent.migrate.model import Target
 from tpu_agent.migrate.rules._bound import bound_earlier
 from tpu_agent.migrate.rules._cst import arg_position, keyword, positional, replace_arg_value, source, string_value
-from tpu_agent.migrate.rules.cuda_api import FAMILY, device_function, guarded_statement, off_tpu
+from tpu_agent.migrate.rules.cuda_api import FAMILY, device_function, guarded_statement, off_tpu, sole_call
 from tpu_agent.migrate.rules.devices import cuda_device_index
 
 if TYPE_CHECKING:
@@ -67,20 +67,16 @@ def _report_bind(ctx: PyContext, statement: cst.Expr) -> bool:
 def bind_statement(
     ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
 ) -> cst.BaseStatement:
-    if ctx.target.value != "accelerator" or len(updated.body) != 1 or len(original.body) != 1:
+    calls = sole_call(ctx, original, updated)
+    if calls is None:
         return updated
-    small, before = updated.body[0], original.body[0]
-    if not (
-        isinstance(small, cst.Expr)
-        and isinstance(small.value, cst.Call)
-        and isinstance(before, cst.Expr)
-        and isinstance(before.value, cst.Call)
-    ):
-        return updated
-    qualname = ctx.qualname(before.value)
-    renamed = qualname == "torch.cuda.set_device" and device_function(ctx, small.value.func) == "set_device_index"
+    before, after = calls
+    qualname = ctx.qualname(before)
+    renamed = qualname == "torch.cuda.set_device" and device_function(ctx, after.func) == "set_device_index"
     if renamed or (
-        qualname in _ACCELERATOR_BINDS and _binds_another_index(ctx, before.value) and _report_bind(ctx, before)
+        qualname in _ACCELERATOR_BINDS
+        and _binds_another_index(ctx, before)
+        and _report_bind(ctx, cst.ensure_type(original.body[0], cst.Expr))
     ):
         return _bind_per_rank(ctx, original, updated)
     return updated

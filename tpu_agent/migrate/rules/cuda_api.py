@@ -555,19 +555,35 @@ def _header(comment: str | None) -> cst.TrailingWhitespace:
     return cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment))
 
 
+def sole_call(
+    ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+) -> tuple[cst.Call, cst.Call] | None:
+    """The call a statement line is made of, before and after this pass's rewrites, when the line is that one
+    call alone and the target is the accelerator (only there does a statement get a device guard)."""
+    if ctx.target.value != "accelerator" or len(updated.body) != 1 or len(original.body) != 1:
+        return None
+    small, before = updated.body[0], original.body[0]
+    if not (
+        isinstance(small, cst.Expr)
+        and isinstance(small.value, cst.Call)
+        and isinstance(before, cst.Expr)
+        and isinstance(before.value, cst.Call)
+    ):
+        return None
+    return before.value, small.value
+
+
 @FAMILY.leave(cst.SimpleStatementLine)
 def guard_statement(
     ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
 ) -> cst.BaseStatement:
-    if ctx.target.value != "accelerator" or len(updated.body) != 1 or len(original.body) != 1:
+    calls = sole_call(ctx, original, updated)
+    if calls is None:
         return updated
-    small, before = updated.body[0], original.body[0]
-    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and isinstance(before, cst.Expr)):
-        return updated
-    qualname = ctx.qualname(before.value) if isinstance(before.value, cst.Call) else None
+    qualname = ctx.qualname(calls[0])
     if qualname is None or not qualname.startswith("torch.cuda."):
         return updated
-    function = device_function(ctx, small.value.func)
+    function = device_function(ctx, calls[1].func)
     if function not in _GUARDED_STATEMENTS or already_guarded(ctx):
         return updated
     return guarded_statement(availability_call(ctx), updated)
