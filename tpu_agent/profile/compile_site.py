@@ -90,11 +90,15 @@ def _use_line(path: str, scope: ast.AST, variable: str, built: int, step_line: i
     return None
 
 
-def wrap_model_after_construction(path: str, class_name: str, before_line: int, wrapper: str) -> str | None:
+def wrap_model_after_construction(
+    path: str, class_name: str, before_line: int, wrapper: str, built: Construction | None = None
+) -> str | None:
     """Add ``model = <wrapper>`` (``wrapper`` formats ``{var}``) after the model is built and moved, at the level
-    that runs on every path to the step at ``before_line``; ``None`` when no construction is found."""
+    that runs on every path to the step at ``before_line``; ``None`` when no construction is found. ``built``:
+    the :func:`model_construction` the caller already found, if it looked."""
     tree = parse_source(path)
-    built = model_construction(path, class_name, before_line)
+    if built is None:
+        built = model_construction(path, class_name, before_line)
     if tree is None or built is None:
         return None
     variable = built.variable

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.valueflow import call_name
 from tpu_agent.migrate.engine.positions import NEWLINE_RE, line_starts
 from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS
 
@@ -66,9 +67,7 @@ def _device_property_holders(tree: ast.Module, source: str) -> list[str]:
     names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            function = node.value.func
-            called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
-            if called == "get_device_properties":
+            if call_name(node.value) == "get_device_properties":
                 for target in node.targets:
                     if isinstance(target, (ast.Name, ast.Attribute)):
                         names.append(target.id if isinstance(target, ast.Name) else target.attr)

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.model import Target
-from tpu_agent.migrate.rules._bound import bound_earlier
 from tpu_agent.migrate.rules._cst import arg_position, keyword, positional, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.cuda_api import FAMILY, device_function, guarded_statement, off_tpu, sole_call
-from tpu_agent.migrate.rules.devices import cuda_device_index
+from tpu_agent.migrate.rules.devices import known_cuda_index
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -149,10 +148,7 @@ def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
     before, after = positional(original, 0), positional(updated, 0)
     if before is None or after is None:
         return updated
-    value = before.value
-    if isinstance(value, cst.Name):
-        value = bound_earlier(ctx, value.value) or value
-    index = cuda_device_index(ctx, value)
+    index = known_cuda_index(ctx, before.value)
     if index is None:
         return updated
     return replace_arg_value(updated, arg_position(updated, after), index)

@@ -19,6 +19,7 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
+from tpu_agent.migrate.rules._bound import bound_earlier
 from tpu_agent.migrate.rules._cst import (
     arg_position,
     arg_source,
@@ -213,6 +214,14 @@ def cuda_device_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpre
     if index is None or _refers_to_cuda(ctx, index):
         return None
     return index
+
+
+def known_cuda_index(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The index the CUDA device ``value`` names (``local_rank`` in ``torch.device("cuda", local_rank)``), also
+    through a name bound just before; None when it names none."""
+    if isinstance(value, cst.Name):
+        value = bound_earlier(ctx, value.value) or value
+    return cuda_device_index(ctx, value)
 
 
 def _refers_to_cuda(ctx: PyContext, node: cst.CSTNode) -> bool:

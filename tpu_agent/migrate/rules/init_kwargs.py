@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety
-from tpu_agent.migrate.rules._bound import bound_earlier
 from tpu_agent.migrate.rules._cst import arg_position, keyword, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call, not_tpu
-from tpu_agent.migrate.rules.devices import cuda_device_index
+from tpu_agent.migrate.rules.devices import known_cuda_index
 from tpu_agent.migrate.rules.distributed import FAMILY, INITS, backend_value, is_nccl_backend
 from tpu_agent.migrate.rules.references import DISTRIBUTED
 
@@ -81,14 +80,6 @@ def _is_indexed_current_device(ctx: PyContext, node: cst.BaseExpression) -> bool
     return ctx.qualname(index) == "torch.accelerator.current_device_index"
 
 
-def _known_index(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The index the CUDA device ``value`` names (``local_rank`` in ``torch.device("cuda", local_rank)``), also
-    through a name bound just before; None when it names none."""
-    if isinstance(value, cst.Name):
-        value = bound_earlier(ctx, value.value) or value
-    return cuda_device_index(ctx, value)
-
-
 def _process_device_id(ctx: PyContext, index: cst.BaseExpression | None) -> cst.BaseExpression:
     """The process's device with its index: ``torch.device(DEVICE.type, torch.accelerator.current_device_index())``.
 
@@ -111,7 +102,7 @@ def _needs_index(ctx: PyContext, value: cst.BaseExpression) -> bool:
 
 def _fix_device_id(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression | None:
     """The process's device for the device_id ``value`` (an original node), or None when not fixed."""
-    index = _known_index(ctx, value)
+    index = known_cuda_index(ctx, value)
     kept = f"; CUDA keeps index {source(index)}" if index is not None and ctx.target.value == "accelerator" else ""
     return ctx.fix(
         "TPU407",

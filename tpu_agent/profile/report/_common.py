@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -13,12 +14,14 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def where(location: dict[str, Any], show: Callable[[str], str] = str) -> str:
+    """``file:line (function)`` for one location, its path as ``show`` gives it."""
+    return f"{show(location['file'])}:{location['line']} ({location['function']})"
+
+
 def location_text(finding: dict[str, Any]) -> str:
     locations = finding.get("locations") or []
-    if not locations:
-        return "-"
-    first = locations[0]
-    return f"{first['file']}:{first['line']} ({first['function']})"
+    return where(locations[0]) if locations else "-"
 
 
 def estimate_lines(estimate: dict[str, Any]) -> list[str]:

@@ -17,13 +17,13 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_agent.profile.patches import display_path
-from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes
+from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, where
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _where(location: dict[str, Any]) -> str:
-    return f"{display_path(location['file'])}:{location['line']} ({location['function']})"
+    return where(location, display_path)
 
 
 def _findings_table(findings: list[dict[str, Any]]) -> Table:

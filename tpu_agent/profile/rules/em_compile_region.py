@@ -124,7 +124,7 @@ def _check(model: ProfileModel) -> list[Finding]:
         else:
             wrapper = 'torch.compile({var}, backend="tpu")'
             diff = (
-                compile_site.wrap_model_after_construction(site.file, model_class, site.line, wrapper)
+                compile_site.wrap_model_after_construction(site.file, model_class, site.line, wrapper, built)
                 if model_class
                 else None
             )

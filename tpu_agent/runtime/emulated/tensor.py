@@ -18,6 +18,8 @@ in-place write through the view is visible in the base.
 Why this module is long: it holds the tensor subclass and the dispatch entry every op passes through.
 Wrapping, unwrapping, materialisation and the dispatch share the class's private state and are on the hot
 path of every op, so they stay together (MXU rounding, kernels and the recorder live in their own modules).
+In-place layout changes (``resize_``/``set_`` growth, ``out=`` results, ``unsqueeze_``) are here too: they
+restride the wrapper itself or swap its internals, which only this class's own state allows.
 """
 
 from __future__ import annotations
