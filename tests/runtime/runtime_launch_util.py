@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,23 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
     env.update(extra)
     return env
+
+
+def run_script(script: str, directory: Path, *args: str, **env: str) -> dict:
+    """``script`` run in a fresh interpreter (activation is process-wide) with the repository importable and
+    :func:`clean_env`'s environment plus ``env``; its last line of output, as JSON."""
+    path = directory / "script.py"
+    path.write_text(script)
+    proc = subprocess.run(
+        [sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(REPO), **env),
+        timeout=300,
+        cwd=directory,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def tpu_agent_in_process(*args: str, **env: str) -> Result:

@@ -7,24 +7,20 @@ and saves the device's only, and ``torch.utils.checkpoint`` replays a block's dr
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from runtime_launch_util import run_script as run
 
 from tpu_agent.runtime.xla import settings
 
 pytestmark = pytest.mark.slow  # every test runs a fresh torch process
 
-REPO = Path(__file__).resolve().parents[2]
 MODES = ("strict", "debug", "defer_and_fuse")
 
 SCRIPT = r"""
-import json, sys, warnings
+import io, json, sys, warnings
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -99,11 +95,55 @@ expected = torch.rand(4, device="tpu").cpu()
 torch.tpu.manual_seed(11)
 explicit_tpu = torch.rand(4, device="tpu", generator=torch.Generator("tpu").manual_seed(3)).cpu()
 explicit_cpu = torch.poisson(torch.full((4,), 3.0, device="tpu"), generator=torch.Generator().manual_seed(3)).cpu()
-out["explicit_tpu"] = bool(torch.equal(explicit_tpu, torch.rand(4, generator=torch.Generator().manual_seed(3))))
+torch.tpu.manual_seed(3)
+out["explicit_tpu"] = bool(torch.equal(explicit_tpu, torch.rand(4, device="tpu").cpu()))  # as CUDA's: same state
+torch.tpu.manual_seed(11)
 out["explicit_cpu"] = bool(
     torch.equal(explicit_cpu, torch.poisson(torch.full((4,), 3.0), generator=torch.Generator().manual_seed(3)))
 )
 out["device_stream_kept_by_explicit"] = bool(torch.equal(expected, torch.rand(4, device="tpu").cpu()))
+
+# a generator the program makes is a device generator: the default's state format, its own stream
+user = torch.Generator("tpu")
+out["user_generator"] = [str(user.device), user.get_state().numel(), user.initial_seed(), user.get_offset()]
+user.manual_seed(5)
+torch.tpu.manual_seed(6)
+device_start, cpu_start, user_start = torch.tpu.get_rng_state_all()[0], torch.get_rng_state(), user.get_state()
+x = torch.ones(16, device="tpu")
+user_draws = [  # pending under DeferAndFuse until get_state below, which runs them first
+    torch.rand(5, device="tpu", generator=user), torch.randn(3, device="tpu", generator=user),
+    torch.empty(4, device="tpu").normal_(generator=user), torch.bernoulli(x * 0.5, generator=user),
+    torch.poisson(x, generator=user), torch.multinomial(x, 3, generator=user),
+    torch.randperm(6, device="tpu", generator=user), torch.rand(4, device="tpu", generator=torch.Generator("tpu")),
+]
+user_after = user.get_state()
+out["user_streams_apart"] = [
+    bool(torch.equal(device_start, torch.tpu.get_rng_state_all()[0])),
+    bool(torch.equal(cpu_start, torch.get_rng_state())),
+    user_after[:8].view(torch.int64).item(), user_after[8:].view(torch.int64).item(),
+]
+user_draws = [t.cpu() for t in user_draws]
+user.set_state(user_start)
+out["user_replays"] = bool(torch.equal(user_draws[0], torch.rand(5, device="tpu", generator=user).cpu()))
+torch.tpu.manual_seed(5)
+out["user_is_default_layout"] = bool(torch.equal(user_draws[0], torch.rand(5, device="tpu").cpu()))
+clone = user.clone_state()
+out["user_clone"] = [type(clone) is type(user), bool(torch.equal(clone.get_state(), user.get_state()))]
+try:
+    user.set_state(torch.get_rng_state())
+    out["user_cpu_state_refused"] = ""
+except ValueError as error:
+    out["user_cpu_state_refused"] = str(error)
+saved_state, saved_generator = io.BytesIO(), io.BytesIO()
+torch.save(user.get_state(), saved_state)  # a checkpoint's RNG entry: a plain uint8 tensor
+torch.save(user, saved_generator)
+saved_state.seek(0)
+saved_generator.seek(0)
+restored = torch.load(saved_generator, weights_only=False)
+out["user_pickles"] = [
+    bool(torch.equal(torch.load(saved_state, weights_only=True), user.get_state())),
+    str(restored.device), bool(torch.equal(restored.get_state(), user.get_state())),
+]
 
 # fork_rng, the state API and default_generators
 torch.tpu.manual_seed(13)
@@ -144,19 +184,6 @@ for name, reentrant in (("plain", None), ("reentrant", True), ("non_reentrant", 
 out["checkpoint"] = gradients
 print(json.dumps(out))
 """
-
-
-def run(script: str, directory: Path, *args: str, **env: str) -> dict:
-    """``script`` run in a fresh interpreter with the repository importable; its last line of output, as JSON."""
-    path = directory / "script.py"
-    path.write_text(script)
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
-    full_env.update(PYTHONPATH=str(REPO), **env)
-    proc = subprocess.run(
-        [sys.executable, str(path), *args], capture_output=True, text=True, env=full_env, timeout=300, cwd=directory
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +227,19 @@ def test_explicit_generators_state_api_and_fork_rng(runs: dict[str, dict], mode:
     assert out["fork_rng_restores"] and out["state_roundtrip"] and out["set_rng_state"]
     assert out["default_generator"] == ["tpu:0", True]
     assert out["seed_moves"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_generator_the_program_makes_is_a_device_generator(runs: dict[str, dict], mode: str) -> None:
+    out = runs[mode]
+    assert out["user_generator"] == ["tpu:0", 16, 67280421310721, 0]  # a new CUDA generator's seed and offset
+    # its draws move neither the default generator nor the CPU stream; its own offset moved past 5+3+4+16+16+3+6
+    # numbers in Philox's steps of four (a throwaway generator's draw moved nothing of it)
+    assert out["user_streams_apart"] == [True, True, 5, 8 + 4 + 4 + 16 + 16 + 4 + 8]
+    assert out["user_replays"] and out["user_is_default_layout"]
+    assert out["user_clone"] == [True, True]
+    assert "16 bytes (seed, offset), got 5056" in out["user_cpu_state_refused"]
+    assert out["user_pickles"] == [True, "tpu:0", True]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -121,7 +121,12 @@ def test_views_recorded_against_meta_strides_hold_when_the_cpu_kernel_picks_anot
 
 @pytest.mark.slow
 def test_tpu_generators_growing_resize_and_pinned_memory(observed: dict) -> None:
-    assert observed["generator"] == {"device": "tpu:0", "matches_cpu_seed": True, "is_generator": True}
+    assert observed["generator"] == {
+        "device": "tpu:0",
+        "state_bytes": 16,
+        "matches_device_seed": True,
+        "is_generator": True,
+    }
     assert observed["resize_grow"] == {"shape": [2, 4], "kept": [0.0, 1.0, 2.0], "row": [5.0, 5.0, 5.0, 5.0]}
     assert observed["pinned"] == {
         "pin_memory": [False, True, True, True],

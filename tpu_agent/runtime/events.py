@@ -88,7 +88,7 @@ class Flush(Event):
     """A DeferAndFuse materialisation: pending graph executed because of ``cause``."""
 
     kind: ClassVar[str] = "flush"
-    cause: str  # item|tolist|numpy|cpu|print|save|bool|collective|synchronize|compile|exit|size_limit|rng_state|layout_change
+    cause: str  # item|tolist|numpy|cpu|print|save|bool|collective|synchronize|compile|exit|size_limit|rng_state|storage|layout_change
     # (the emulation also uses: float|int (host reads), data_dependent (nonzero-style output shapes),
     # fallback (an op it cannot defer), mode_change (leaving DeferAndFuse))
     graph_ops: int

@@ -162,9 +162,11 @@ def observe() -> dict:
     generator = torch.Generator("tpu")
     generator.manual_seed(7)
     drawn = torch.randn(5, generator=generator, device="tpu")
+    torch.tpu.manual_seed(7)
     out["generator"] = {
         "device": str(generator.device),
-        "matches_cpu_seed": same(drawn, torch.randn(5, generator=torch.Generator().manual_seed(7))),
+        "state_bytes": generator.get_state().numel(),
+        "matches_device_seed": same(drawn, torch.randn(5, device="tpu").cpu()),  # a CUDA generator's state, as the default's
         "is_generator": isinstance(generator, torch.Generator) and isinstance(torch.default_generator, torch.Generator),
     }
 

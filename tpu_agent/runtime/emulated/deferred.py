@@ -436,7 +436,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
             return _eager(func, args, kwargs, "data_dependent")
         if plan.collective:
             return _eager(func, args, kwargs, "collective")
-        if plan.storage_changing:  # the tensor object itself changes (sync_metadata): needs its data now
+        if plan.storage_changing:  # the tensor object or its memory changes: needs its data now
             telemetry.emit_fallback(str(func))
             return _eager(func, args, kwargs, "fallback")
     if route.special is not None:
@@ -461,6 +461,8 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         telemetry.op_counts[func] += 1
     stack = state.precision_stack
     precision = stack[-1] if stack else state.precision
+    if not route.direct and (draw := kernels.draw_of(func)) is not None and draw.generator_at is not None:
+        args, kwargs = draw.pinned(args, kwargs)
     with _lock:
         host = False
         storages = _pending.storages

@@ -28,6 +28,7 @@ from tpu_agent.runtime.emulated import (
     memory,
     modes,
     state,
+    storage,
     streams,
     tensor,
     tpu_module,
@@ -243,5 +244,6 @@ def register() -> None:
     _patch_precision()
     _foreach_kernels_for_tpu_tensors()
     generator.install()
+    storage.install()
     host_memory.install()
     autograd_queue.install()

@@ -19,7 +19,7 @@ collectives used by DTensor and FSDP2) reach its Python methods through the Proc
    that data) and emits a :class:`~tpu_agent.runtime.events.Collective` event.
 
 Hangs and departures: when gloo times out, or a peer's process is gone, the guard's error names the op and the
-ranks that never reached it or that left. FSDP2's storage resizing is adapted in :mod:`fsdp_storage`.
+ranks that never reached it or that left. FSDP2's storage resizing is the device's own (:mod:`storage`).
 
 Why this module is long: it is one ``ProcessGroup`` backend. torch requires every collective as a method
 of that one class; each is a few lines over the same staging and guard helpers (the guard machinery and
@@ -41,7 +41,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 from torch.futures import Future
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import async_collectives, fsdp_storage
+from tpu_agent.runtime.emulated import async_collectives
 from tpu_agent.runtime.emulated.collective_guard import (
     ANY_SIZE,
     ASYMMETRIC_INPUT,
@@ -583,8 +583,7 @@ def keep_dynamo_out() -> None:
 
 def create_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupTpu:
     """The c10d creator function registered for ``tpu_dist`` and ``tpu``."""
-    # here rather than at activation: single-process runs never pay the FSDP and functional-collective imports
-    fsdp_storage.patch()
+    # here rather than at activation: single-process runs never pay the functional-collective imports
     async_collectives.patch()
     return ProcessGroupTpu(store, rank, size, timeout)
 

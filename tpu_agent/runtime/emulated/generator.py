@@ -1,25 +1,35 @@
 """``torch.Generator("tpu")``: random-number generators for the emulated ``tpu`` device.
 
 torch builds a device generator through the backend's C++ hooks (``getNewGenerator``), which a Python
-PrivateUse1 backend cannot provide. The emulated device draws its random numbers from CPU kernels, which take
-CPU generators; so a ``tpu`` generator is a CPU generator that reports ``device == tpu:0``. ``torch.Generator``
-becomes a subclass that builds these for the ``tpu`` device and plain generators otherwise, and every
-generator (including torch's own, built in C++) still passes ``isinstance(g, torch.Generator)``.
+PrivateUse1 backend cannot provide, so ``torch.Generator`` becomes a subclass that builds a :class:`DeviceGenerator`
+for the ``tpu`` device and torch's own generator for any other; every generator (torch's included) still passes
+``isinstance(g, torch.Generator)``.
 
-The device's default generator (:data:`default`) has the state a CUDA generator has: a 64-bit seed and a 64-bit
-offset, 16 bytes (Philox's counter). torch code written for accelerators reads and writes that layout through the
-device module's ``get_rng_state``/``set_rng_state``: DTensor gives each shard of a random tensor its own offset
-(FSDP2's meta-device initialisation draws every parameter that way). Each op draws from a CPU engine seeded with
-a mix of the pair and then moves the offset past the numbers it drew, so those 16 bytes are the whole state:
-restoring them replays. A generator the program makes itself (``torch.Generator("tpu")``) reaches the CPU kernels
-as torch's own C++ object (torch re-wraps it on the way through the dispatcher), so it keeps a CPU generator's
-state.
+A :class:`DeviceGenerator` has the state a CUDA generator has: a 64-bit seed and a 64-bit offset, 16 bytes
+(Philox's counter). torch code written for accelerators reads and writes that layout: DTensor gives each shard of
+a random tensor its own offset (FSDP2's meta-device initialisation draws every parameter that way),
+``torch.random.fork_rng`` and checkpointing code save and restore it. The device's default generator
+(:data:`default`, ``torch.tpu.default_generators[0]``) and the ones a program makes are the same class, so a
+state saved from one loads into the other. The numbers themselves come from CPU kernels: a device generator is
+also a CPU engine (torch's C++ CPU generator underneath), which :mod:`kernels` seeds with a mix of (seed, offset)
+before each op and whose offset it moves past the numbers the op drew. So those 16 bytes are the whole state:
+restoring them replays, and no draw touches the CPU's own stream.
+
+A generator argument does not reach the kernels as the object the program passed: the dispatcher hands
+``__torch_dispatch__`` a new ``torch._C.Generator`` over the same C++ generator (torch reuses a Python object
+only for a generator it wrapped itself, and its constructor registers none). The C++ generator's
+address (``_cdata``) is what survives, so :func:`device_generator_of` finds the :class:`DeviceGenerator` by it.
+
+Random ops draw when they run, which under DeferAndFuse is at the next flush: reading, seeding or restoring a
+device generator first runs the pending graph, so the ops issued before the call get the stream before it
+(``torch.utils.checkpoint`` saves the state, then replays the forward's dropout).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import weakref
 from typing import Any
 
 import torch
@@ -43,34 +53,33 @@ class _GeneratorType(type(_CGenerator)):  # type: ignore[misc]  # torch's opaque
 class Generator(_CGenerator, metaclass=_GeneratorType):
     """``torch.Generator(device)`` that also accepts the emulated ``tpu`` device."""
 
-    def __new__(cls, device: Any = "cpu") -> Generator:
-        on_tpu = _is_tpu(device)
-        self = super().__new__(cls, "cpu" if on_tpu else device)
-        self._on_tpu = on_tpu
-        return self
+    def __new__(cls, device: Any = "cpu") -> Any:
+        if _is_tpu(device):
+            return DeviceGenerator()
+        return _CGenerator(device)  # torch's own, pickled and used as without the emulation
 
     def __init__(self, device: Any = "cpu") -> None:
         pass  # the C type initialises in __new__
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("tpu", 0) if self._on_tpu else super().device
 
-    def __reduce__(self) -> Any:
-        return (_rebuild, ("tpu" if self._on_tpu else str(super().device), self.get_state()))
+class DeviceGenerator(Generator):
+    """A ``tpu`` generator, whose state is a CUDA generator's: (seed, offset), 16 bytes."""
 
+    _seed: int
+    _offset: int
 
-class DeviceDefaultGenerator(Generator):
-    """The device's default generator (``torch.tpu.default_generators[0]``), whose state is a CUDA generator's:
-    (seed, offset), 16 bytes. Random ops that name no generator draw from it through :func:`kernels.run_on_cpu`,
-    which reseeds the engine before each op and advances the offset after it."""
-
-    def __new__(cls, device: Any = "tpu") -> DeviceDefaultGenerator:
-        self = super().__new__(cls, device)
+    def __new__(cls, device: Any = "tpu") -> DeviceGenerator:
+        self = _CGenerator.__new__(cls, "cpu")  # its engine: a CPU generator
         self._seed, self._offset = _DEFAULT_SEED, 0
+        _BY_ENGINE[self._cdata] = self
         return self
 
-    def manual_seed(self, seed: int) -> DeviceDefaultGenerator:
+    @property
+    def device(self) -> torch.device:
+        return torch.device("tpu", 0)
+
+    def manual_seed(self, seed: int) -> DeviceGenerator:
+        _settle()
         self._seed, self._offset = int(seed) & _MASK, 0  # torch takes negative seeds as their 64-bit pattern
         return self
 
@@ -82,18 +91,33 @@ class DeviceDefaultGenerator(Generator):
     def initial_seed(self) -> int:
         return self._seed
 
+    def get_offset(self) -> int:
+        _settle()
+        return self._offset
+
+    def set_offset(self, offset: int) -> DeviceGenerator:
+        _settle()
+        self._offset = int(offset) & _MASK
+        return self
+
     def get_state(self) -> torch.Tensor:
+        _settle()
         return torch.frombuffer(bytearray(_STATE.pack(self._seed, self._offset)), dtype=torch.uint8)
 
-    def set_state(self, new_state: torch.Tensor) -> DeviceDefaultGenerator:
+    def set_state(self, new_state: torch.Tensor) -> DeviceGenerator:
         data = new_state.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
         if len(data) != _STATE.size:
             raise ValueError(
                 f"the tpu generator's state is {_STATE.size} bytes (seed, offset), got {len(data)}: pass a state "
-                "torch.tpu.get_rng_state_all() returned"
+                "a tpu generator's get_state() or torch.tpu.get_rng_state_all() returned"
             )
+        _settle()
         self._seed, self._offset = _STATE.unpack(data)
         return self
+
+    def clone_state(self) -> DeviceGenerator:
+        """A new generator at this one's state (AOTAutograd's RNG functionalisation clones the default)."""
+        return DeviceGenerator().set_state(self.get_state())
 
     def reseed_engine(self, engine: Any = None) -> None:
         """Seed ``engine`` (this generator's own CPU engine when None) for the next op's draws from (seed, offset)."""
@@ -110,11 +134,27 @@ class DeviceDefaultGenerator(Generator):
         return value
 
     def __reduce__(self) -> Any:
-        return (_rebuild_default, (self.get_state(),))
+        return (_rebuild, (self.get_state(),))
 
 
-def _rebuild_default(state: torch.Tensor) -> DeviceDefaultGenerator:
-    return DeviceDefaultGenerator().set_state(state)
+# Every live device generator by its engine's C++ address: how a generator argument finds its device generator.
+_BY_ENGINE: weakref.WeakValueDictionary[int, DeviceGenerator] = weakref.WeakValueDictionary()
+
+
+def device_generator_of(g: Any) -> DeviceGenerator | None:
+    """The :class:`DeviceGenerator` that ``g`` is or wraps (see the module docstring), None for a CPU generator."""
+    return g if type(g) is DeviceGenerator else _BY_ENGINE.get(g._cdata)
+
+
+def _rebuild(state: torch.Tensor) -> DeviceGenerator:
+    return DeviceGenerator().set_state(state)
+
+
+def _settle() -> None:
+    """Run the pending DeferAndFuse graph, whose random ops draw from the state as it is now."""
+    from tpu_agent.runtime.emulated import deferred  # deferred imports kernels, which imports this module
+
+    deferred.flush("rng_state")
 
 
 def _mix(seed: int, offset: int) -> int:
@@ -126,12 +166,6 @@ def _mix(seed: int, offset: int) -> int:
     return z ^ (z >> 31)
 
 
-def _rebuild(device: str, state: torch.Tensor) -> Generator:
-    generator = Generator(device)
-    generator.set_state(state)
-    return generator
-
-
 def _is_tpu(device: Any) -> bool:
     if isinstance(device, torch.device):
         return device.type == "tpu"
@@ -140,7 +174,7 @@ def _is_tpu(device: Any) -> bool:
     return False
 
 
-default = DeviceDefaultGenerator()  # ``torch.tpu.default_generators[0]``
+default = DeviceGenerator()  # ``torch.tpu.default_generators[0]``
 
 
 def install() -> None:

@@ -5,9 +5,10 @@ CPU executor execute an op, so both give the same numbers and the same errors.
 2. Inputs the CPU kernel refuses but the device accepts are computed another way (:mod:`cpu_gaps`).
 3. A kernel's error is the device's error: CPU kernel names (``histogram_cpu``,
    ``_scaled_dot_product_flash_attention_for_cpu``) are replaced by the op the program called.
-4. A random op draws from the device's generator (:data:`generator.default`), not torch's CPU one, unless the
-   program passed a generator: given to an op that takes one, swapped in for the CPU default around one that
-   does not (``native_dropout``, ``rand_like``, the fused attention ops). Which is which is read from the op's
+4. A random op draws from a device generator: the one the program passed (``torch.Generator("tpu")``), else the
+   device's default (:data:`generator.default`), not torch's CPU one: given to an op that takes one, swapped in
+   for the CPU default around one that does not (``native_dropout``, ``rand_like``, the fused attention ops). A
+   CPU generator the program passed is used as it is. Which is which is read from the op's
    schema once per overload (:func:`draw_of`); non-random ops pay nothing, since the dispatcher calls their
    kernels directly.
 """
@@ -71,9 +72,12 @@ def run_on_cpu(
     draw = draw_of(func)
     if draw is not None and not _tracing():
         if draw.generator_at is not None:
-            cargs, ckwargs, given_default = draw.with_device_generator(cargs, ckwargs)
-            if given_default:
-                return _draw_from_device(plan, func, cargs, ckwargs)
+            given = draw.given(cargs, ckwargs)
+            source = generator.default if given is None else generator.device_generator_of(given)
+            if source is not None:  # else a CPU generator: the program's own stream, used as it is
+                if given is None:
+                    cargs, ckwargs = draw.with_generator(cargs, ckwargs, source)
+                return _draw_from(source, plan, func, cargs, ckwargs)
         elif not draw.drops_nothing(cargs, ckwargs):
             return _call_on_device_stream(plan, func, cargs, ckwargs)
     return _call(plan, func, cargs, ckwargs)
@@ -97,21 +101,34 @@ class Draw:
         self.generator_at = names.index("generator") if "generator" in names else None
         self.dropout_at = names.index("dropout_p") if "dropout_p" in names else None
 
-    def with_device_generator(self, cargs: list, ckwargs: dict) -> tuple[list, dict, bool]:
-        """The arguments with the device's default generator where the program passed none (the dispatcher leaves
-        out an argument at its default: a kwarg-only or trailing ``generator=None`` is absent, not None), and
-        whether it was put in (False: the program's own generator, used as it is)."""
+    def given(self, args: Any, kwargs: dict) -> Any:
+        """The generator the program passed, None for none (the dispatcher leaves out an argument at its default:
+        a kwarg-only or trailing ``generator=None`` is absent, not None)."""
         at = self.generator_at
         assert at is not None
-        if at < len(cargs):  # passed by position (``poisson``, ``_fused_dropout``)
-            if cargs[at] is not None:
-                return cargs, ckwargs, False
-            cargs = list(cargs)
-            cargs[at] = generator.default
-            return cargs, ckwargs, True
-        if ckwargs.get("generator") is not None:
-            return cargs, ckwargs, False
-        return cargs, {**ckwargs, "generator": generator.default}, True
+        return args[at] if at < len(args) else kwargs.get("generator")
+
+    def with_generator(self, args: Any, kwargs: dict, given: Any) -> tuple[list, dict]:
+        """The arguments with ``given`` as the generator: by position where the program passed one there
+        (``poisson``, ``_fused_dropout``), else by keyword."""
+        at = self.generator_at
+        assert at is not None
+        if at < len(args):
+            args = list(args)
+            args[at] = given
+            return args, kwargs
+        return list(args), {**kwargs, "generator": given}
+
+    def pinned(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The arguments of a recorded op with the device generator itself in place of the dispatcher's wrapper
+        of it (see :mod:`generator`), which would not keep a generator the program dropped (``generator=
+        torch.Generator("tpu").manual_seed(3)``) alive until the op runs."""
+        given = self.given(args, kwargs)
+        source = None if given is None else generator.device_generator_of(given)
+        if source is None or source is given:
+            return args, kwargs
+        pinned_args, pinned_kwargs = self.with_generator(args, kwargs, source)
+        return tuple(pinned_args), pinned_kwargs
 
     def drops_nothing(self, cargs: list, ckwargs: dict) -> bool:
         at = self.dropout_at
@@ -147,17 +164,19 @@ def _call_on_device_stream(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: di
     cpu = torch.default_generator
     saved = cpu.get_state()
     try:
-        return _draw_from_device(plan, func, cargs, ckwargs, cpu)
+        return _draw_from(generator.default, plan, func, cargs, ckwargs, cpu)
     finally:
         cpu.set_state(saved)
 
 
-def _draw_from_device(plan: ops.OpPlan, func: Any, cargs: list, ckwargs: dict, engine: Any = None) -> Any:
-    """Run a random op on the engine (the device generator's own, or ``engine``) seeded for the device generator's
-    next draw, then move the generator's offset past the numbers the op drew."""
-    generator.default.reseed_engine(engine)
+def _draw_from(
+    source: generator.DeviceGenerator, plan: ops.OpPlan, func: Any, cargs: list, ckwargs: dict, engine: Any = None
+) -> Any:
+    """Run a random op on the engine (``source``'s own, or ``engine``) seeded for ``source``'s next draw, then
+    move ``source``'s offset past the numbers the op drew."""
+    source.reseed_engine(engine)
     out = _call(plan, func, cargs, ckwargs)
-    generator.default.advance(_drawn(out))
+    source.advance(_drawn(out))
     return out
 
 

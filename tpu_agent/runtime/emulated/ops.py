@@ -71,8 +71,11 @@ METADATA_INPLACE_OPS = _all_overloads(
     "resize_", "resize_as_", "unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_", "set_"
 )  # fmt: skip
 
-# In-place ops that may give a tensor more memory than it had (a wrapper is then rebuilt around its new data).
-STORAGE_CHANGING_OPS = _all_overloads("resize_", "resize_as_", "set_")
+# In-place ops that may give a tensor more memory than it had (a wrapper is then rebuilt around its new data), and
+# the one that frees or re-allocates it (FSDP2 under torch.compile): DeferAndFuse runs them when they are issued.
+STORAGE_CHANGING_OPS = _all_overloads("resize_", "resize_as_", "set_") | {
+    torch.ops.inductor.resize_storage_bytes_.default
+}
 
 # Ops that return data to the host (the cause names follow events.HostSync.op).
 HOST_READ_OPS: dict[torch._ops.OpOverload, str] = {

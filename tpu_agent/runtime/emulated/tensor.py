@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, SupportsIndex
 
@@ -116,6 +117,13 @@ class TpuTensor(torch.Tensor):
         self._layout = None
         self.__dict__.pop("_meta", None)
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The wrapper's storage, remembered with the data behind it: resizing it resizes the data
+        (:mod:`storage`). A pending tensor's data is made first: the program asked for its memory."""
+        storage = _Tensor.untyped_storage(self)
+        storage_data[storage._cdata] = self._elem if self._elem is not None else unwrap(self, "storage")
+        return storage
+
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the methods
     # (``resize_``, ``resize_as_``, ``set_`` to a larger source) run the op, and when the data outgrew the wrapper
     # the tensor object takes over a new wrapper's internals (``torch.utils.swap_tensors``): every reference the
@@ -173,6 +181,13 @@ class TpuTensor(torch.Tensor):
             (cpu, self.dtype, str(self.device), self.requires_grad),
         )
 
+
+# The data (CPU tensor) behind each wrapper storage a program asked for, by the storage's C++ address: how a
+# storage resize finds the data to resize. A wrapper's storage and its data are made together (``wrap``; a
+# pending tensor's data is its own from the flush on), and the entry is written again at each call. Weak, and on
+# the data rather than the wrapper: torch.utils.swap_tensors (Module._apply, growing resize_) refuses a tensor
+# that has a weak reference.
+storage_data: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 # torch's own tracing tensors (torch.compile's fake and functional tensors), which meet tpu tensors as arguments
 _TRACING_TENSORS = (FakeTensor, FunctionalTensor)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from tpu_agent.runtime.emulated import deferred, generator, memory, modes, state, streams
+from tpu_agent.runtime.emulated import generator, memory, modes, state, streams
 from tpu_agent.runtime.emulated.state import (
     EagerMode,
     Precision,
@@ -112,10 +112,8 @@ def experimental(fn: F) -> F:
 
 
 def _device_generator(device: Any = None) -> torch.Generator:
-    """The device's default generator once the pending DeferAndFuse graph has run: its random ops draw when they
-    run, so seeding, reading or restoring the state in between would give the ops issued before the call the
-    numbers of the stream after it (``torch.utils.checkpoint`` saves the state, then replays the forward's
-    dropout). TorchTPU's docs use ``torch.tpu.manual_seed_all`` as a flush.
+    """The device's default generator. Seeding, reading or restoring it runs the pending DeferAndFuse graph first
+    (see :mod:`generator`): TorchTPU's docs use ``torch.tpu.manual_seed_all`` as a flush.
 
     ``device`` may name any chip of the host: torch code written for processes that see every device asks for
     other chips' states (``fork_rng``'s default device list; DTensor's random ops on rank ``r`` use device
@@ -127,7 +125,6 @@ def _device_generator(device: Any = None) -> torch.Generator:
                 f"TPU device index {index} is not on this host, which has {state.host_devices} TPU devices "
                 f"(0 to {state.host_devices - 1})"
             )
-    deferred.flush("rng_state")
     return generator.default
 
 
