@@ -114,6 +114,40 @@ def test_a_config_file_that_turns_the_switch_off_is_named(tmp_path: Path, monkey
     )
 
 
+ARGPARSED = """import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument({declaration})
+args = parser.parse_args()
+model = Mlp()
+if {test}:
+    model = torch.compile(model)
+"""
+
+
+@pytest.mark.parametrize(
+    ("declaration", "test", "args", "expected"),
+    [
+        # a store_true flag that turns compile off: the fix is leaving it out, never --no-compile=False
+        ('"--no-compile", action="store_true"', "not args.no_compile", ("--no-compile",),
+         "when `no_compile` is false; run without --no-compile (this run passed it)."),
+        ('"--compile", action=argparse.BooleanOptionalAction, default=True', "args.compile", ("--no-compile",),
+         "when `compile` is true; run with --compile instead of --no-compile."),
+        ('"--eager", dest="use_compile", action="store_false"', "args.use_compile", ("--eager",),
+         "when `use_compile` is true; run without --eager (this run passed it)."),
+        ('"--compile", action="store_true"', "args.compile", (), "when `compile` is true; run with --compile."),
+    ],
+)  # fmt: skip
+def test_an_argparse_flag_is_named_as_the_script_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, declaration: str, test: str, args: tuple[str, ...], expected: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    change = _em3(tmp_path, ARGPARSED.format(declaration=declaration, test=test), args=args).agent_change
+    assert change is not None and change.diff is None
+    assert expected in change.description, change.description
+
+
 LOOP = "for x in data:\n    model(x).backward()\n"
 
 
