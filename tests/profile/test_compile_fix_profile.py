@@ -91,6 +91,26 @@ def test_options_torchtpu_refuses_are_dropped_from_the_existing_call(
     assert "    model = torch.compile(model)\n" in _apply(tmp_path, change.diff)
 
 
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [('{"max_autotune": True, "triton.cudagraphs": False}', True), ('{"name": "step", "max_autotune": True}', False)],
+)
+def test_inductor_options_are_refused_and_torchtpus_own_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: str, refused: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    source = SWITCHED.replace('mode="max-autotune",\n                          dynamic=True', f"options={options}")
+    change = _em3(tmp_path, source, args=("--compile=False",)).agent_change
+    assert change is not None
+    if refused:  # Inductor's options only: TorchTPU raises "Unexpected keyword arguments" on each key
+        assert change.diff is not None and f"passes options={options}, which TorchTPU's backend refuses" in (
+            change.description
+        )
+        assert "    model = torch.compile(model)\n" in _apply(tmp_path, change.diff)
+    else:  # a dict with TorchTPU's own keys is the user's to mend: the runtime's error names the others
+        assert change.diff is None and "refuses" not in change.description
+
+
 def test_a_literal_switch_in_the_script_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     change = _em3(
