@@ -15,7 +15,8 @@ import torch
 from tpu_agent.migrate.api import apply, plan
 from tpu_agent.migrate.model import MigrateOptions
 
-# build-nanogpt's train_gpt2.py: the device string picked at run time, then tested three ways
+# build-nanogpt's train_gpt2.py: the device string picked at run time, then tested three ways; and membership
+# tests in a collection holding "cuda", of the string and of a torch.device's type
 DEVICE_TESTS = """\
 import torch
 
@@ -25,10 +26,12 @@ if torch.cuda.is_available():
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 use_fused = device_type == "cuda"
 pin = "cuda" in device
+member = device in ("cuda", "mps") and torch.device(device).type in ["xpu", "cuda"]
+host = device_type not in {"cuda"}
 x = torch.randn(4, 4, device=device)
 with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
     y = x @ x
-print("result", device_type, use_fused, pin, y.dtype)
+print("result", device_type, use_fused, pin, member, host, y.dtype)
 """
 # pytorch/examples distributed/ddp/example.py binds each rank's device with torch.accelerator only
 BIND_RANK = """\
@@ -62,14 +65,14 @@ def _run(command: list[str], cwd: Path) -> str:
 def test_device_string_tests_take_the_accelerator_branch_on_tpu(tmp_path: Path) -> None:
     script = _migrated(tmp_path, DEVICE_TESTS)
     out = _run([sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", script.name], script.parent)
-    assert "result tpu True True torch.bfloat16" in out, out
+    assert "result tpu True True True False torch.bfloat16" in out, out
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="needs a machine without an accelerator")
 def test_device_string_tests_take_the_cpu_branch_without_an_accelerator(tmp_path: Path) -> None:
     script = _migrated(tmp_path, DEVICE_TESTS)
     out = _run([sys.executable, script.name], script.parent)
-    assert "result cpu False False torch.bfloat16" in out, out
+    assert "result cpu False False False True torch.bfloat16" in out, out
 
 
 @pytest.mark.slow

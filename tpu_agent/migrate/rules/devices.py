@@ -48,9 +48,10 @@ FAMILY.rule(
     "in use, or the CPU) so that the same file keeps running on CUDA and CPU-only machines. TorchTPU runs one device "
     "per process, so an index is dropped: the process's device is selected by the launcher (and on CUDA by "
     'torch.accelerator.set_device_index). A test of a device string against "cuda" (device == "cuda", "cuda" in '
-    'device, device.startswith("cuda")) changes with the value: it asks whether the device is the accelerator in use '
-    '(device == DEVICE.type != "cpu", TPU104\'s form), so the migrated program takes the accelerator branch on TPU '
-    "and, as before, the CPU branch on a machine without an accelerator.",
+    'device, device.startswith("cuda"), device in ("cuda", "mps")) changes with the value: it asks whether the device '
+    'is the accelerator in use (device == DEVICE.type != "cpu", TPU104\'s form; the other members of a collection '
+    "after it), so the migrated program takes the accelerator branch on TPU and, as before, the CPU branch on a "
+    "machine without an accelerator.",
     before='x = torch.zeros(3, device="cuda:0")\nmodel.to(torch.device("cuda"))',
     after='DEVICE = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")\n'
     "x = torch.zeros(3, device=DEVICE)\nmodel.to(DEVICE)",
@@ -64,6 +65,10 @@ FAMILY.rule(
         ApiEquivalent(
             'device == "cuda", "cuda" in device, device.startswith("cuda")',
             'device == DEVICE.type != "cpu", device.partition(":")[0] == DEVICE.type != "cpu" (--target tpu: == "tpu")',
+        ),
+        ApiEquivalent(
+            'device in ("cuda", "mps"), device not in {"cuda"}',
+            'device == DEVICE.type != "cpu" or device == "mps", not (device == DEVICE.type != "cpu")',
         ),
     ),
 )
@@ -113,6 +118,9 @@ FAMILY.rule(
     apis=(
         ApiEquivalent("t.is_cuda", 't.device.type == DEVICE.type != "cpu"'),
         ApiEquivalent('t.device.type == "cuda"', 't.device.type == DEVICE.type != "cpu"'),
+        ApiEquivalent(
+            't.device.type in ("cuda", "mps")', 't.device.type == DEVICE.type != "cpu" or t.device.type == "mps"'
+        ),
     ),
 )
 FAMILY.rule(
@@ -419,23 +427,81 @@ def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.P
     return updated
 
 
-def on_accelerator(ctx: PyContext, device_type: cst.BaseExpression, negated: bool = False) -> cst.BaseExpression:
+_COLLECTIONS = (cst.Tuple, cst.List, cst.Set)
+
+
+def holds_cuda(node: cst.CSTNode) -> bool:
+    """``"cuda"``, or a tuple, list or set literal with a ``"cuda"`` element (``device in ("cuda", "mps")``)."""
+    if isinstance(node, _COLLECTIONS):
+        return any(isinstance(e, cst.Element) and string_value(e.value) == "cuda" for e in node.elements)
+    return string_value(node) == "cuda"
+
+
+def on_accelerator(
+    ctx: PyContext, device_type: cst.BaseExpression, negated: bool = False, among: cst.BaseExpression | None = None
+) -> cst.BaseExpression:
     """``<device_type> == DEVICE.type != "cpu"`` (for the tpu target ``<device_type> == "tpu"``): the device
     is the accelerator in use; exactly 'on CUDA' on a CUDA machine and False on a CPU-only one. ``negated``
-    wraps it in ``not (...)``."""
+    wraps it in ``not (...)``.
+
+    ``among`` is the collection of a membership test holding "cuda" (``device in ("cuda", "mps")``): "cuda"
+    there means the accelerator too, so its other members are asked after it (``... != "cpu" or device ==
+    "mps"``). Swapping "cuda" for ``DEVICE.type`` inside the collection would hold for "cpu" on a CPU-only
+    machine, which the original test never did."""
+    collection = among if isinstance(among, _COLLECTIONS) else None
+    others = [e for e in collection.elements if not holds_cuda(e.value)] if collection is not None else []
     if ctx.target.value == "tpu":
-        operator = cst.NotEqual() if negated else cst.Equal()
-        return cst.Comparison(left=device_type, comparisons=[cst.ComparisonTarget(operator, ctx.device_type())])
-    targets = [
-        cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type()),
-        cst.ComparisonTarget(operator=cst.NotEqual(), comparator=ctx.string("cpu")),
-    ]
-    check: cst.BaseExpression = cst.Comparison(left=device_type, comparisons=targets)
-    if negated:
+        operator = cst.NotEqual() if negated and not others else cst.Equal()
+        check: cst.BaseExpression = cst.Comparison(
+            left=device_type, comparisons=[cst.ComparisonTarget(operator, ctx.device_type())]
+        )
+    else:
+        targets = [
+            cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type()),
+            cst.ComparisonTarget(operator=cst.NotEqual(), comparator=ctx.string("cpu")),
+        ]
+        check = cst.Comparison(left=device_type, comparisons=targets)
+    if collection is not None and others:
+        member = _member(device_type.deep_clone(), collection, others)
+        check = cst.BooleanOperation(left=check, operator=cst.Or(), right=member)
+    if negated and (others or ctx.target.value != "tpu"):
         check = cst.UnaryOperation(
             operator=cst.Not(), expression=check.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         )
     return check
+
+
+def cuda_comparison(target: cst.ComparisonTarget) -> bool:
+    """``== "cuda"`` / ``!= "cuda"``, or ``in`` / ``not in`` a collection literal holding "cuda"."""
+    if isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+        return string_value(target.comparator) == "cuda"
+    return (
+        isinstance(target.operator, (cst.In, cst.NotIn))
+        and isinstance(target.comparator, _COLLECTIONS)
+        and holds_cuda(target.comparator)
+    )
+
+
+def needs_room(ctx: PyContext, original: cst.BaseExpression, test: cst.BaseExpression) -> bool:
+    """Whether the test :func:`on_accelerator` built in place of the comparison ``original`` needs parentheses:
+    ``not (...)`` where no comparison could stand bare, ``... or ...`` there or as an operand of ``and``/``not``."""
+    if isinstance(test, cst.BooleanOperation):
+        return not ctx.is_bare(original) or ctx.is_operand(original)
+    return isinstance(test, cst.UnaryOperation) and not ctx.is_bare(original)
+
+
+def _member(
+    subject: cst.BaseExpression, collection: cst.Tuple | cst.List | cst.Set, others: list[cst.BaseElement]
+) -> cst.Comparison:
+    """``subject == "mps"`` for one other member, ``subject in ("mps", "xpu")`` (the collection without its
+    "cuda") for more."""
+    if len(others) == 1 and isinstance(others[0], cst.Element):
+        return cst.Comparison(left=subject, comparisons=[cst.ComparisonTarget(cst.Equal(), others[0].value)])
+    kept = [*others[:-1], others[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    if isinstance(collection, cst.Tuple) and len(kept) == 1:  # a starred element alone: (*extra,)
+        kept = [kept[0].with_changes(comma=cst.Comma())]
+    rest = collection.with_changes(elements=kept)
+    return cst.Comparison(left=subject, comparisons=[cst.ComparisonTarget(cst.In(), rest)])
 
 
 @FAMILY.leave(cst.Attribute)
@@ -457,14 +523,10 @@ def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attr
 
 @FAMILY.leave(cst.Comparison)
 def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
-    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type != "cpu"
+    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type != "cpu"; also `in ("cuda", "mps")`
     if not (isinstance(original.left, cst.Attribute) and original.left.attr.value == "type"):
         return updated
-    cuda = [
-        c
-        for c in original.comparisons
-        if isinstance(c.operator, (cst.Equal, cst.NotEqual)) and string_value(c.comparator) == "cuda"
-    ]
+    cuda = [c for c in original.comparisons if cuda_comparison(c)]
     if not cuda:
         return updated
     if len(original.comparisons) != 1:
@@ -475,16 +537,17 @@ def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cs
             fixable=False,
         )
         return updated
-    negated = isinstance(cuda[0].operator, cst.NotEqual)
+    negated = isinstance(cuda[0].operator, (cst.NotEqual, cst.NotIn))
+    among = updated.comparisons[0].comparator
     new = ctx.fix(
         "TPU104",
         original,
-        lambda: on_accelerator(ctx, updated.left, negated),
+        lambda: on_accelerator(ctx, updated.left, negated, among),
         lambda n: f"{source(original)} -> {source(n)}",
     )
     if new is None:
         return updated
-    if isinstance(new, cst.UnaryOperation) and not ctx.is_bare(original):
+    if needs_room(ctx, original, new):
         new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return keep_parens(original, new)
 
