@@ -43,6 +43,25 @@ rank = int(os.environ["LOCAL_RANK"])
 torch.accelerator.set_device_index(rank)
 print("rank", rank, "bound", torch.zeros(1, device=torch.accelerator.current_accelerator()).device.type)
 """
+# the same through an alias of torch.cuda.set_device, held by a module global and by an attribute
+BIND_RANK_ALIAS = """\
+import os
+
+import torch
+
+bind = torch.cuda.set_device
+
+
+class Setup:
+    def __init__(self):
+        self.select = torch.cuda.set_device
+
+
+rank = int(os.environ["LOCAL_RANK"])
+bind(rank)
+Setup().select(rank)
+print("rank", rank, "bound", torch.zeros(1, device="cuda").device.type)
+"""
 
 
 def _migrated(tmp_path: Path, text: str) -> Path:
@@ -76,8 +95,9 @@ def test_device_string_tests_take_the_cpu_branch_without_an_accelerator(tmp_path
 
 
 @pytest.mark.slow
-def test_every_rank_binds_its_device_on_tpu(tmp_path: Path) -> None:
-    script = _migrated(tmp_path, BIND_RANK)
+@pytest.mark.parametrize("program", [BIND_RANK, BIND_RANK_ALIAS], ids=["accelerator", "cuda-alias"])
+def test_every_rank_binds_its_device_on_tpu(tmp_path: Path, program: str) -> None:
+    script = _migrated(tmp_path, program)
     command = [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--nproc", "2", script.name]
     out = _run(command, script.parent)
     assert sorted(line for line in out.splitlines() if line.startswith("rank")) == [
