@@ -63,6 +63,30 @@ Setup().select(rank)
 print("rank", rank, "bound", torch.zeros(1, device="cuda").device.type)
 """
 
+# a rank's device built every way training scripts build it (nanoGPT, the DDP tutorials, pytorch/examples'
+# minGPT-ddp): TorchTPU binds one device per process, which each rank sees as tpu:0 (a tensor's device says so,
+# DEVICE has no index), so none may name index 1
+RANK_DEVICES = """\
+import os
+
+import torch
+
+local_rank = int(os.environ["LOCAL_RANK"])
+acc = torch.accelerator.current_accelerator()
+device = f"cuda:{local_rank}"
+devices = [
+    device,
+    torch.device(f"cuda:{local_rank}"),
+    torch.device("cuda", local_rank),
+    torch.device(f"{acc}:{local_rank}"),
+    torch.zeros(1, device="cuda:" + str(local_rank)).device,
+    torch.zeros(1).to("cuda:%d" % local_rank).device,
+    torch.zeros(1).to(local_rank).device,
+    torch.zeros(1).cuda(local_rank).device,
+]
+print("rank", local_rank, "devices", sorted({(torch.device(d).type, torch.device(d).index or 0) for d in devices}))
+"""
+
 
 def _migrated(tmp_path: Path, text: str) -> Path:
     source = tmp_path / "src" / "train.py"
@@ -74,8 +98,9 @@ def _migrated(tmp_path: Path, text: str) -> Path:
     return tmp_path / "out" / "train.py"
 
 
-def _run(command: list[str], cwd: Path) -> str:
+def _run(command: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_AGENT_", "TORCH_TPU_"))}
+    env.update(extra_env or {})
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -104,3 +129,21 @@ def test_every_rank_binds_its_device_on_tpu(tmp_path: Path, program: str) -> Non
         "rank 0 bound tpu",
         "rank 1 bound tpu",
     ], out
+
+
+@pytest.mark.slow
+def test_every_rank_uses_its_one_device_on_tpu(tmp_path: Path) -> None:
+    script = _migrated(tmp_path, RANK_DEVICES)
+    command = [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--nproc", "2", script.name]
+    out = _run(command, script.parent)
+    assert sorted(line for line in out.splitlines() if line.startswith("rank")) == [
+        "rank 0 devices [('tpu', 0)]",
+        "rank 1 devices [('tpu', 0)]",
+    ], out
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="needs a machine without an accelerator")
+def test_a_rank_device_is_the_cpu_without_an_accelerator(tmp_path: Path) -> None:
+    script = _migrated(tmp_path, RANK_DEVICES)
+    out = _run([sys.executable, script.name], script.parent, {"LOCAL_RANK": "1"})
+    assert "rank 1 devices [('cpu', 0)]" in out, out

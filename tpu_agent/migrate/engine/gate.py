@@ -27,6 +27,9 @@ from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS
 _IMPORT_RE = re.compile(r"\bimport\b")
 # functions that bind a process to a device (torch.cuda's and torch.accelerator's), held under other names
 _BIND_FUNCTIONS = frozenset({"set_device", "set_device_index", "set_device_idx"})
+# calls whose result is held and read under the name it is bound to
+_HELD_CALLS = frozenset({"get_device_properties", "current_accelerator"})
+_HELD_TRIGGERS = ("set_device", *_HELD_CALLS)
 _PAIRS: dict[type, tuple[type, ...]] = {
     cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
     cst.ClassDef: (ast.ClassDef,),
@@ -62,9 +65,10 @@ def _cuda_aliases(tree: ast.Module) -> list[str]:
 
 def _holders(tree: ast.Module, source: str) -> list[str]:
     """Names and attributes some assignment binds to a CUDA-ish thing that later statements use without naming
-    it: ``get_device_properties(...)`` (``if PROPS.major >= 8``, ``self.props.minor``: TPU208 reports the read) or
-    a device-binding function (``set_dev = torch.cuda.set_device``: TPU201 guards ``set_dev(rank)``)."""
-    if "get_device_properties" not in source and "set_device" not in source:
+    it: ``get_device_properties(...)`` (``if PROPS.major >= 8``, ``self.props.minor``: TPU208 reports the read), a
+    device-binding function (``set_dev = torch.cuda.set_device``: TPU201 guards ``set_dev(rank)``) or the
+    accelerator (``acc = torch.accelerator.current_accelerator()``: TPU107 rewrites ``f"{acc}:{rank}"``)."""
+    if not any(name in source for name in _HELD_TRIGGERS):
         return []
     names: list[str] = []
     for node in ast.walk(tree):
@@ -77,7 +81,7 @@ def _holders(tree: ast.Module, source: str) -> list[str]:
 
 def _holds_trigger(value: ast.expr) -> bool:
     if isinstance(value, ast.Call):
-        return call_name(value) == "get_device_properties"
+        return call_name(value) in _HELD_CALLS
     name = value.id if isinstance(value, ast.Name) else value.attr if isinstance(value, ast.Attribute) else ""
     return name in _BIND_FUNCTIONS
 

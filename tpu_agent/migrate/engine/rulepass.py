@@ -111,6 +111,8 @@ class RulePass(cst.CSTTransformer):
             ctx.bare_positions.add(id(node.value))
         elif kind is cst.AugAssign or kind is cst.AnnAssign:
             ctx.not_references.add(id(node.target))
+            if node.value is not None:
+                ctx.bare_positions.add(id(node.value))
         elif kind is cst.Param:
             ctx.not_references.add(id(node.name))
         elif kind is cst.AsName:
