@@ -42,8 +42,8 @@ def test_copies_share_nothing_with_the_model_and_each_other(name: str) -> None:
     held = {id(t) for t in (*built.model.parameters(), *first.parameters())}
     assert first is not built.model and not any(id(t) in held for t in second.parameters())
     expected = built.model(*built.invocation[0]).double()
-    for copy in (first, second):
-        torch.testing.assert_close(_in_float64(copy, built), expected)
+    for copy in (first, second):  # a float32 reference: float32's tolerances, whatever the comparison's dtype
+        torch.testing.assert_close(_in_float64(copy, built), expected, rtol=1.3e-6, atol=1e-5)
     assert all(t.dtype == torch.float32 for t in built.model.parameters())
     assert all(torch.equal(before[key], value) for key, value in _tensors(built.model).items())
 

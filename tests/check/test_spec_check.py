@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpu_agent.check.compare import compare_tensor, flatten_tensors
+from tpu_agent.check.compare import compare_named, compare_tensor, flatten_tensors
 from tpu_agent.check.localise import OpRecord, first_diverging_op
 from tpu_agent.check.spec import DIRECTORY, FACTORY, HF_TYPE, parse_model_spec
 from tpu_agent.check.tiny import TINY_VOCAB, example_inputs, shrink_config
@@ -123,6 +123,14 @@ def test_structural_differences_are_mismatches() -> None:
     assert "dtype" in compare_tensor("x", torch.zeros(2, dtype=torch.float64), torch.zeros(2)).problem
     assert not compare_tensor("i", torch.tensor([1, 2]), torch.tensor([1, 3])).ok
     assert compare_tensor("i", None, torch.zeros(1)).problem == "present on cpu only"
+
+
+def test_a_zero_gradient_matches_none_but_an_absent_output_does_not() -> None:
+    zeros, ones = {"w": torch.zeros(2, 3)}, {"w": torch.ones(2, 3)}
+    assert all(d.ok for d in compare_named(zeros, {}, absent_is_zero=True))  # torch.compile's zeros, eager's None
+    assert all(d.ok for d in compare_named({}, zeros, absent_is_zero=True))
+    assert compare_named(ones, {}, absent_is_zero=True)[0].problem == "present on tpu only"
+    assert compare_named(zeros, {})[0].problem == "present on tpu only"  # outputs: every tensor must be there
 
 
 def test_flatten_names_nested_outputs() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tpu_agent.profile.amp_context import command_line_value, enclosing_autocast
+from tpu_agent.profile.amp_context import enclosing_autocast
 from tpu_agent.profile.api import diagnose
+from tpu_agent.profile.flags import command_line_value
 from tpu_agent.profile.model import Finding
 from tpu_agent.profile.synthetic import SCRIPT_LINES, write_capture
 

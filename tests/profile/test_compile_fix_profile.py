@@ -91,6 +91,26 @@ def test_options_torchtpu_refuses_are_dropped_from_the_existing_call(
     assert "    model = torch.compile(model)\n" in _apply(tmp_path, change.diff)
 
 
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [('{"max_autotune": True, "triton.cudagraphs": False}', True), ('{"name": "step", "max_autotune": True}', False)],
+)
+def test_inductor_options_are_refused_and_torchtpus_own_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: str, refused: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    source = SWITCHED.replace('mode="max-autotune",\n                          dynamic=True', f"options={options}")
+    change = _em3(tmp_path, source, args=("--compile=False",)).agent_change
+    assert change is not None
+    if refused:  # Inductor's options only: TorchTPU raises "Unexpected keyword arguments" on each key
+        assert change.diff is not None and f"passes options={options}, which TorchTPU's backend refuses" in (
+            change.description
+        )
+        assert "    model = torch.compile(model)\n" in _apply(tmp_path, change.diff)
+    else:  # a dict with TorchTPU's own keys is the user's to mend: the runtime's error names the others
+        assert change.diff is None and "refuses" not in change.description
+
+
 def test_a_literal_switch_in_the_script_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     change = _em3(
@@ -112,6 +132,40 @@ def test_a_config_file_that_turns_the_switch_off_is_named(tmp_path: Path, monkey
     assert "config/tiny.py:2 sets `compile = False`: set it to True there or run with --compile=True." in (
         change.description
     )
+
+
+ARGPARSED = """import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument({declaration})
+args = parser.parse_args()
+model = Mlp()
+if {test}:
+    model = torch.compile(model)
+"""
+
+
+@pytest.mark.parametrize(
+    ("declaration", "test", "args", "expected"),
+    [
+        # a store_true flag that turns compile off: the fix is leaving it out, never --no-compile=False
+        ('"--no-compile", action="store_true"', "not args.no_compile", ("--no-compile",),
+         "when `no_compile` is false; run without --no-compile (this run passed it)."),
+        ('"--compile", action=argparse.BooleanOptionalAction, default=True', "args.compile", ("--no-compile",),
+         "when `compile` is true; run with --compile instead of --no-compile."),
+        ('"--eager", dest="use_compile", action="store_false"', "args.use_compile", ("--eager",),
+         "when `use_compile` is true; run without --eager (this run passed it)."),
+        ('"--compile", action="store_true"', "args.compile", (), "when `compile` is true; run with --compile."),
+    ],
+)  # fmt: skip
+def test_an_argparse_flag_is_named_as_the_script_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, declaration: str, test: str, args: tuple[str, ...], expected: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    change = _em3(tmp_path, ARGPARSED.format(declaration=declaration, test=test), args=args).agent_change
+    assert change is not None and change.diff is None
+    assert expected in change.description, change.description
 
 
 LOOP = "for x in data:\n    model(x).backward()\n"

@@ -47,7 +47,7 @@ def _compare(mode: str, got: StepResult, ref: StepResult) -> ModeResult:
     if got.error is not None:
         return ModeResult(mode, ERROR, error=got.error)
     output_diffs = compare_named(got.outputs, ref.outputs)
-    gradient_diffs = compare_named(got.gradients, ref.gradients)
+    gradient_diffs = compare_named(got.gradients, ref.gradients, absent_is_zero=True)
     failing = [diff for diff in (*output_diffs, *gradient_diffs) if not diff.ok]
     return ModeResult(
         mode=mode,

@@ -196,17 +196,6 @@ def enclosing_autocast(path: str, line: int) -> AutocastContext | None:
     return None
 
 
-def command_line_value(args: list[str], name: str) -> str | None:
-    """The value ``--name=value`` (or ``--name value``) gives on the script's command line, the last one wins."""
-    value = None
-    for index, arg in enumerate(args):
-        if arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-        elif arg == f"--{name}" and index + 1 < len(args):
-            value = args[index + 1]
-    return value
-
-
 def setting_seen_at(path: str, name: str, line: int) -> Setting | None:
     """The assignment of ``name`` that ``line`` of ``path`` sees (its function's, else the module's): a switch
     such as nanoGPT's ``compile = True``, which ``--compile=False`` overrides."""

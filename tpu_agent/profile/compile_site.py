@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tpu_agent.profile import patches, placement
 from tpu_agent.profile.sources import dotted_name, function_at, own_nodes, parse_source, read_source, scope_of
+from tpu_agent.runtime.compile_options import OPTION_KEYS
 
 COMPILE_CALLS = frozenset({"torch.compile"})
 TPU_BACKEND = "tpu"
@@ -121,8 +122,19 @@ def wrap_model_after_construction(
     return patches.insert_after_block(path, anchor.lineno, anchor.end_lineno or anchor.lineno, statement)
 
 
+def _foreign_options(value: ast.expr) -> bool:
+    """Whether ``options=`` is a dict literal of another backend's options only (Inductor's ``{"max_autotune":
+    True}``): TorchTPU raises on unknown keys. A dict that also holds TorchTPU's own keys is left alone (the
+    runtime's error names the others)."""
+    if not isinstance(value, ast.Dict) or not value.keys:
+        return False
+    keys = [k.value if isinstance(k, ast.Constant) else None for k in value.keys]
+    return all(isinstance(k, str) and k not in OPTION_KEYS for k in keys)
+
+
 def _refused(call: ast.Call, source: str) -> tuple[str, ...]:
-    """Keywords TorchTPU's backend refuses: Inductor's ``mode=``, ``dynamic=True``, a backend other than tpu."""
+    """Keywords TorchTPU's backend refuses: Inductor's ``mode=`` and ``options=``, ``dynamic=True``, a backend
+    other than tpu."""
     refused = []
     for keyword in call.keywords:
         value = keyword.value
@@ -131,6 +143,7 @@ def _refused(call: ast.Call, source: str) -> tuple[str, ...]:
             keyword.arg == "mode"
             or (keyword.arg == "dynamic" and constant is True)
             or (keyword.arg == "backend" and isinstance(constant, str) and constant != TPU_BACKEND)
+            or (keyword.arg == "options" and _foreign_options(value))
         ):
             refused.append(ast.get_source_segment(source, keyword) or keyword.arg or "")
     return tuple(refused)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 from tpu_agent.profile import compile_site, patches
-from tpu_agent.profile.amp_context import command_line_value, setting_seen_at
+from tpu_agent.profile.amp_context import setting_seen_at
+from tpu_agent.profile.flags import argparse_flag, command_line_value
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, RunConfig, Severity
 from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, ops_per_step
 from tpu_agent.profile.sources import function_at
@@ -35,6 +36,9 @@ def _switch_advice(path: str, call: compile_site.CompileCall, config: RunConfig)
     switch = call.switch
     if switch is None:
         return f"; `{call.condition}` was {str(not call.runs_when).lower()} in this run.", None, None
+    declared = argparse_flag(path, switch)
+    if declared is not None:  # a flag without a value (--no-compile): --switch=value would be refused
+        return f"; {declared.advice(call.runs_when, config.script_args)}.", None, declared.line
     override = command_line_value(config.script_args, switch)
     flag = switch
     if override is None and "_" in switch:

@@ -6,7 +6,8 @@ import math
 import re
 
 from tpu_agent.profile import patches
-from tpu_agent.profile.amp_context import AutocastContext, command_line_value, enclosing_autocast
+from tpu_agent.profile.amp_context import AutocastContext, enclosing_autocast
+from tpu_agent.profile.flags import command_line_value
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
 from tpu_agent.profile.rules._base import (
     HOOKS,

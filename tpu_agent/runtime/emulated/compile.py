@@ -23,19 +23,9 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime import events
+from tpu_agent.runtime.compile_options import OPTION_KEYS
 from tpu_agent.runtime.emulated import state
 
-OPTION_KEYS = frozenset(
-    {
-        "async_compile",
-        "num_dynamic_buckets",
-        "bucket_size",
-        "serializable",
-        "debug_callback",
-        "custom_module_name",
-        "name",
-    }
-)
 # TorchTPU's backend raises NotImplementedError with this text for dynamic=True (reference §3.3); we mirror it.
 DYNAMIC_MESSAGE = (
     "TPU backend does not support torch.compile(..., dynamic=True, ...). Please run torch.compile() with "
