@@ -82,8 +82,9 @@ def test_nested_fstring_and_multiline_call_keep_everything_else(write) -> None: 
     lines = new.splitlines(keepends=True)
     assert "msg = f\"{f'cuda:{rank}'} stays\"   \n" in lines
     assert "    2,  # rows\n" in lines
-    assert "    device=DEVICE,\n" in lines
-    assert "y = x.to(device=DEVICE) ;z = 1\n" in lines
+    rank_device = 'DEVICE if DEVICE.type in ("cpu", "tpu") else f"{DEVICE.type}:{rank}"'
+    assert f"    device={rank_device},\n" in lines
+    assert f"y = x.to(device={rank_device}) ;z = 1\n" in lines
     ast.parse(new)
 
 

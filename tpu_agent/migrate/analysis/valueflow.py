@@ -246,7 +246,7 @@ def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> 
         return UseKind.OTHER, None
     if isinstance(parent, ast.Compare):
         sides = [parent.left, *parent.comparators]
-        if any(isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides if s is not node):
+        if any(_is_string_literal(s) for s in sides if s is not node):
             return UseKind.COMPARE, None
         return UseKind.OTHER, None
     if isinstance(parent, (ast.FormattedValue, ast.JoinedStr)):
@@ -268,6 +268,14 @@ def _classify(node: ast.expr, parent: ast.AST | None, grand: ast.AST | None) -> 
     if isinstance(parent, (ast.If, ast.While, ast.BoolOp, ast.UnaryOp)):
         return UseKind.NEUTRAL, None  # truthiness of a non-empty string does not depend on its text
     return UseKind.OTHER, None
+
+
+def _is_string_literal(node: ast.expr) -> bool:
+    """A string constant, or a tuple, list or set of them (``device in ("cuda", "mps")`` compares the value
+    with literals as ``device == "cuda"`` does)."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(_is_string_literal(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
 def _called_with_cuda(method: ast.Attribute, call: ast.AST | None) -> bool:

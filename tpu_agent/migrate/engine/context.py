@@ -119,6 +119,8 @@ class PyContext:
     not_references: set[int] = field(default_factory=set)
     claimed: set[int] = field(default_factory=set)
     bare_positions: set[int] = field(default_factory=set)
+    # ids of the operands of ``and``/``or``/``not``: bare for a comparison, but an ``or`` there needs parentheses
+    operands: set[int] = field(default_factory=set)
     # names assigned an accelerator-availability check (``use_cuda = torch.cuda.is_available()``): an ``if``
     # on them guards accelerator calls as well as the check itself
     available_names: set[str] = field(default_factory=set)
@@ -259,6 +261,10 @@ class PyContext:
     def is_bare(self, node: cst.CSTNode) -> bool:
         """True where a comparison can replace ``node`` without parentheses (an ``if`` test, an argument...)."""
         return id(node) in self.bare_positions
+
+    def is_operand(self, node: cst.CSTNode) -> bool:
+        """True where ``node`` is an operand of ``and``/``or``/``not`` (an ``or`` replacing it needs parentheses)."""
+        return id(node) in self.operands
 
     def is_user_cuda_receiver(self, receiver: cst.BaseExpression) -> bool:
         """True when ``receiver.cuda()`` calls a ``cuda`` method the user defined on a non-tensor class."""

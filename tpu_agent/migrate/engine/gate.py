@@ -25,6 +25,11 @@ from tpu_agent.migrate.engine.positions import NEWLINE_RE, line_starts
 from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS
 
 _IMPORT_RE = re.compile(r"\bimport\b")
+# functions that bind a process to a device (torch.cuda's and torch.accelerator's), held under other names
+_BIND_FUNCTIONS = frozenset({"set_device", "set_device_index", "set_device_idx"})
+# calls whose result is held and read under the name it is bound to
+_HELD_CALLS = frozenset({"get_device_properties", "current_accelerator"})
+_HELD_TRIGGERS = ("set_device", *_HELD_CALLS)
 _PAIRS: dict[type, tuple[type, ...]] = {
     cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
     cst.ClassDef: (ast.ClassDef,),
@@ -58,25 +63,32 @@ def _cuda_aliases(tree: ast.Module) -> list[str]:
     return names
 
 
-def _device_property_holders(tree: ast.Module, source: str) -> list[str]:
-    """Names and attributes some assignment binds to ``get_device_properties(...)``: a statement reading a
-    CUDA-only field through one (``if PROPS.major >= 8``, ``self.props.minor``) holds no CUDA token itself,
-    but TPU208 reports it."""
-    if "get_device_properties" not in source:
+def _holders(tree: ast.Module, source: str) -> list[str]:
+    """Names and attributes some assignment binds to a CUDA-ish thing that later statements use without naming
+    it: ``get_device_properties(...)`` (``if PROPS.major >= 8``, ``self.props.minor``: TPU208 reports the read), a
+    device-binding function (``set_dev = torch.cuda.set_device``: TPU201 guards ``set_dev(rank)``) or the
+    accelerator (``acc = torch.accelerator.current_accelerator()``: TPU107 rewrites ``f"{acc}:{rank}"``)."""
+    if not any(name in source for name in _HELD_TRIGGERS):
         return []
     names: list[str] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            if call_name(node.value) == "get_device_properties":
-                for target in node.targets:
-                    if isinstance(target, (ast.Name, ast.Attribute)):
-                        names.append(target.id if isinstance(target, ast.Name) else target.attr)
+        if isinstance(node, ast.Assign) and _holds_trigger(node.value):
+            for target in node.targets:
+                if isinstance(target, (ast.Name, ast.Attribute)):
+                    names.append(target.id if isinstance(target, ast.Name) else target.attr)
     return names
+
+
+def _holds_trigger(value: ast.expr) -> bool:
+    if isinstance(value, ast.Call):
+        return call_name(value) in _HELD_CALLS
+    name = value.id if isinstance(value, ast.Name) else value.attr if isinstance(value, ast.Attribute) else ""
+    return name in _BIND_FUNCTIONS
 
 
 def _trigger_gate(tree: ast.Module, source: str) -> re.Pattern[bytes]:
     """The prefilter regex, plus the file's own names for CUDA-ish things."""
-    aliases = _cuda_aliases(tree) + _device_property_holders(tree, source)
+    aliases = _cuda_aliases(tree) + _holders(tree, source)
     if not aliases:
         return CUDA_TOKENS
     return re.compile(

@@ -15,8 +15,8 @@ CUDA_TOKENS = re.compile(
     # integer devices and process-group device ids (``.to(local_rank)``, ``device_id=device``)
     rb"device_id|\.to\(\s*(?:int\(\s*os\.environ|(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)])|device\(\s*(?:\w+\.)*(?:local_?rank|gpu)\s*\)|"
     rb"device\s*=\s*(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)]|"
-    # device-agnostic code binding a rank's device (TorchTPU binds one device per process)
-    rb"set_device_i(?:ndex|dx)|"
+    # device-agnostic code binding a rank's device or building it (TorchTPU binds one device per process)
+    rb"set_device_i(?:ndex|dx)|current_accelerator\(\s*\)|"
     # dependency files: flash-attn, CUDA wheel builds and indexes
     rb"flash.attn|\+cu\d{2,3}|whl/cu\d",
     re.IGNORECASE,

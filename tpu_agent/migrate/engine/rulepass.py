@@ -111,6 +111,8 @@ class RulePass(cst.CSTTransformer):
             ctx.bare_positions.add(id(node.value))
         elif kind is cst.AugAssign or kind is cst.AnnAssign:
             ctx.not_references.add(id(node.target))
+            if node.value is not None:
+                ctx.bare_positions.add(id(node.value))
         elif kind is cst.Param:
             ctx.not_references.add(id(node.name))
         elif kind is cst.AsName:
@@ -120,10 +122,11 @@ class RulePass(cst.CSTTransformer):
         elif kind is cst.FormattedString:
             ctx.fstring_quotes.append(node.end)
         elif kind is cst.BooleanOperation:
-            ctx.bare_positions.add(id(node.left))
-            ctx.bare_positions.add(id(node.right))
+            ctx.bare_positions.update((id(node.left), id(node.right)))
+            ctx.operands.update((id(node.left), id(node.right)))
         elif kind is cst.UnaryOperation and isinstance(node.operator, cst.Not):
             ctx.bare_positions.add(id(node.expression))
+            ctx.operands.add(id(node.expression))
         elif kind is cst.Return or kind is cst.Assert:
             inner = node.value if kind is cst.Return else node.test
             if inner is not None:

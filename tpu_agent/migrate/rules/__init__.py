@@ -25,6 +25,7 @@ from tpu_agent.migrate.rules import (
     distributed,
     env_vars,
     init_kwargs,  # noqa: F401 - registers its rule and handlers with the distributed family
+    integer_devices,  # noqa: F401 - registers its rule and handlers with the devices family
     nvtx,  # noqa: F401 - registers its rule and handlers with the cuda-api family
     seeding,  # noqa: F401 - registers its handlers with the cuda-api family
     third_party,

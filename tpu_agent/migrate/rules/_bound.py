@@ -6,7 +6,8 @@ statement in its own block (a function's, a class's, a compound statement's, or 
 the enclosing blocks, to what has always run before (a seeding call above an ``if``). :func:`always_bound_to_call` asks the
 module-wide :mod:`~tpu_agent.migrate.analysis.bindings` whether *every* binding of a name or attribute is one
 call, which is what a read in another scope needs: a module global read inside a function, ``self.props`` set in
-``__init__`` and read in another method, a class attribute read as ``self.X``.
+``__init__`` and read in another method, a class attribute read as ``self.X``; :func:`alias_of` asks the same
+of a function held under another name (``set_dev = torch.cuda.set_device``).
 """
 
 from __future__ import annotations
@@ -100,6 +101,23 @@ def key_of(target: cst.BaseExpression) -> tuple[str, str] | None:
     if isinstance(target, cst.Attribute):
         return attr_key(target.attr.value), target.attr.value
     return None
+
+
+def alias_of(ctx: PyContext, node: cst.BaseExpression) -> str | None:
+    """The qualified name of the function a name or attribute is an alias of: every binding of it in the
+    module is a reference to that one function (``set_dev = torch.cuda.set_device``, ``self.bind =
+    set_device`` after ``from torch.cuda import set_device``). None when a binding holds anything else (an
+    import binds the name itself, which :meth:`PyContext.qualname` resolves), or there is none."""
+    key = key_of(node)
+    if key is None:
+        return None
+    found = {_reference(ctx, value) for value in ctx.bindings.of(key[0])}
+    return found.pop() if len(found) == 1 else None
+
+
+def _reference(ctx: PyContext, value: ast.expr | None) -> str | None:
+    name = dotted(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
+    return ctx.resolve(name) if name is not None else None
 
 
 def always_bound_to_call(ctx: PyContext, node: cst.BaseExpression, qualname: str) -> bool:

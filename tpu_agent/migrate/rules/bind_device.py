@@ -6,8 +6,11 @@ for the accelerator target the call still runs on CUDA but not on TPU (``if ... 
 merged into an enclosing ``if`` that holds nothing else), and for the tpu target it is deleted. Code already
 written against torch.accelerator (pytorch/examples' DDP, ImageNet and minGPT-ddp scripts) gets the same
 treatment through the same path when its index may be another than 0 (rank, local_rank, args.gpu); the
-prefilter reads such files although they name nothing CUDA. The index a rewritten device argument lost is
-passed back where the call takes an index.
+prefilter reads such files although they name nothing CUDA. A bind function held under another name
+(``set_dev = torch.cuda.set_device`` or ``self.bind = set_device``, every binding of the name being that
+function: :func:`~tpu_agent.migrate.rules._bound.alias_of`) is called as the function is: TPU201's rename of the
+reference keeps ``set_dev(rank)`` binding rank 1 on TPU. The index a rewritten device argument lost is passed
+back where the call takes an index.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.model import Target
+from tpu_agent.migrate.rules._bound import alias_of
 from tpu_agent.migrate.rules._cst import arg_position, keyword, positional, replace_arg_value, source, string_value
 from tpu_agent.migrate.rules.cuda_api import FAMILY, device_function, guarded_statement, off_tpu, sole_call
 from tpu_agent.migrate.rules.devices import known_cuda_index
@@ -32,6 +36,26 @@ _ONE_DEVICE = "# TorchTPU binds one device per process"
 # before torch 2.7), and a file with no CUDA text is still read for it (the prefilter knows the names).
 _ACCELERATOR_BINDS = frozenset({"torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"})
 _BIND_CALLS = _ACCELERATOR_BINDS | {"torch.cuda.set_device"}
+
+
+def _called(ctx: PyContext, call: cst.Call) -> tuple[str | None, bool]:
+    """(the qualified name of the function ``call`` calls, whether it is called through an alias): by its
+    own name, or through a name or attribute only ever bound to it (``set_dev = torch.cuda.set_device`` then
+    ``set_dev(rank)``, which TPU201's rename of the reference leaves binding rank 1 on TPU as well)."""
+    qualname = ctx.qualname(call)
+    if qualname is not None or "set_device" not in ctx.source:
+        return qualname, False
+    alias = alias_of(ctx, call.func)
+    return alias, alias is not None
+
+
+def _checked(ctx: PyContext, call: cst.Call) -> bool:
+    """A bind call that nothing renames and reports (torch.accelerator's own, or any through an alias): it is
+    kept off TPU when its index may be another than 0."""
+    qualname, through_alias = _called(ctx, call)
+    return (qualname in _ACCELERATOR_BINDS or (through_alias and qualname in _BIND_CALLS)) and _binds_another_index(
+        ctx, call
+    )
 
 
 def _binds_another_index(ctx: PyContext, call: cst.Call) -> bool:
@@ -70,13 +94,8 @@ def bind_statement(
     if calls is None:
         return updated
     before, after = calls
-    qualname = ctx.qualname(before)
-    renamed = qualname == "torch.cuda.set_device" and device_function(ctx, after.func) == "set_device_index"
-    if renamed or (
-        qualname in _ACCELERATOR_BINDS
-        and _binds_another_index(ctx, before)
-        and _report_bind(ctx, cst.ensure_type(original.body[0], cst.Expr))
-    ):
+    renamed = ctx.qualname(before) == "torch.cuda.set_device" and device_function(ctx, after.func) == "set_device_index"
+    if renamed or (_checked(ctx, before) and _report_bind(ctx, cst.ensure_type(original.body[0], cst.Expr))):
         return _bind_per_rank(ctx, original, updated)
     return updated
 
@@ -111,24 +130,24 @@ def _set_device_statement(ctx: PyContext, node: cst.Expr) -> None:
     call = node.value
     if not isinstance(call, cst.Call):
         return
-    qualname = ctx.qualname(call)
-    if qualname == "torch.cuda.set_device":
+    renamed = ctx.qualname(call) == "torch.cuda.set_device"
+    if renamed:
         enabled = ctx.options.rule_enabled("TPU201")
-    elif qualname in _ACCELERATOR_BINDS and _binds_another_index(ctx, call):
+    elif _checked(ctx, call):
         enabled = True
     else:
         return
     sole = bool(ctx.stmt_stack) and _sole_statement(ctx.stmt_stack[-1], node)  # `if c: torch.cuda.set_device(i)`
     if ctx.target is Target.TPU:
         ctx.claim(call.func)  # deleted below instead of renamed
-    elif enabled and sole and (qualname == "torch.cuda.set_device" or _report_bind(ctx, node)):
+    elif enabled and sole and (renamed or _report_bind(ctx, node)):
         _merge_into(ctx, ctx.stmt_stack[-1])  # type: ignore[arg-type]
 
 
 @FAMILY.leave(cst.Expr)
 def delete_set_device(ctx: PyContext, original: cst.Expr, updated: cst.Expr) -> cst.Expr | cst.RemovalSentinel:
     call = original.value
-    if not (isinstance(call, cst.Call) and ctx.is_claimed(call.func) and ctx.qualname(call) in _BIND_CALLS):
+    if not (isinstance(call, cst.Call) and ctx.is_claimed(call.func) and _called(ctx, call)[0] in _BIND_CALLS):
         return updated
     if ctx.report("TPU201", original, f"deleted `{source(original)}`: TorchTPU binds one device per process"):
         return cst.RemovalSentinel.REMOVE
@@ -143,7 +162,8 @@ _INDEX_PARAMETER = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
 
 @FAMILY.leave(cst.Call)
 def pass_device_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-    if ctx.qualname(original) not in _INDEX_PARAMETER or device_function(ctx, updated.func) is None:
+    qualname, through_alias = _called(ctx, original)
+    if qualname not in _INDEX_PARAMETER or not (through_alias or device_function(ctx, updated.func)):
         return updated
     before, after = positional(original, 0), positional(updated, 0)
     if before is None or after is None:

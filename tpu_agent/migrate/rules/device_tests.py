@@ -1,4 +1,5 @@
-"""Tests on a device string (TPU101): ``device == "cuda"``, ``"cuda" in device``, ``device.startswith("cuda")``.
+"""Tests on a device string (TPU101): ``device == "cuda"``, ``"cuda" in device``, ``device.startswith("cuda")``,
+``device in ("cuda", "mps")``.
 
 The device rules rewrite a CUDA device value where it is defined (``device = "cuda"`` becomes ``DEVICE.type``,
 ``"tpu"`` on TPU); a test of that value against ``"cuda"`` must change with it, or the migrated program takes
@@ -9,7 +10,8 @@ Comparing with ``DEVICE.type`` alone is not enough either: on a CPU-only machine
 test becomes :func:`~tpu_agent.migrate.rules.devices.on_accelerator`'s ``<type> == DEVICE.type != "cpu"``,
 the form TPU104 writes for tensors: the accelerator branch on CUDA and on TPU, the CPU branch without an
 accelerator. A substring or prefix test reads the type part of the string (``device.partition(":")[0]``,
-"cuda" for "cuda:1").
+"cuda" for "cuda:1"). A membership test in a collection that holds "cuda" asks the same, or for the collection's
+other members (``device == DEVICE.type != "cpu" or device == "mps"``); one without "cuda" is left alone.
 
 The values tested: a name or attribute whose name says device (the definition rules rewrite those by name),
 or whose every use is a device position (the value-flow analysis; a prefix test counts as a comparison
@@ -26,7 +28,7 @@ from tpu_agent.migrate.analysis.valueflow import Verdict
 from tpu_agent.migrate.rules import devices
 from tpu_agent.migrate.rules._bound import key_of
 from tpu_agent.migrate.rules._cst import keep_parens, source, string_value
-from tpu_agent.migrate.rules.devices import is_device_variable, on_accelerator
+from tpu_agent.migrate.rules.devices import cuda_comparison, holds_cuda, is_device_variable, needs_room, on_accelerator
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -65,33 +67,39 @@ def _type_part(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _rewrite(
-    ctx: PyContext, original: cst.BaseExpression, subject: cst.BaseExpression, negated: bool
+    ctx: PyContext,
+    original: cst.BaseExpression,
+    subject: cst.BaseExpression,
+    negated: bool,
+    among: cst.BaseExpression | None = None,
 ) -> cst.BaseExpression | None:
-    """Report and build ``on_accelerator(subject)`` for the test ``original``; None when not fixed."""
+    """Report and build ``on_accelerator(subject)`` for the test ``original`` (``among``: the collection of a
+    membership test); None when not fixed."""
     new = ctx.fix(
         "TPU101",
         original,
-        lambda: on_accelerator(ctx, subject, negated),
+        lambda: on_accelerator(ctx, subject, negated, among),
         lambda n: f"{source(original)} -> {source(n)} (a test on a device string: the accelerator in use, not the CPU)",
     )
     if new is None:
         return None
     # a comparison stands wherever the compared one stood; `not (...)` and a comparison replacing a call need room
-    if not ctx.is_bare(original) and (isinstance(original, cst.Call) or isinstance(new, cst.UnaryOperation)):
+    if (isinstance(original, cst.Call) and not ctx.is_bare(original)) or needs_room(ctx, original, new):
         new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return keep_parens(original, new)
 
 
 @devices.FAMILY.leave(cst.Comparison)
 def device_string_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
-    # device == "cuda", "cuda" == device, device != "cuda", "cuda" in device, "cuda" not in device
+    # device == "cuda", "cuda" == device, device != "cuda", "cuda" in device, "cuda" not in device,
+    # device in ("cuda", "mps"), device not in {"cuda"}
     if "cuda" not in ctx.source:
         return updated
     sides = [original.left, *(c.comparator for c in original.comparisons)]
-    if "cuda" not in (string_value(side) for side in sides):
+    if not any(holds_cuda(side) for side in sides):
         return updated
     if len(original.comparisons) != 1:
-        if any(string_value(side) == "cuda" for side in sides) and any(_is_device_string(ctx, s) for s in sides):
+        if any(_is_device_string(ctx, s) for s in sides):
             ctx.report(
                 "TPU101",
                 original,
@@ -104,15 +112,16 @@ def device_string_comparison(ctx: PyContext, original: cst.Comparison, updated: 
     left, right = original.left, original.comparisons[0].comparator
     after = (updated.left, updated.comparisons[0].comparator)
     subject: cst.BaseExpression | None = None
-    if isinstance(operator, _EQUALITY) and string_value(right) == "cuda" and _is_device_string(ctx, left):
-        subject = after[0]
+    if cuda_comparison(original.comparisons[0]) and _is_device_string(ctx, left):
+        subject = after[0]  # device == "cuda", device in ("cuda", "mps"): "cuda" means the accelerator
     elif isinstance(operator, _EQUALITY) and string_value(left) == "cuda" and _is_device_string(ctx, right):
         subject = after[1]
     elif isinstance(operator, _MEMBERSHIP) and string_value(left) == "cuda" and _is_device_string(ctx, right):
         subject = _type_part(ctx, after[1])
     if subject is None:
         return updated
-    new = _rewrite(ctx, original, subject, isinstance(operator, (cst.NotEqual, cst.NotIn)))
+    negated = isinstance(operator, (cst.NotEqual, cst.NotIn))
+    new = _rewrite(ctx, original, subject, negated, after[1])
     return new if new is not None else updated
 
 

@@ -32,7 +32,15 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
-from tpu_agent.migrate.rules.references import ACCELERATOR, DATA, DDP, DEVICE, TORCH_TPU
+from tpu_agent.migrate.rules._rank import (
+    in_place,
+    indexed_device,
+    indexed_type,
+    is_rank_index,
+    is_rank_value,
+    rank_device,
+)
+from tpu_agent.migrate.rules.references import ACCELERATOR, DATA, DEVICE, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext, TextContext
@@ -46,11 +54,13 @@ FAMILY.rule(
     summary='A CUDA device ("cuda", "cuda:N", torch.device("cuda")) in a device position.',
     rationale="TorchTPU's device is 'tpu'. The accelerator target writes one module-level resolver (the accelerator "
     "in use, or the CPU) so that the same file keeps running on CUDA and CPU-only machines. TorchTPU runs one device "
-    "per process, so an index is dropped: the process's device is selected by the launcher (and on CUDA by "
-    'torch.accelerator.set_device_index). A test of a device string against "cuda" (device == "cuda", "cuda" in '
-    'device, device.startswith("cuda")) changes with the value: it asks whether the device is the accelerator in use '
-    '(device == DEVICE.type != "cpu", TPU104\'s form), so the migrated program takes the accelerator branch on TPU '
-    "and, as before, the CPU branch on a machine without an accelerator.",
+    "per process, so a literal index is dropped: the process's device is selected by the launcher (and on CUDA by "
+    "torch.accelerator.set_device_index); torch.device('cuda', rank) keeps its rank off TPU, as TPU102 says. "
+    'A test of a device string against "cuda" (device == "cuda", "cuda" in '
+    'device, device.startswith("cuda"), device in ("cuda", "mps")) changes with the value: it asks whether the device '
+    'is the accelerator in use (device == DEVICE.type != "cpu", TPU104\'s form; the other members of a collection '
+    "after it), so the migrated program takes the accelerator branch on TPU and, as before, the CPU branch on a "
+    "machine without an accelerator.",
     before='x = torch.zeros(3, device="cuda:0")\nmodel.to(torch.device("cuda"))',
     after='DEVICE = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")\n'
     "x = torch.zeros(3, device=DEVICE)\nmodel.to(DEVICE)",
@@ -65,6 +75,10 @@ FAMILY.rule(
             'device == "cuda", "cuda" in device, device.startswith("cuda")',
             'device == DEVICE.type != "cpu", device.partition(":")[0] == DEVICE.type != "cpu" (--target tpu: == "tpu")',
         ),
+        ApiEquivalent(
+            'device in ("cuda", "mps"), device not in {"cuda"}',
+            'device == DEVICE.type != "cpu" or device == "mps", not (device == DEVICE.type != "cpu")',
+        ),
     ),
 )
 FAMILY.rule(
@@ -72,17 +86,20 @@ FAMILY.rule(
     name="cuda-device-formatted",
     safety=Safety.SAFE,
     summary='A CUDA device built from an index: f"cuda:{rank}", "cuda:%d" % rank, "cuda:" + str(rank).',
-    rationale="TorchTPU maps one device to each process (the device index is always 0 and the launcher selects the "
-    "chip), so a per-rank device string becomes the plain device; on CUDA the rank's device comes from "
-    "torch.accelerator.set_device_index(local_rank).",
+    rationale="TorchTPU maps one device to each process (each rank sees its chip as tpu:0 and the launcher selects "
+    "it), so on TPU a per-rank device string becomes the plain device; on CUDA and the other accelerators the rank's "
+    "index still selects its device (a program that never calls set_device would otherwise put every rank on device "
+    "0). The accelerator target chooses at run time; the tpu target writes the plain device. torch.device('cuda', "
+    "rank) is TPU101's and gets the same treatment.",
     before='device = f"cuda:{local_rank}"',
-    after="device = DEVICE.type",
+    after='device = DEVICE.type if DEVICE.type in ("cpu", "tpu") else f"{DEVICE.type}:{local_rank}"',
     references=(DEVICE, ACCELERATOR),
     since_torch="2.7",
     apis=(
         ApiEquivalent(
             'f"cuda:{rank}", "cuda:%d" % rank, "cuda:" + str(rank)',
-            'DEVICE.type (--target tpu: "tpu")',
+            'DEVICE.type if DEVICE.type in ("cpu", "tpu") else f"{DEVICE.type}:{rank}" (DEVICE for a device '
+            'argument; --target tpu: "tpu")',
         ),
     ),
 )
@@ -113,6 +130,9 @@ FAMILY.rule(
     apis=(
         ApiEquivalent("t.is_cuda", 't.device.type == DEVICE.type != "cpu"'),
         ApiEquivalent('t.device.type == "cuda"', 't.device.type == DEVICE.type != "cpu"'),
+        ApiEquivalent(
+            't.device.type in ("cuda", "mps")', 't.device.type == DEVICE.type != "cpu" or t.device.type == "mps"'
+        ),
     ),
 )
 FAMILY.rule(
@@ -257,6 +277,7 @@ def rewrite_device(
     form: str,
     code: str | None = None,
     updated: cst.BaseExpression | None = None,
+    index: cst.BaseExpression | None = None,
 ) -> cst.BaseExpression | None:
     """The replacement for a CUDA device expression in a device position, or None (not one, or not fixed).
 
@@ -264,7 +285,9 @@ def rewrite_device(
     (a device type string, also used for variables whose later use is unknown). ``code`` reports the finding
     under another family's rule (``init_device_mesh("cuda")`` is TPU404). In ``"cuda" if flag else "cpu"``
     only the CUDA branch changes (the flag may be the user's choice), unless the flag is the availability
-    check itself; ``updated`` is the transformed expression whose other parts are kept.
+    check itself; ``updated`` is the transformed expression whose other parts are kept. A device built from a
+    rank (``f"cuda:{rank}"``, or ``index``: the one ``torch.device("cuda", rank)`` gave) keeps its index off TPU
+    (:func:`~tpu_agent.migrate.rules._rank.rank_device`).
     """
     found = cuda_device_code(ctx, original)
     if found is None:
@@ -276,13 +299,32 @@ def rewrite_device(
         return base.with_changes(body=branch) if branch is not None else None
     template = original.body if isinstance(original, cst.IfExp) else original
     build = {"device": ctx.device, "value": ctx.device_value, "type": ctx.device_type}[form]
+    index = index or cuda_device_index(ctx, template)
     note = ""
-    if found == "TPU102" or (string_value(template) or "").startswith("cuda:"):
+    if is_rank_index(index):
+        note = " (the index kept off TPU, which binds one device per process)"
+    elif found == "TPU102" or (string_value(template) or "").startswith("cuda:"):
         note = " (index dropped: one device per process)"
+
+    def indexed() -> cst.BaseExpression | None:
+        # the string as written with the accelerator's type for "cuda" (its index may be text); torch.device("cuda",
+        # i) as torch.device(DEVICE.type, i)
+        if index is None or not is_rank_index(index):
+            return None
+        if found != "TPU102":
+            return indexed_device(ctx, index)
+        text = indexed_type(ctx, template)
+        if text is None or form != "device":
+            return text
+        return cst.Call(func=ctx.torch_attr("device"), args=[cst.Arg(text)])
+
     new = ctx.fix(
-        code, original, lambda: build(template), lambda n: f"CUDA device {source(original)} -> {source(n)}{note}"
+        code,
+        original,
+        lambda: rank_device(ctx, build(template), indexed),
+        lambda n: f"CUDA device {source(original)} -> {source(n)}{note}",
     )
-    return keep_parens(original, new) if new is not None else None
+    return in_place(ctx, original, new) if new is not None else None
 
 
 @FAMILY.visit(cst.IfExp)
@@ -303,7 +345,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
         if isinstance(arg.value, cst.IfExp) and not is_availability_fallback(ctx, arg.value):
             branch = rewrite_device(ctx, arg.value, "type", updated=updated.args[index].value)
             return replace_arg_value(updated, index, branch) if branch is not None else updated
-        new = rewrite_device(ctx, arg.value, "device")
+        new = rewrite_device(ctx, arg.value, "device", index=cuda_device_index(ctx, original))
         return keep_parens(original, new) if new is not None else updated
     if qualname in ctx.claimed_calls:
         return updated
@@ -357,10 +399,16 @@ def _cuda_method(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.B
     receiver = original.func.value  # type: ignore[attr-defined]
     if ctx.is_user_cuda_receiver(receiver):
         return updated
-    # .cuda(device=None, non_blocking=False, memory_format=...): the device index goes, the rest stays.
+    # .cuda(device=None, non_blocking=False, memory_format=...): the device index goes (a rank's stays off TPU),
+    # the rest stays.
     index = positional(original, 0) or keyword(original, "device")
     shown = source(index.value) if index else ""
-    device = ctx.fix("TPU103", original, ctx.device_value, lambda d: f".cuda({shown}) -> .to({source(d)})")
+
+    def build() -> cst.BaseExpression:
+        rank = index.value if index is not None and is_rank_value(index.value) else None
+        return rank_device(ctx, ctx.device_value(), lambda: indexed_device(ctx, rank) if rank is not None else None)
+
+    device = ctx.fix("TPU103", original, build, lambda d: f".cuda({shown}) -> .to({source(d)})")
     if device is None:
         return updated
     call = drop_args(updated, lambda i, a: original.args[i] is index) if index is not None else updated
@@ -419,23 +467,81 @@ def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.P
     return updated
 
 
-def on_accelerator(ctx: PyContext, device_type: cst.BaseExpression, negated: bool = False) -> cst.BaseExpression:
+_COLLECTIONS = (cst.Tuple, cst.List, cst.Set)
+
+
+def holds_cuda(node: cst.CSTNode) -> bool:
+    """``"cuda"``, or a tuple, list or set literal with a ``"cuda"`` element (``device in ("cuda", "mps")``)."""
+    if isinstance(node, _COLLECTIONS):
+        return any(isinstance(e, cst.Element) and string_value(e.value) == "cuda" for e in node.elements)
+    return string_value(node) == "cuda"
+
+
+def on_accelerator(
+    ctx: PyContext, device_type: cst.BaseExpression, negated: bool = False, among: cst.BaseExpression | None = None
+) -> cst.BaseExpression:
     """``<device_type> == DEVICE.type != "cpu"`` (for the tpu target ``<device_type> == "tpu"``): the device
     is the accelerator in use; exactly 'on CUDA' on a CUDA machine and False on a CPU-only one. ``negated``
-    wraps it in ``not (...)``."""
+    wraps it in ``not (...)``.
+
+    ``among`` is the collection of a membership test holding "cuda" (``device in ("cuda", "mps")``): "cuda"
+    there means the accelerator too, so its other members are asked after it (``... != "cpu" or device ==
+    "mps"``). Swapping "cuda" for ``DEVICE.type`` inside the collection would hold for "cpu" on a CPU-only
+    machine, which the original test never did."""
+    collection = among if isinstance(among, _COLLECTIONS) else None
+    others = [e for e in collection.elements if not holds_cuda(e.value)] if collection is not None else []
     if ctx.target.value == "tpu":
-        operator = cst.NotEqual() if negated else cst.Equal()
-        return cst.Comparison(left=device_type, comparisons=[cst.ComparisonTarget(operator, ctx.device_type())])
-    targets = [
-        cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type()),
-        cst.ComparisonTarget(operator=cst.NotEqual(), comparator=ctx.string("cpu")),
-    ]
-    check: cst.BaseExpression = cst.Comparison(left=device_type, comparisons=targets)
-    if negated:
+        operator = cst.NotEqual() if negated and not others else cst.Equal()
+        check: cst.BaseExpression = cst.Comparison(
+            left=device_type, comparisons=[cst.ComparisonTarget(operator, ctx.device_type())]
+        )
+    else:
+        targets = [
+            cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type()),
+            cst.ComparisonTarget(operator=cst.NotEqual(), comparator=ctx.string("cpu")),
+        ]
+        check = cst.Comparison(left=device_type, comparisons=targets)
+    if collection is not None and others:
+        member = _member(device_type.deep_clone(), collection, others)
+        check = cst.BooleanOperation(left=check, operator=cst.Or(), right=member)
+    if negated and (others or ctx.target.value != "tpu"):
         check = cst.UnaryOperation(
             operator=cst.Not(), expression=check.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         )
     return check
+
+
+def cuda_comparison(target: cst.ComparisonTarget) -> bool:
+    """``== "cuda"`` / ``!= "cuda"``, or ``in`` / ``not in`` a collection literal holding "cuda"."""
+    if isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+        return string_value(target.comparator) == "cuda"
+    return (
+        isinstance(target.operator, (cst.In, cst.NotIn))
+        and isinstance(target.comparator, _COLLECTIONS)
+        and holds_cuda(target.comparator)
+    )
+
+
+def needs_room(ctx: PyContext, original: cst.BaseExpression, test: cst.BaseExpression) -> bool:
+    """Whether the test :func:`on_accelerator` built in place of the comparison ``original`` needs parentheses:
+    ``not (...)`` where no comparison could stand bare, ``... or ...`` there or as an operand of ``and``/``not``."""
+    if isinstance(test, cst.BooleanOperation):
+        return not ctx.is_bare(original) or ctx.is_operand(original)
+    return isinstance(test, cst.UnaryOperation) and not ctx.is_bare(original)
+
+
+def _member(
+    subject: cst.BaseExpression, collection: cst.Tuple | cst.List | cst.Set, others: list[cst.BaseElement]
+) -> cst.Comparison:
+    """``subject == "mps"`` for one other member, ``subject in ("mps", "xpu")`` (the collection without its
+    "cuda") for more."""
+    if len(others) == 1 and isinstance(others[0], cst.Element):
+        return cst.Comparison(left=subject, comparisons=[cst.ComparisonTarget(cst.Equal(), others[0].value)])
+    kept = [*others[:-1], others[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    if isinstance(collection, cst.Tuple) and len(kept) == 1:  # a starred element alone: (*extra,)
+        kept = [kept[0].with_changes(comma=cst.Comma())]
+    rest = collection.with_changes(elements=kept)
+    return cst.Comparison(left=subject, comparisons=[cst.ComparisonTarget(cst.In(), rest)])
 
 
 @FAMILY.leave(cst.Attribute)
@@ -457,14 +563,10 @@ def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attr
 
 @FAMILY.leave(cst.Comparison)
 def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
-    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type != "cpu"
+    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type != "cpu"; also `in ("cuda", "mps")`
     if not (isinstance(original.left, cst.Attribute) and original.left.attr.value == "type"):
         return updated
-    cuda = [
-        c
-        for c in original.comparisons
-        if isinstance(c.operator, (cst.Equal, cst.NotEqual)) and string_value(c.comparator) == "cuda"
-    ]
+    cuda = [c for c in original.comparisons if cuda_comparison(c)]
     if not cuda:
         return updated
     if len(original.comparisons) != 1:
@@ -475,16 +577,17 @@ def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cs
             fixable=False,
         )
         return updated
-    negated = isinstance(cuda[0].operator, cst.NotEqual)
+    negated = isinstance(cuda[0].operator, (cst.NotEqual, cst.NotIn))
+    among = updated.comparisons[0].comparator
     new = ctx.fix(
         "TPU104",
         original,
-        lambda: on_accelerator(ctx, updated.left, negated),
+        lambda: on_accelerator(ctx, updated.left, negated, among),
         lambda n: f"{source(original)} -> {source(n)}",
     )
     if new is None:
         return updated
-    if isinstance(new, cst.UnaryOperation) and not ctx.is_bare(original):
+    if needs_room(ctx, original, new):
         new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return keep_parens(original, new)
 
@@ -518,82 +621,3 @@ FAMILY.text(
         message=_config_device_message,
     )
 )
-
-
-# ---- integer devices: the rank used as a device index -------------------------------------------------
-FAMILY.rule(
-    code="TPU107",
-    name="integer-device",
-    safety=Safety.SAFE,
-    summary="A process's rank used as a device: .to(local_rank), torch.device(local_rank), device=rank.",
-    rationale="An integer device means a CUDA index. TorchTPU binds one device per process and rejects any index "
-    "other than the bound one (each rank sees its chip as tpu:0), so the process's device replaces the index; on "
-    "CUDA the rank's device is still the one torch.accelerator.set_device_index(local_rank) selects.",
-    before="model = Net().to(local_rank)\nx = torch.zeros(3, device=torch.device(args.gpu))",
-    after="model = Net().to(DEVICE)\nx = torch.zeros(3, device=DEVICE)",
-    references=(ACCELERATOR, DDP),
-    apis=(
-        ApiEquivalent(".to(local_rank), torch.device(local_rank), device=rank", "DEVICE (the process's device)"),
-        ApiEquivalent("torch.device(cfg.device, local_rank)", "torch.device(cfg.device)"),
-    ),
-)
-
-# names that hold a rank or a GPU index in training scripts (``local_rank``, ``args.gpu``, ``gpu_id``)
-_RANK_NAME_RE = re.compile(r"(?:local_?rank|rank|gpu|gpu_?id|gpu_?idx|local_?gpu|cuda_?id)", re.IGNORECASE)
-
-
-def is_rank_value(node: cst.CSTNode) -> bool:
-    """``local_rank``, ``args.gpu``, ``self.rank`` or ``int(os.environ["LOCAL_RANK"])``: an integer device index."""
-    if isinstance(node, cst.Name):
-        return bool(_RANK_NAME_RE.fullmatch(node.value))
-    if isinstance(node, cst.Attribute):
-        return bool(_RANK_NAME_RE.fullmatch(node.attr.value))
-    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "int"):
-        return False
-    inner = node.args[0].value if len(node.args) == 1 else None
-    if isinstance(inner, cst.Subscript) and len(inner.slice) == 1:
-        key = inner.slice[0].slice
-        return isinstance(key, cst.Index) and string_value(key.value) in ("LOCAL_RANK", "RANK")
-    if isinstance(inner, cst.Call) and inner.args:
-        return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
-    return False
-
-
-def _integer_device(ctx: PyContext, value: cst.BaseExpression, form: str) -> cst.BaseExpression | None:
-    build = ctx.device if form == "device" else ctx.device_value
-    return ctx.fix(
-        "TPU107", value, build, lambda n: f"device index {source(value)} -> {source(n)} (one device per process)"
-    )
-
-
-@FAMILY.leave(cst.Call)
-def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-    if type(updated) is not cst.Call:
-        return updated
-    func = original.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "to" and ctx.qualname(original) is None:
-        first = positional(original, 0)
-        if first is not None and is_rank_value(first.value) and original.args[0] is first:
-            new = _integer_device(ctx, first.value, "value")
-            return replace_arg_value(updated, 0, new) if new is not None else updated
-    elif ctx.qualname(original) == "torch.device" and len(original.args) == 1 and is_rank_value(original.args[0].value):
-        new = _integer_device(ctx, original.args[0].value, "device")
-        return keep_parens(original, new) if new is not None else updated
-    elif (
-        ctx.qualname(original) == "torch.device"
-        and len(original.args) == 2
-        and is_rank_value(original.args[1].value)
-        and cuda_device_code(ctx, original.args[0].value) is None  # torch.device("cuda", rank) is TPU101's
-    ):
-        # torch.device(cfg.device, local_rank): the type stays, the rank's index goes (one device per process)
-        index = original.args[1].value
-        message = f"device index {source(index)} dropped from {source(original)} (one device per process)"
-        if ctx.report("TPU107", index, message):
-            return drop_args(updated, lambda i, a: i == 1)
-        return updated
-    device = keyword(original, "device")
-    if device is not None and is_rank_value(device.value):
-        new = _integer_device(ctx, device.value, "value")
-        if new is not None:
-            return replace_arg_value(updated, arg_position(original, device), new)
-    return updated
