@@ -22,6 +22,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.runtime.emulated import (
     autograd_queue,
+    deferred,
     device_guard,
     generator,
     host_memory,
@@ -243,7 +244,7 @@ def register() -> None:
     _patch_serialization()
     _patch_precision()
     _foreach_kernels_for_tpu_tensors()
-    generator.install()
+    generator.install(run_pending=deferred.flush)
     storage.install()
     host_memory.install()
     autograd_queue.install()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import struct
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -150,11 +151,18 @@ def _rebuild(state: torch.Tensor) -> DeviceGenerator:
     return DeviceGenerator().set_state(state)
 
 
+def _no_pending_graph(cause: str) -> None:
+    """Before :func:`install`, no op can have been recorded."""
+
+
+# DeferAndFuse's flush, given to :func:`install` (``deferred`` imports this module through ``kernels``, so this
+# module cannot import it).
+_run_pending: Callable[[str], object] = _no_pending_graph
+
+
 def _settle() -> None:
     """Run the pending DeferAndFuse graph, whose random ops draw from the state as it is now."""
-    from tpu_agent.runtime.emulated import deferred  # deferred imports kernels, which imports this module
-
-    deferred.flush("rng_state")
+    _run_pending("rng_state")
 
 
 def _mix(seed: int, offset: int) -> int:
@@ -177,10 +185,13 @@ def _is_tpu(device: Any) -> bool:
 default = DeviceGenerator()  # ``torch.tpu.default_generators[0]``
 
 
-def install() -> None:
+def install(run_pending: Callable[[str], object]) -> None:
     """Make ``torch.Generator`` the emulation-aware subclass (once, at device registration), and seed the device
     generator as the CPU's was: a ``torch.manual_seed`` before activation applies to the device too, as one before
-    CUDA's lazy initialisation does."""
+    CUDA's lazy initialisation does. ``run_pending(cause)`` is DeferAndFuse's flush, which every read, seed or
+    restore of a device generator's state calls first."""
+    global _run_pending
+    _run_pending = run_pending
     default.manual_seed(torch.initial_seed())
     Generator.__doc__ = _CGenerator.__doc__
     torch.Generator = Generator
