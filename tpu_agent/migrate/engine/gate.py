@@ -29,7 +29,9 @@ _IMPORT_RE = re.compile(r"\bimport\b")
 _BIND_FUNCTIONS = frozenset({"set_device", "set_device_index", "set_device_idx"})
 # calls whose result is held and read under the name it is bound to
 _HELD_CALLS = frozenset({"get_device_properties", "current_accelerator"})
-_HELD_TRIGGERS = ("set_device", *_HELD_CALLS)
+# dtypes a name holds for a later cast (``dtype = torch.float16`` then ``.to(dtype)``: TPU304 reports the cast)
+_HELD_DTYPES = frozenset({"float16", "half"})
+_HELD_TRIGGERS = ("set_device", *_HELD_CALLS, *_HELD_DTYPES)
 _PAIRS: dict[type, tuple[type, ...]] = {
     cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
     cst.ClassDef: (ast.ClassDef,),
@@ -67,7 +69,8 @@ def _holders(tree: ast.Module, source: str) -> list[str]:
     """Names and attributes some assignment binds to a CUDA-ish thing that later statements use without naming
     it: ``get_device_properties(...)`` (``if PROPS.major >= 8``, ``self.props.minor``: TPU208 reports the read), a
     device-binding function (``set_dev = torch.cuda.set_device``: TPU201 guards ``set_dev(rank)``) or the
-    accelerator (``acc = torch.accelerator.current_accelerator()``: TPU107 rewrites ``f"{acc}:{rank}"``)."""
+    accelerator (``acc = torch.accelerator.current_accelerator()``: TPU107 rewrites ``f"{acc}:{rank}"``) or a float16
+    dtype (``dtype = torch.float16``: TPU304 reports ``x.to(dtype)``)."""
     if not any(name in source for name in _HELD_TRIGGERS):
         return []
     names: list[str] = []
@@ -82,6 +85,10 @@ def _holders(tree: ast.Module, source: str) -> list[str]:
 def _holds_trigger(value: ast.expr) -> bool:
     if isinstance(value, ast.Call):
         return call_name(value) in _HELD_CALLS
+    if isinstance(value, ast.IfExp):
+        return _holds_trigger(value.body) or _holds_trigger(value.orelse)
+    if isinstance(value, ast.Attribute) and value.attr in _HELD_DTYPES:
+        return True
     name = value.id if isinstance(value, ast.Name) else value.attr if isinstance(value, ast.Attribute) else ""
     return name in _BIND_FUNCTIONS
 

@@ -18,7 +18,9 @@ CUDA_TOKENS = re.compile(
     # device-agnostic code binding a rank's device or building it (TorchTPU binds one device per process)
     rb"set_device_i(?:ndex|dx)|current_accelerator\(\s*\)|"
     # dependency files: flash-attn, CUDA wheel builds and indexes
-    rb"flash.attn|\+cu\d{2,3}|whl/cu\d",
+    rb"flash.attn|\+cu\d{2,3}|whl/cu\d|"
+    # float16 casts (TPU304): bf16, not fp16, is the TPU's native type
+    rb"(?<!b)float16|\.half\(\s*\)|halftensor|torch\.half\b",
     re.IGNORECASE,
 )
 

@@ -24,6 +24,7 @@ from tpu_agent.migrate.rules import (
     devices,
     distributed,
     env_vars,
+    half_precision,  # noqa: F401 - registers its rule and handlers with the amp family
     init_kwargs,  # noqa: F401 - registers its rule and handlers with the distributed family
     integer_devices,  # noqa: F401 - registers its rule and handlers with the devices family
     nvtx,  # noqa: F401 - registers its rule and handlers with the cuda-api family
