@@ -1,6 +1,8 @@
 """FSDP1 (``FullyShardedDataParallel``) on the tpu device, as ``tpu-agent migrate`` leaves a CUDA script: it frees
 and re-allocates flat parameters through ``_typed_storage()._resize_``, compares storages by ``data_ptr`` and
-records streams with torch dispatch off, all of which the emulation provides (:mod:`storage`)."""
+records streams with torch dispatch off, all of which the emulation provides (:mod:`storage`). A full state
+dict with ``offload_to_cpu=True`` under a sharded strategy moves a tpu flat parameter to the CPU in place
+(``flat_param.data = flat_param.cpu()``), which a tpu wrapper cannot do: refused with the fix."""
 
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ out["freed"] = [_same_storage_size(flat, 0), _data_ptr_allocated(flat), flat._ty
 _alloc_storage(flat, torch.Size([8]))
 flat.fill_(3.0)
 out["reallocated"] = [flat._typed_storage()._size(), view.cpu().tolist()]
+try:  # FSDP1's handle.to_cpu() (FULL_STATE_DICT with offload_to_cpu=True): not emulated, refused by name
+    flat.data = flat.cpu()
+except RuntimeError as error:
+    out["to_cpu"] = str(error)
 print(json.dumps(out))
 """
 
@@ -40,6 +46,7 @@ def test_fsdp1_storage_helpers_free_and_reallocate_a_tpu_flat_parameter(tmp_path
     assert out["allocated"] is True
     assert out["freed"] == [True, False, 0]
     assert out["reallocated"] == [8, [3.0] * 6]
+    assert "offload_to_cpu=False" in out["to_cpu"]
 
 
 TRAIN_SCRIPT = r"""
