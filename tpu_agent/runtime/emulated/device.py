@@ -246,5 +246,6 @@ def register() -> None:
     _foreach_kernels_for_tpu_tensors()
     generator.install(run_pending=deferred.flush)
     storage.install()
+    unsupported.install_data_parallel()
     host_memory.install()
     autograd_queue.install()

@@ -14,6 +14,11 @@ has its storage resized. That is the CPU storage all views of the tensor share, 
 view at once, as device storage does; a re-allocated storage holds undefined values until written, as on a
 device. ``torch.ops.inductor.resize_storage_bytes_`` (FSDP2 under torch.compile) needs none of this: it is an op,
 which the dispatcher runs on the data as any other.
+
+FSDP1 reaches the same through ``tensor._typed_storage()._resize_`` / ``._size()`` (``TypedStorage`` forwards to
+the untyped storage), and also asks whether two flat parameters share memory and whether one is allocated by
+``untyped_storage().data_ptr()``, which a wrapper's storage refuses as well: :func:`data_ptr` answers with the
+data's. It records streams with torch dispatch off, which reaches the ``PrivateUse1`` kernel :func:`_record_stream`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tpu_agent.runtime.emulated import tensor as tt
 
 _resize = torch._C.StorageBase.resize_
 _nbytes = torch._C.StorageBase.nbytes
+_data_ptr = torch._C.StorageBase.data_ptr
 
 
 def _data_storage(storage: Any) -> torch.UntypedStorage:
@@ -52,14 +58,39 @@ def resize_(storage: Any, size: int) -> Any:
     return storage
 
 
+def _behind(storage: Any) -> Any:
+    """The storage of the data behind a tpu ``storage`` when its tensor is known; else ``storage`` itself."""
+    data = tt.storage_data.get(storage._cdata) if storage.device.type == "tpu" else None
+    return storage if data is None else data.untyped_storage()
+
+
 def nbytes(storage: Any) -> Any:
     """``UntypedStorage.nbytes`` (and ``size()``): a tpu storage reports its tensor's data, resized or not. An int,
     or while torch.compile traces a symbolic size (left symbolic: reading it would specialise the graph)."""
-    data = tt.storage_data.get(storage._cdata) if storage.device.type == "tpu" else None
-    return _nbytes(storage if data is None else data.untyped_storage())
+    return _nbytes(_behind(storage))
+
+
+def data_ptr(storage: Any) -> int:
+    """``UntypedStorage.data_ptr``: a tpu storage's is its data's, so two tensors share memory exactly when their
+    storages' pointers match (FSDP1's ``_same_storage``), and a freed storage's is 0 (``_data_ptr_allocated``)."""
+    return _data_ptr(_behind(storage))
+
+
+def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream`` on a tpu tensor: nothing to do. On a device it keeps the caching allocator from
+    reusing the memory while ``stream`` may still use it; here the memory is the CPU data, which a resize frees
+    only after the pending work ran (:func:`resize_`). FSDP1 calls it with torch dispatch off
+    (``_no_dispatch_record_stream``), so it needs the ``PrivateUse1`` kernel, not the tensor subclass."""
+
+
+_libraries: list[torch.library.Library] = []
 
 
 def install() -> None:
     """Route ``torch.UntypedStorage``'s resize and size through this module (once, at device registration)."""
     torch.UntypedStorage.resize_ = resize_
     torch.UntypedStorage.nbytes = nbytes
+    torch.UntypedStorage.data_ptr = data_ptr
+    lib = torch.library.Library("aten", "IMPL")
+    _libraries.append(lib)  # a Library's kernels live as long as the object
+    lib.impl("record_stream", _record_stream, "PrivateUse1")

@@ -112,7 +112,17 @@ class TpuTensor(torch.Tensor):
     @data.setter
     def data(self, other: torch.Tensor) -> None:
         elem = unwrap(other) if type(other) is TpuTensor else None  # a deferred value runs first
-        _Tensor.data.__set__(self, other)  # torch's checks (same device kind, shallow-copyable)
+        try:
+            _Tensor.data.__set__(self, other)  # torch's checks (same device kind, shallow-copyable)
+        except RuntimeError as error:
+            if other.device.type != "cpu":
+                raise
+            # on a device the tensor would become a CPU tensor; a tpu wrapper cannot change device
+            raise RuntimeError(
+                "tensor.data = <cpu tensor> on a 'tpu' tensor is not emulated (the tensor cannot move to the CPU "
+                "in place). FSDP1 does this for FullStateDictConfig(offload_to_cpu=True) with a sharded strategy: "
+                "use offload_to_cpu=False and move the state dict with .cpu(), or run on TorchTPU."
+            ) from error
         self._elem = elem
         self._layout = None
         self.__dict__.pop("_meta", None)

@@ -3,6 +3,9 @@
 With the CPU fallback off (TorchTPU's default) the op raises TorchTPU's error text; with it on
 (``torch.tpu.enable_cpu_fallback = True``) it warns ``... Falling back to CPU``, runs, and the event log
 records a FallbackOp, the performance cliff the profiler reports.
+
+``torch.nn.DataParallel`` (one process driving several devices) is refused the same way when it would span
+more than one tpu device (:func:`install_data_parallel`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.utils import _pytree
 
 from tpu_agent.runtime.emulated import ops, state, telemetry
 
@@ -82,3 +86,32 @@ def refuse_quantized(op: Any, *args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError(
         f"{op._schema.name}: quantized tensors are not supported on TPU; dequantize on the CPU (x.dequantize()) first"
     )
+
+
+def _data_parallel_scatter(self: Any, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
+    """``DataParallel.scatter`` on tpu. Torch scatters with ``torch._C._scatter``, a CUDA communication op; with
+    one device that only copies the inputs to it, which is all a TorchTPU process can hold (one chip per process),
+    so one device runs as torch runs one GPU. More than one is refused with the fix, rule TPU406's."""
+    if self.src_device_obj.type != "tpu":
+        return _torch_scatter(self, inputs, kwargs, device_ids)
+    if len(device_ids) > 1:
+        raise RuntimeError(
+            f"torch.nn.DataParallel over tpu devices {list(device_ids)}: TorchTPU runs one device per process and "
+            "does not support DataParallel (single process, several devices). Use DistributedDataParallel (or FSDP) "
+            "with one process per chip: dist.init_process_group('tpu_dist'), model = DDP(model), launched with "
+            "`tpu-agent run --nproc N` (migrate rule TPU406: `tpu-agent rules TPU406`)."
+        )
+    device = self.src_device_obj
+
+    def move(x: Any) -> Any:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    return (_pytree.tree_map(move, tuple(inputs)),), (_pytree.tree_map(move, dict(kwargs or {})),)
+
+
+_torch_scatter = torch.nn.DataParallel.scatter
+
+
+def install_data_parallel() -> None:
+    """Route ``torch.nn.DataParallel``'s scatter through :func:`_data_parallel_scatter` (once, at registration)."""
+    torch.nn.DataParallel.scatter = _data_parallel_scatter

@@ -1,0 +1,181 @@
+"""FSDP1 (``FullyShardedDataParallel``) on the tpu device, as ``tpu-agent migrate`` leaves a CUDA script: it frees
+and re-allocates flat parameters through ``_typed_storage()._resize_``, compares storages by ``data_ptr`` and
+records streams with torch dispatch off, all of which the emulation provides (:mod:`storage`). A full state
+dict with ``offload_to_cpu=True`` under a sharded strategy moves a tpu flat parameter to the CPU in place
+(``flat_param.data = flat_param.cpu()``), which a tpu wrapper cannot do: refused with the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from runtime_launch_util import clean_env, run_script, tpu_agent
+
+STORAGE_SCRIPT = r"""
+import json, warnings
+import torch
+from torch.distributed.utils import _alloc_storage, _free_storage, _data_ptr_allocated
+from torch.distributed.fsdp._common_utils import _no_dispatch_record_stream
+from torch.distributed.fsdp._flat_param import _same_storage, _same_storage_size
+from tpu_agent.runtime.emulated import activate
+
+warnings.simplefilter("ignore")
+activate()
+flat = torch.arange(8.0, device="tpu")
+view, other = flat[2:], torch.zeros(8, device="tpu")
+out = {"same": [_same_storage(flat, view), _same_storage(flat, other)], "allocated": _data_ptr_allocated(flat)}
+_no_dispatch_record_stream(flat, torch.accelerator.current_stream())  # as FSDP1 does, torch dispatch off
+_free_storage(flat)
+out["freed"] = [_same_storage_size(flat, 0), _data_ptr_allocated(flat), flat._typed_storage()._size()]
+_alloc_storage(flat, torch.Size([8]))
+flat.fill_(3.0)
+out["reallocated"] = [flat._typed_storage()._size(), view.cpu().tolist()]
+try:  # FSDP1's handle.to_cpu() (FULL_STATE_DICT with offload_to_cpu=True): not emulated, refused by name
+    flat.data = flat.cpu()
+except RuntimeError as error:
+    out["to_cpu"] = str(error)
+print(json.dumps(out))
+"""
+
+
+def test_fsdp1_storage_helpers_free_and_reallocate_a_tpu_flat_parameter(tmp_path: Path) -> None:
+    out = run_script(STORAGE_SCRIPT, tmp_path)
+    assert out["same"] == [True, False]
+    assert out["allocated"] is True
+    assert out["freed"] == [True, False, 0]
+    assert out["reallocated"] == [8, [3.0] * 6]
+    assert "offload_to_cpu=False" in out["to_cpu"]
+
+
+TRAIN_SCRIPT = r"""
+import functools, json, os, sys
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import (FullyShardedDataParallel as FSDP, FullStateDictConfig, MixedPrecision,
+                                    ShardingStrategy, StateDictType)
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+STEPS, BATCH = 3, 8
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), Block(32), Block(32), nn.Linear(32, 4))
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, 4, generator=g)) for _ in range(STEPS)]
+
+
+def reference():
+    model = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for x, y in batches():
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step(); opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {k: v.tolist() for k, v in model.state_dict().items()}
+
+
+def fsdp(strategy, policy, mixed):
+    dist.init_process_group("tpu_dist")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wrap = (functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}) if policy == "transformer"
+            else functools.partial(size_based_auto_wrap_policy, min_num_params=1000))
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    model = FSDP(build().to("tpu"), device_id=torch.accelerator.current_device_index(), auto_wrap_policy=wrap,
+                 sharding_strategy=getattr(ShardingStrategy, strategy), mixed_precision=mp if mixed else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, per = [], BATCH // world
+    for x, y in batches():
+        x, y = x[rank * per:(rank + 1) * per].to("tpu"), y[rank * per:(rank + 1) * per].to("tpu")
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        model.clip_grad_norm_(0.5)
+        opt.step(); opt.zero_grad()
+        dist.all_reduce(total := loss.detach().clone())
+        losses.append(total.item() / world)
+    config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+        state = model.state_dict()
+    if rank == 0:
+        torch.save(state, "ckpt.pt")
+        Path = __import__("pathlib").Path
+        Path(os.environ["OUT"]).write_text(json.dumps(
+            {"losses": losses, "state": {k: v.cpu().tolist() for k, v in state.items()}}))
+    dist.destroy_process_group()
+
+
+torch.set_float32_matmul_precision("highest")
+if sys.argv[1] == "ref":
+    losses, state = reference()
+    print(json.dumps({"losses": losses, "state": state}))
+else:
+    fsdp(*sys.argv[1:3], sys.argv[3] == "bf16")
+"""
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return run_script(TRAIN_SCRIPT, tmp_path_factory.mktemp("ref"), "ref")
+
+
+def _fsdp_run(tmp_path: Path, strategy: str, policy: str, precision: str) -> dict:
+    script, out = tmp_path / "train.py", tmp_path / "out.json"
+    script.write_text(TRAIN_SCRIPT)
+    env = clean_env(PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH")])), OUT=str(out))
+    result = tpu_agent(
+        "run", "--nproc", "2", "--backend", "emulated", str(script), strategy, policy, precision,
+        cwd=tmp_path, env=env, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert (tmp_path / "ckpt.pt").exists()
+    return json.loads(out.read_text())
+
+
+def _flat(value: object) -> list[float]:
+    """A nested list of numbers (a state-dict tensor's ``tolist()``) as one flat list."""
+    if isinstance(value, list):
+        return [x for v in value for x in _flat(v)]
+    assert isinstance(value, float | int)
+    return [float(value)]
+
+
+def _close(a: list[float], b: list[float], tol: float) -> bool:
+    return all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "policy"), [("FULL_SHARD", "size"), ("SHARD_GRAD_OP", "transformer"), ("NO_SHARD", "size")]
+)
+def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(
+    tmp_path: Path, reference: dict, strategy: str, policy: str
+) -> None:
+    out = _fsdp_run(tmp_path, strategy, policy, "fp32")
+    assert _close(out["losses"], reference["losses"], 1e-5), (out["losses"], reference["losses"])
+    assert out["state"].keys() == reference["state"].keys()
+    for name, value in reference["state"].items():
+        assert _close(_flat(out["state"][name]), _flat(value), 1e-4), name
+
+
+@pytest.mark.slow
+def test_fsdp1_bf16_mixed_precision_stays_near_the_fp32_run(tmp_path: Path, reference: dict) -> None:
+    out = _fsdp_run(tmp_path, "FULL_SHARD", "transformer", "bf16")
+    assert _close(out["losses"], reference["losses"], 2e-2), (out["losses"], reference["losses"])
