@@ -1,8 +1,8 @@
 """FSDP1 (``FullyShardedDataParallel``) on the tpu device, as ``tpu-agent migrate`` leaves a CUDA script: it frees
 and re-allocates flat parameters through ``_typed_storage()._resize_``, compares storages by ``data_ptr`` and
 records streams with torch dispatch off, all of which the emulation provides (:mod:`storage`). A full state
-dict with ``offload_to_cpu=True`` under a sharded strategy moves a tpu flat parameter to the CPU in place
-(``flat_param.data = flat_param.cpu()``), which a tpu wrapper cannot do: refused with the fix."""
+dict with ``offload_to_cpu=True`` under a sharded strategy holds CPU tensors, as on a GPU (:mod:`fsdp1_offload`),
+though a tpu tensor cannot move to the CPU in place (``t.data = t.cpu()``, refused with the fix)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ out["freed"] = [_same_storage_size(flat, 0), _data_ptr_allocated(flat), flat._ty
 _alloc_storage(flat, torch.Size([8]))
 flat.fill_(3.0)
 out["reallocated"] = [flat._typed_storage()._size(), view.cpu().tolist()]
-try:  # FSDP1's handle.to_cpu() (FULL_STATE_DICT with offload_to_cpu=True): not emulated, refused by name
+try:  # a tpu wrapper cannot become a CPU tensor in place: refused by name
     flat.data = flat.cpu()
 except RuntimeError as error:
     out["to_cpu"] = str(error)
@@ -46,7 +46,7 @@ def test_fsdp1_storage_helpers_free_and_reallocate_a_tpu_flat_parameter(tmp_path
     assert out["allocated"] is True
     assert out["freed"] == [True, False, 0]
     assert out["reallocated"] == [8, [3.0] * 6]
-    assert "offload_to_cpu=False" in out["to_cpu"]
+    assert "cannot move to the CPU in place" in out["to_cpu"] and "t.cpu()" in out["to_cpu"]
 
 
 TRAIN_SCRIPT = r"""
@@ -111,14 +111,18 @@ def fsdp(strategy, policy, mixed):
         opt.step(); opt.zero_grad()
         dist.all_reduce(total := loss.detach().clone())
         losses.append(total.item() / world)
-    config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+    # torch refuses offload_to_cpu with NO_SHARD; with sharding, the full state dict is gathered onto the host
+    config = FullStateDictConfig(offload_to_cpu=strategy != "NO_SHARD", rank0_only=True)
     with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
         state = model.state_dict()
     if rank == 0:
         torch.save(state, "ckpt.pt")
         Path = __import__("pathlib").Path
-        Path(os.environ["OUT"]).write_text(json.dumps(
-            {"losses": losses, "state": {k: v.cpu().tolist() for k, v in state.items()}}))
+        Path(os.environ["OUT"]).write_text(json.dumps({
+            "losses": losses, "state": {k: v.cpu().tolist() for k, v in state.items()},
+            "devices": sorted({v.device.type for v in state.values()})}))
+    elif strategy != "NO_SHARD":
+        assert not state, state.keys()  # rank0_only: the other ranks get nothing (NO_SHARD ignores it)
     dist.destroy_process_group()
 
 
@@ -173,6 +177,8 @@ def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(
     assert out["state"].keys() == reference["state"].keys()
     for name, value in reference["state"].items():
         assert _close(_flat(out["state"][name]), _flat(value), 1e-4), name
+    # offloaded (the sharded strategies) the full state dict is on the host, as FSDP1 gives it on a GPU
+    assert out["devices"] == (["tpu"] if strategy == "NO_SHARD" else ["cpu"])
 
 
 @pytest.mark.slow

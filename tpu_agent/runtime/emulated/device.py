@@ -24,6 +24,7 @@ from tpu_agent.runtime.emulated import (
     autograd_queue,
     deferred,
     device_guard,
+    fsdp1_offload,
     generator,
     host_memory,
     memory,
@@ -246,6 +247,7 @@ def register() -> None:
     _foreach_kernels_for_tpu_tensors()
     generator.install(run_pending=deferred.flush)
     storage.install()
+    fsdp1_offload.install()
     unsupported.install_data_parallel()
     host_memory.install()
     autograd_queue.install()

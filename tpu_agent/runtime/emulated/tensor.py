@@ -120,8 +120,7 @@ class TpuTensor(torch.Tensor):
             # on a device the tensor would become a CPU tensor; a tpu wrapper cannot change device
             raise RuntimeError(
                 "tensor.data = <cpu tensor> on a 'tpu' tensor is not emulated (the tensor cannot move to the CPU "
-                "in place). FSDP1 does this for FullStateDictConfig(offload_to_cpu=True) with a sharded strategy: "
-                "use offload_to_cpu=False and move the state dict with .cpu(), or run on TorchTPU."
+                "in place): keep a CPU copy (t.cpu()) beside the tpu tensor, or run on TorchTPU."
             ) from error
         self._elem = elem
         self._layout = None
