@@ -79,7 +79,8 @@ def _patch() -> None:
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``torch.distributed.fsdp`` with the other finders, runs it, then patches it (once)."""
+    """Finds ``torch.distributed.fsdp`` with the path finder, runs it, patches it, then leaves ``sys.meta_path``
+    (not while the import system walks that list: removing itself there would skip the next finder)."""
 
     def __init__(self) -> None:
         self._loader: Any = None
@@ -87,12 +88,11 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(
         self, name: str, path: Any, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if name != _PACKAGE:
+        if name != _PACKAGE or self._loader is not None:
             return None
-        sys.meta_path.remove(self)  # fire once, and let the other finders find the real module
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
-            return spec
+            return None  # found some other way: imported unpatched, as without the emulation
         self._loader, spec.loader = spec.loader, self
         return spec
 
@@ -101,6 +101,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         module.__loader__ = module.__spec__.loader = self._loader  # type: ignore[union-attr]
+        sys.meta_path.remove(self)
         self._loader.exec_module(module)
         _patch()
 
