@@ -10,8 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from tests.runtime.runtime_launch_util import tpu_agent
+from runtime_launch_util import tpu_agent
 
 DIST_WORKER = """
     import socket
