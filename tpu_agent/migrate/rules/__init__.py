@@ -31,6 +31,7 @@ from tpu_agent.migrate.rules import (
     seeding,  # noqa: F401 - registers its handlers with the cuda-api family
     third_party,
     value_flow,  # noqa: F401 - registers its rules and handlers with the devices and distributed families
+    wrappers,  # noqa: F401 - registers its rule and handlers with the distributed family
 )
 from tpu_agent.migrate.rules._base import Family
 
