@@ -20,7 +20,9 @@ CUDA_TOKENS = re.compile(
     # dependency files: flash-attn, CUDA wheel builds and indexes
     rb"flash.attn|\+cu\d{2,3}|whl/cu\d|"
     # float16 casts (TPU304): bf16, not fp16, is the TPU's native type
-    rb"(?<!b)float16|\.half\(\s*\)|halftensor|torch\.half\b",
+    rb"(?<!b)float16|\.half\(\s*\)|halftensor|torch\.half\b|"
+    # a device string built from a device type and a rank (``f"{device.type}:{args.gpu}"``: TPU107)
+    rb"\}:\{(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\}",
     re.IGNORECASE,
 )
 

@@ -5,7 +5,9 @@ An integer device is a CUDA index; device-agnostic code builds the same from the
 (pytorch/examples' minGPT-ddp: ``acc = torch.accelerator.current_accelerator()`` then
 ``torch.device(f"{acc}:{local_rank}")``, ``tpu:1`` on rank 1 under TorchTPU, whose processes each see their one
 device as ``tpu:0``). Every form becomes :func:`~tpu_agent.migrate.rules._rank.rank_device`'s: the process's
-device on TPU, the rank's indexed device on CUDA and the other accelerators. Kept apart from
+device on TPU, the rank's indexed device on CUDA and the other accelerators. A name bound to
+``f"{device.type}:{args.gpu}"`` and used only as a device (imagenet's ``map_location=loc``) keeps the code's own
+``device.type`` as the plain branch. Kept apart from
 :mod:`~tpu_agent.migrate.rules.devices` (whose family it belongs to) because that module is long already.
 """
 
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.valueflow import Verdict, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._bound import always_bound_to_call, bound_earlier
 from tpu_agent.migrate.rules._cst import (
@@ -60,6 +63,10 @@ FAMILY.rule(
             'DEVICE if DEVICE.type in ("cpu", "tpu") else torch.device(DEVICE.type, local_rank) (--target tpu: "tpu")',
         ),
         ApiEquivalent(
+            'loc = f"{device.type}:{args.gpu}" used only as a device (map_location=loc)',
+            'loc = device.type if DEVICE.type in ("cpu", "tpu") else f"{device.type}:{args.gpu}"',
+        ),
+        ApiEquivalent(
             "torch.device(cfg.device, local_rank)",
             'torch.device(cfg.device) if DEVICE.type in ("cpu", "tpu") else torch.device(cfg.device, local_rank)',
         ),
@@ -86,6 +93,14 @@ def _rank_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpression 
     ``f"{acc}:{rank}"`` where ``acc`` is the accelerator), else None."""
     if is_rank_value(node):
         return node
+    parts = _kind_and_index(node)
+    if parts is not None and is_rank_index(parts[1]) and _is_accelerator(ctx, parts[0]):
+        return parts[1]  # f"{acc}:0" names the device every process is bound to, so only a run-time index
+    return None
+
+
+def _kind_and_index(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The two expressions of a device string ``f"{kind}:{index}"``, else None."""
     if not isinstance(node, cst.FormattedString) or len(node.parts) != 3:
         return None
     kind, colon, index = node.parts
@@ -94,10 +109,8 @@ def _rank_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpression 
         and isinstance(colon, cst.FormattedStringText)
         and colon.value == ":"
         and isinstance(index, cst.FormattedStringExpression)
-        and is_rank_index(index.expression)  # f"{acc}:0" names the device every process is bound to
-        and _is_accelerator(ctx, kind.expression)
     ):
-        return index.expression
+        return kind.expression, index.expression
     return None
 
 
@@ -166,3 +179,27 @@ def _typed_rank_device(ctx: PyContext, original: cst.Call, updated: cst.Call) ->
         lambda n: f"device index {source(index)} of {source(original)} kept off TPU only (one device per process)",
     )
     return in_place(ctx, original, new) if new is not None else updated
+
+
+@FAMILY.leave(cst.Assign)
+def named_rank_device(ctx: PyContext, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+    """``loc = f"{device.type}:{args.gpu}"`` whose every use is a device position (pytorch/examples' imagenet
+    passes it as ``torch.load(..., map_location=loc)``): ``tpu:1`` on rank 1 under TorchTPU. The device the string
+    names stays the code's own (``device.type``, any device, not DEVICE); only its index goes where DEVICE is a
+    one-device-per-process type, which it is exactly when ``device`` is the TPU."""
+    target = original.targets[0].target if len(original.targets) == 1 else None
+    parts = _kind_and_index(updated.value)
+    if not isinstance(target, cst.Name) or parts is None or _kind_and_index(original.value) is None:
+        return updated
+    kind, index = parts
+    if not (isinstance(kind, (cst.Name, cst.Attribute)) or _is_accelerator(ctx, kind)) or not is_rank_value(index):
+        return updated
+    if ctx.value_flow.flow(name_key(target.value)).verdict is not Verdict.DEVICE:
+        return updated
+    new = ctx.fix(
+        "TPU107",
+        original.value,
+        lambda: rank_device(ctx, kind, lambda: updated.value),
+        lambda n: f"device index {source(index)} of {target.value} kept off TPU only (one device per process)",
+    )
+    return updated.with_changes(value=new) if new is not None else updated
