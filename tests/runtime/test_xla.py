@@ -33,7 +33,7 @@ def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]  # e.g. a tensor finaliser at shutdown
-    assert "jax_enable_x64" not in proc.stderr, proc.stderr[-4000:]  # JAX's int64 narrowing is ours: no warning
+    assert "jax_enable_x64" not in proc.stderr, proc.stderr[-4000:]  # 64-bit types run as they are: no narrowing
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

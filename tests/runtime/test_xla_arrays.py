@@ -114,15 +114,33 @@ def test_an_array_holds_its_tensors_memory_only_while_the_tensor_lives() -> None
 
 
 @pytest.mark.parametrize(
-    ("values_64", "dtype_32"),
+    "values_64",
     [
-        (torch.tensor([3, -7, 2**31 - 1, 2**33 + 5]), torch.int32),  # token ids, and one past int32 (wraps alike)
-        (torch.tensor([0.1, -2.5e-40, 1e300], dtype=torch.float64), torch.float32),
+        torch.tensor([3, -7, 2**31 - 1, 2**40 + 5]),  # token ids, and values past int32
+        torch.tensor([0.1, 1 + 1e-12, -2.5e-40, 1e300], dtype=torch.float64),  # past float32's precision and range
     ],
 )
-def test_64_bit_tensors_reach_xla_narrowed_as_torch_narrows_them(
-    values_64: torch.Tensor, dtype_32: torch.dtype
-) -> None:
+def test_64_bit_tensors_reach_xla_whole(values_64: torch.Tensor) -> None:
+    """TorchTPU runs int64 and float64 as XLA's S64 and F64: nothing is narrowed on the way in."""
     converted = arrays.to_jax(values_64)
-    assert converted.dtype.itemsize == 4  # x64 is off: the executables are compiled for 32-bit types
-    np.testing.assert_array_equal(np.asarray(converted), values_64.to(dtype_32).numpy())
+    assert converted.dtype.itemsize == 8
+    np.testing.assert_array_equal(np.asarray(converted), values_64.numpy())
+
+
+def test_64_bit_arithmetic_in_an_executable_gives_torchs_values() -> None:
+    """Values past int32 and float32 and a Python float scalar on a float64 tensor: exactly what torch computes
+    (the executables once ran with JAX's 32-bit types, and compiled ``[2**40 + 5] + 1`` gave 6, silently)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tpu_agent.runtime.emulated import state
+    from tpu_agent.runtime.xla import graphs
+
+    def arithmetic(ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids * 3 + 2**33, x * 0.1 + 1e-13
+
+    ids, x = torch.tensor([2**40 + 5, 3_000_000_000]), torch.tensor([1 + 1e-12, 3.0], dtype=torch.float64)
+    runner = graphs.GraphRunner(make_fx(arithmetic)(ids, x), "64-bit", precision=state.Precision.HIGHEST)
+    (got_ids, got_x), (expected_ids, expected_x) = runner(ids, x), arithmetic(ids, x)
+    assert got_ids.dtype == torch.int64 and got_ids.tolist() == expected_ids.tolist()
+    assert got_x.dtype == torch.float64  # to a double's rounding (XLA may fuse the multiply-add); f32 is off by 1e-8
+    torch.testing.assert_close(got_x, expected_x, rtol=1e-15, atol=0)

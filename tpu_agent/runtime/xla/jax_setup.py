@@ -10,11 +10,13 @@
   turns it off, as does TorchTPU's own ``TORCH_TPU_TIER2_COMPILATION_CACHE=disabled``; a cache directory set for JAX itself (``JAX_COMPILATION_CACHE_DIR``) is left as it is; a
   directory that cannot be created leaves the cache off.
 
-* **Quiet about its own choices.** The executables run with JAX's 32-bit types (x64 off: token ids narrowed to
-  int32, as on a TPU), and torchax's lowerings ask for int64 constants, so JAX would warn about the narrowing in
-  every run; and a DataLoader's worker processes, forked after JAX started its threads, would each print JAX's
-  fork warning, though workers only load data and never run an executable. Both warnings are filtered by their
-  exact text; every other warning still reaches the user.
+* **64-bit types as they are.** TorchTPU runs int64 and float64 as XLA's S64 and F64, so x64 is on: token ids
+  past int32, hashes and float64 statistics keep their values (with JAX's 32-bit default, compiled
+  ``[2**40 + 5] + 1`` gave 6, silently). A Python float in a graph is a double, weakly typed as in torch.
+
+* **Quiet about its own choices.** A DataLoader's worker processes, forked after JAX started its threads, would
+  each print JAX's fork warning, though workers only load data and never run an executable. That warning is
+  filtered by its exact text; every other warning still reaches the user.
 
 * **Linear algebra XLA expands itself.** On CPU, JAX lowers a triangular solve and a Cholesky factorisation
   to LAPACK custom calls that split their batch onto XLA's intra-op thread pool and block until it is done; with
@@ -41,7 +43,7 @@ from tpu_agent.runtime.envvars import TIER2_CACHE_ENV, XLA_PERSIST_ENV
 MAX_CACHE_BYTES = 1024**3
 
 jax.config.update("jax_platforms", "cpu")
-warnings.filterwarnings("ignore", message=r"Explicitly requested dtype int64 requested in .* is not available")
+jax.config.update("jax_enable_x64", True)
 warnings.filterwarnings(
     "ignore", message=r"os\.fork\(\) was called\. os\.fork\(\) is incompatible with multithreaded code"
 )

@@ -193,14 +193,14 @@ class Lowered:
     """A compiled graph: call with the CPU input tensors, get the graph's outputs as CPU tensors.
 
     Inputs the graph wrote into have been updated in place when the call returns. The graph's float inputs
-    reach the executable packed in one f32 vector (see :func:`compile_graph`)."""
+    reach the executable packed in one f64 vector (see :func:`compile_graph`)."""
 
     executable: Any
     out_spec: Any
     static_leaves: list[Any]  # graph outputs that are not tensors (None, ints), by flat position
     mutated_inputs: list[int]
     uses_rng: bool
-    output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (JAX runs int64 as int32)
+    output_dtypes: list[torch.dtype | None]  # per flat output: torch's dtype (where a lowering's differs)
     # per flat output: the strides and offset the trace gave it where they are not dense row-major (else None)
     output_layouts: list[tuple[tuple[int, ...], int] | None] = field(default_factory=list)
     float_positions: list[int] = field(default_factory=list)  # inputs that are Python floats
@@ -216,13 +216,13 @@ class Lowered:
     def __call__(self, inputs: Sequence[torch.Tensor | float]) -> Any:
         seed = _next_seed() if self.uses_rng else _NO_SEED
         if self.float_positions:
-            floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float32)
+            floats = np.array([inputs[i] for i in self.float_positions], dtype=np.float64)
             flat, mutated = self.executable(
                 seed, *[arrays.array(t) for t in inputs if isinstance(t, torch.Tensor)], floats
             )
         else:
             flat, mutated = self.executable(seed, *[arrays.array(t) for t in inputs])
-        if mutated:  # one foreach copy: it casts where JAX narrowed the dtype (int64 runs as int32)
+        if mutated:  # one foreach copy: it casts where a lowering's dtype differs from torch's
             torch._foreach_copy_(
                 [inputs[i] for i in self.mutated_inputs], [arrays.to_torch(value) for value in mutated]
             )
@@ -270,7 +270,7 @@ class _Interpreter(torch.fx.Interpreter):
 
 def _abstract(t: torch.Tensor | float) -> jax.ShapeDtypeStruct:
     if not isinstance(t, torch.Tensor):
-        return jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
+        return jax.ShapeDtypeStruct((), jnp.float64, weak_type=True)  # a Python float is a double
     dtype = jnp.uint8 if t.dtype is torch.bool else torch_dtype_to_jax(t.dtype)  # bool's wire form: its bytes
     return jax.ShapeDtypeStruct(tuple(t.shape), dtype)
 
@@ -348,7 +348,8 @@ def compile_graph(
     """Trace ``gm`` to JAX on torchax tensors and compile it with XLA for ``example_inputs``' shapes and dtypes.
 
     The graph's float inputs (an optimizer's learning rate and bias corrections: two or more per parameter) are
-    packed into one f32 vector argument: JAX turns each Python scalar argument into a device buffer of its own
+    packed into one f64 vector argument (a Python float is a double; weakly typed, each takes the dtype of the
+    tensor it meets, as torch's scalars do): JAX turns each Python scalar argument into a device buffer of its own
     at every call, which cost more than the whole AdamW update of a small model."""
     traced = trace_graph(gm, example_inputs, precision)
     float_positions = [i for i, t in enumerate(example_inputs) if not isinstance(t, torch.Tensor)]
@@ -369,7 +370,7 @@ def compile_graph(
 
 
 def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
-    """``traced.function`` taking its float inputs as one f32 vector after the tensors, and its abstract args."""
+    """``traced.function`` taking its float inputs as one f64 vector after the tensors, and its abstract args."""
     count = len(traced.abstract) - 1
     is_float = set(float_positions)
     tensor_positions = [i for i in range(count) if i not in is_float]
@@ -387,7 +388,7 @@ def _packing_floats(traced: TracedGraph, float_positions: list[int]) -> tuple[An
     abstract = [
         traced.abstract[0],
         *(traced.abstract[1 + i] for i in tensor_positions),
-        jax.ShapeDtypeStruct((len(float_positions),), jnp.float32),
+        jax.ShapeDtypeStruct((len(float_positions),), jnp.float64),
     ]
     return packed, abstract
 
