@@ -20,6 +20,7 @@ import libcst as cst
 from tpu_agent.migrate.analysis.bindings import Bindings, mentions_name
 from tpu_agent.migrate.analysis.bindings import analyse as analyse_bindings
 from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
+from tpu_agent.migrate.analysis.local_names import local_names
 from tpu_agent.migrate.analysis.unpacked import Unpacked
 from tpu_agent.migrate.analysis.unpacked import analyse as analyse_unpacked
 from tpu_agent.migrate.analysis.valueflow import ValueFlow
@@ -131,6 +132,7 @@ class PyContext:
     # the CPU-fallback expressions the rules built (by id), dropped again inside an enclosing check
     cpu_fallbacks: dict[int, cst.CSTNode] = field(default_factory=dict)
     _qualnames: dict[int, str | None] = field(default_factory=dict)
+    _local_names: dict[int, frozenset[str]] = field(default_factory=dict)  # by the id of a FunctionDef
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
     _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
     source: str = ""  # the file's text, for the analyses computed on demand
@@ -234,12 +236,24 @@ class PyContext:
             parts.append(current.attr.value)
             current = current.value
         result = None
-        if isinstance(current, cst.Name):
+        if isinstance(current, cst.Name) and not self._shadowed(current.value):
             base = self.aliases.get(current.value)
             if base is not None:
                 result = ".".join([base, *reversed(parts)])
         self._qualnames[key] = result
         return result
+
+    def _shadowed(self, name: str) -> bool:
+        """Whether a function around the current statement binds ``name`` itself (a parameter ``config``
+        beside ``import torch._inductor.config as config``): there the name is not the import."""
+        for statement in self.stmt_stack:
+            if isinstance(statement, cst.FunctionDef):
+                names = self._local_names.get(id(statement))
+                if names is None:
+                    names = self._local_names[id(statement)] = local_names(statement)
+                if name in names:
+                    return True
+        return False
 
     def resolve(self, dotted_name: str) -> str | None:
         """The qualified name of a dotted name as the file's imports bind it (``tc.synchronize`` after ``import
