@@ -166,9 +166,7 @@ def _close(a: list[float], b: list[float], tol: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("strategy", "policy"), [("FULL_SHARD", "size"), ("SHARD_GRAD_OP", "transformer"), ("NO_SHARD", "size")]
-)
+@pytest.mark.parametrize(("strategy", "policy"), [("FULL_SHARD", "size"), ("NO_SHARD", "size")])
 def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(
     tmp_path: Path, reference: dict, strategy: str, policy: str
 ) -> None:
@@ -183,5 +181,7 @@ def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(
 
 @pytest.mark.slow
 def test_fsdp1_bf16_mixed_precision_stays_near_the_fp32_run(tmp_path: Path, reference: dict) -> None:
-    out = _fsdp_run(tmp_path, "FULL_SHARD", "transformer", "bf16")
+    """SHARD_GRAD_OP with a transformer wrap policy, in bf16: near the fp32 CPU run, offloaded state on the host."""
+    out = _fsdp_run(tmp_path, "SHARD_GRAD_OP", "transformer", "bf16")
     assert _close(out["losses"], reference["losses"], 2e-2), (out["losses"], reference["losses"])
+    assert out["devices"] == ["cpu"]
