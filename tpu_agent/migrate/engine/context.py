@@ -236,9 +236,9 @@ class PyContext:
             parts.append(current.attr.value)
             current = current.value
         result = None
-        if isinstance(current, cst.Name) and not self._shadowed(current.value):
+        if isinstance(current, cst.Name):
             base = self.aliases.get(current.value)
-            if base is not None:
+            if base is not None and not self._shadowed(current.value):  # scopes are read for imports' names only
                 result = ".".join([base, *reversed(parts)])
         self._qualnames[key] = result
         return result

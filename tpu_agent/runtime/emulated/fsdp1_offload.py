@@ -5,8 +5,8 @@ To build a full state dict FSDP1 gathers each flat parameter on the device, then
 hook clones, views of that flat parameter, are host tensors; afterwards it moves the flat parameter back. An
 emulated tpu tensor is a wrapper whose device is fixed when it is made: it cannot become a CPU tensor in place.
 So for a handle on the tpu device the in-place move is skipped (the emulated device's memory is host memory
-already) and the hook's clones are copied to the host instead: the program gets what FSDP1 gives it on a GPU,
-CPU tensors, on rank 0 with ``rank0_only`` and on every rank without. Everything else FSDP1 does with storage
+already), and the parameters the hook would clone are copied to the host instead: the program gets what FSDP1
+gives it on a GPU, CPU tensors, on rank 0 with ``rank0_only`` and on every rank without. Everything else FSDP1 does with storage
 is :mod:`storage`'s.
 
 Importing FSDP costs most of a second, so the patch waits for the program to import ``torch.distributed.fsdp``
@@ -57,11 +57,12 @@ def _post_state_dict_hook(original: Callable[..., Any], module_handle: Callable[
             return original(module, fsdp_state, state_dict, prefix, param_hook)
 
         def to_host(state_dict: dict[str, Any], prefix: str, fqn: str) -> None:
-            param_hook(state_dict, prefix, fqn)
             value = state_dict[fqn]
             if isinstance(value, torch.Tensor) and value.device.type == "tpu":
-                state_dict[fqn] = host = value.cpu()
-                host._has_been_cloned = True  # FSDP's mark: no second clone
+                # the host copy is the clone FSDP's hook would make on the device (its mark: no second one)
+                state_dict[fqn] = host = value.detach().cpu()
+                host._has_been_cloned = True
+            param_hook(state_dict, prefix, fqn)
 
         return original(module, fsdp_state, state_dict, prefix, to_host)
 
