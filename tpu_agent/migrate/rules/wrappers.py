@@ -5,17 +5,24 @@ over ``tpu_dist``; FSDP1 is deprecated upstream in favour of FSDP2 and unverifie
 emulation runs it, offloaded full state dicts included, which says nothing about real TorchTPU). The port is a
 restructuring (one ``fully_shard`` per block instead of an auto-wrap policy, a different state-dict API), so the
 rule is manual: each construction site is reported once, with the FSDP2 spelling of the arguments it passes.
-``FSDP.state_dict_type(...)`` and the import are not construction sites; the finding names the state-dict port
-when the module uses it.
+Real FSDP1 code often never calls the class where it names it: it hands the class to something that calls it
+later, ``functools.partial(FSDP, sharding_strategy=...)`` (a wrapper built once, applied per model),
+``enable_wrap(wrapper_cls=FSDP, **cfg)`` with ``wrap(block)`` inside (fairseq), ``wrap(m, wrapper_cls=FSDP)``,
+``FSDP if cfg.fsdp else DDP``, ``class ShardedModel(FSDP)``. The class handed over is that construction site (a
+call's other keywords being the FSDP1 arguments).
+``FSDP.state_dict_type(...)``, ``isinstance(m, FSDP)`` and the import are not construction sites; the finding
+names the state-dict port when the module uses it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules._cst import source
 from tpu_agent.migrate.rules.distributed import FAMILY
 from tpu_agent.migrate.rules.references import FSDP2, TORCH_TPU
 
@@ -32,7 +39,8 @@ FAMILY.rule(
     code="TPU409",
     name="fsdp1-wrapper",
     safety=Safety.MANUAL,
-    summary="torch.distributed.fsdp.FullyShardedDataParallel(...) (FSDP1) where a model is wrapped.",
+    summary="torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) where a model is wrapped: FSDP(...), "
+    "partial(FSDP, ...), enable_wrap(wrapper_cls=FSDP, ...), wrap(m, wrapper_cls=FSDP).",
     rationale="TorchTPU documents DDP, FSDP2 (torch.distributed.fsdp.fully_shard with MixedPrecisionPolicy) and "
     "DTensor over tpu_dist; FSDP1 is deprecated upstream in favour of FSDP2 and unverified on TorchTPU. Reported, "
     "not rewritten: FSDP2 shards each block with its own fully_shard call instead of an auto-wrap policy, and "
@@ -54,6 +62,10 @@ FAMILY.rule(
         ApiEquivalent(
             "FullyShardedDataParallel(..., mixed_precision=MixedPrecision(...))",
             "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
+        ),
+        ApiEquivalent(
+            "functools.partial(FSDP, ...), enable_wrap(wrapper_cls=FSDP, ...) with wrap(block) inside",
+            "fully_shard(block, ...) where each block would be wrapped, then fully_shard(model, ...)",
         ),
         ApiEquivalent(_FSDP1_STATE_DICT, _STATE_DICT),
     ),
@@ -81,14 +93,50 @@ _WHY = (
 )
 
 
+# builtins that test a class rather than construct it (``isinstance(model, FSDP)``)
+_CLASS_TESTS = frozenset({"isinstance", "issubclass"})
+
+
 @FAMILY.leave(cst.Call)
 def fsdp1_wrapper(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-    if ctx.qualname(original) not in _FSDP1:
-        return updated
-    passed = {arg.keyword.value for arg in original.args if arg.keyword is not None}
-    advice = [] if "auto_wrap_policy" in passed else ["fully_shard(model)"]
+    if ctx.qualname(original) in _FSDP1:
+        _report(ctx, original.args, original, "")
+    elif not (isinstance(original.func, cst.Name) and original.func.value in _CLASS_TESTS):
+        for arg in original.args:
+            if _is_fsdp1(ctx, arg.value):
+                _report(ctx, original.args, arg.value, f"passed to {source(original.func)}")
+    return updated
+
+
+@FAMILY.visit(cst.IfExp)
+def fsdp1_chosen(ctx: PyContext, node: cst.IfExp) -> None:
+    """``wrapper_cls = FSDP if cfg.fsdp else DDP``: the class chosen here is called where the choice is."""
+    for branch in (node.body, node.orelse):
+        if _is_fsdp1(ctx, branch):
+            _report(ctx, (), branch, "chosen by a conditional expression")
+
+
+@FAMILY.visit(cst.ClassDef)
+def fsdp1_subclass(ctx: PyContext, node: cst.ClassDef) -> None:
+    """``class ShardedModel(FSDP)``: each construction of the subclass is one of FSDP1."""
+    for base in node.bases:
+        if _is_fsdp1(ctx, base.value):
+            _report(ctx, (), base.value, f"subclassed by {node.name.value}")
+
+
+def _is_fsdp1(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """Whether ``node`` names the FSDP1 class itself (not a call of it, not one of its attributes)."""
+    return isinstance(node, (cst.Name, cst.Attribute)) and ctx.qualname(node) in _FSDP1
+
+
+def _report(ctx: PyContext, args: Sequence[cst.Arg], site: cst.CSTNode, handed: str) -> None:
+    """One finding at ``site`` with the FSDP2 spelling of the FSDP1 arguments in ``args`` (the construction's,
+    or those of the partial/enable_wrap/wrap call the class is ``handed`` to, which construct it later)."""
+    passed = {arg.keyword.value for arg in args if arg.keyword is not None}
+    whole = "fully_shard(module) for each module it wraps, then fully_shard(model)" if handed else "fully_shard(model)"
+    advice = [] if "auto_wrap_policy" in passed else [whole]
     advice += [text for name, text in _ARGUMENTS.items() if name in passed]
     if "state_dict_type" in ctx.source:
         advice.append(f"save with {_STATE_DICT} in place of {_FSDP1_STATE_DICT}")
-    ctx.report("TPU409", original, f"{_WHY}. Port by hand: {'; '.join(advice)}", fixable=False)
-    return updated
+    where = f"{source(site)} {handed} wraps modules in FSDP1 where it is called. " if handed else ""
+    ctx.report("TPU409", site, f"{_WHY}. {where}Port by hand: {'; '.join(advice)}", fixable=False)
