@@ -12,6 +12,7 @@ writes the plain device only.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.model import Target
+from tpu_agent.migrate.rules._bound import key_of
 from tpu_agent.migrate.rules._cst import keep_parens, string_value
 
 if TYPE_CHECKING:
@@ -31,9 +33,19 @@ _ONE_DEVICE_TYPES = ("cpu", "tpu")
 # names that hold a rank or a GPU index in training scripts (``local_rank``, ``args.gpu``, ``gpu_id``)
 _RANK_NAME_RE = re.compile(r"(?:local_?rank|rank|gpu|gpu_?id|gpu_?idx|local_?gpu|cuda_?id)", re.IGNORECASE)
 
+# functions returning the process's rank (``dist.get_rank()``, ``accelerator.get_local_rank()``)
+_RANK_FUNCTIONS = frozenset({"get_rank", "get_local_rank"})
+
 
 def is_rank_value(node: cst.CSTNode) -> bool:
-    """``local_rank``, ``args.gpu``, ``self.rank`` or ``int(os.environ["LOCAL_RANK"])``: an integer device index."""
+    """``local_rank``, ``args.gpu``, ``self.rank``, ``int(os.environ["LOCAL_RANK"])`` or one of them modulo the
+    node's device count (DiT's ``rank % torch.cuda.device_count()``), ``dist.get_rank()``: an integer device
+    index."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        return is_rank_value(node.left)
+    if isinstance(node, cst.Call) and not node.args:
+        function = node.func.attr if isinstance(node.func, cst.Attribute) else node.func
+        return isinstance(function, cst.Name) and function.value in _RANK_FUNCTIONS
     if isinstance(node, cst.Name):
         return bool(_RANK_NAME_RE.fullmatch(node.value))
     if isinstance(node, cst.Attribute):
@@ -47,6 +59,19 @@ def is_rank_value(node: cst.CSTNode) -> bool:
     if isinstance(inner, cst.Call) and inner.args:
         return string_value(inner.args[0].value) in ("LOCAL_RANK", "RANK")
     return False
+
+
+def always_bound_to_rank(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """Whether a name or attribute that is no rank by its name holds one wherever it is read: every binding of
+    it in the module is a rank value (DiT's ``device = rank % torch.cuda.device_count()``, then
+    ``model.to(device)`` and ``device=device`` all through the training loop)."""
+    key = key_of(node)
+    if key is None:
+        return False
+    values = ctx.bindings.of(key[0])
+    return bool(values) and all(
+        value is not None and is_rank_value(cst.parse_expression(ast.unparse(value))) for value in values
+    )
 
 
 def is_rank_index(index: cst.BaseExpression | None) -> bool:

@@ -1,5 +1,6 @@
 """TPU107: a rank used as a device index: ``.to(local_rank)``, ``torch.device(args.gpu)``, ``device=rank``,
-``torch.device(cfg.device, local_rank)``, and device-agnostic code's ``torch.device(f"{acc}:{rank}")``.
+``torch.device(cfg.device, local_rank)``, and device-agnostic code's ``torch.device(f"{acc}:{rank}")``; also a
+name every binding of which is a rank (DiT's ``device = rank % torch.cuda.device_count()``, then ``.to(device)``).
 
 An integer device is a CUDA index; device-agnostic code builds the same from the accelerator
 (pytorch/examples' minGPT-ddp: ``acc = torch.accelerator.current_accelerator()`` then
@@ -29,6 +30,7 @@ from tpu_agent.migrate.rules._cst import (
     source,
 )
 from tpu_agent.migrate.rules._rank import (
+    always_bound_to_rank,
     in_place,
     indexed_device,
     is_rank_choice,
@@ -47,7 +49,7 @@ FAMILY.rule(
     name="integer-device",
     safety=Safety.SAFE,
     summary="A process's rank used as a device: .to(local_rank), torch.device(local_rank), device=rank, "
-    'torch.device(f"{acc}:{rank}").',
+    'torch.device(f"{acc}:{rank}"), .to(device) after device = rank % torch.cuda.device_count().',
     rationale="An integer device means a CUDA index, and device-agnostic code builds the same from the accelerator "
     '(torch.device(f"{acc}:{local_rank}")). TorchTPU binds one device per process and rejects any index other than '
     "the bound one (each rank sees its chip as tpu:0), so on TPU the process's device replaces the index; on CUDA "
@@ -91,7 +93,7 @@ def _is_accelerator(ctx: PyContext, node: cst.BaseExpression) -> bool:
 def _rank_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpression | None:
     """The index a device expression takes from the process (``local_rank`` itself, the ``rank`` of
     ``f"{acc}:{rank}"`` where ``acc`` is the accelerator), else None."""
-    if is_rank_value(node):
+    if is_rank_value(node) or always_bound_to_rank(ctx, node):
         return node
     parts = _kind_and_index(node)
     if parts is not None and is_rank_index(parts[1]) and _is_accelerator(ctx, parts[0]):
