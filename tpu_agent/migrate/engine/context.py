@@ -118,6 +118,8 @@ class PyContext:
     # ids of original nodes, filled on the way down and read on the way up
     call_funcs: set[int] = field(default_factory=set)
     not_references: set[int] = field(default_factory=set)
+    # assignment targets (``self.is_cuda = ...``): an expression rewritten there would not be assignable
+    targets: set[int] = field(default_factory=set)
     claimed: set[int] = field(default_factory=set)
     bare_positions: set[int] = field(default_factory=set)
     # ids of the operands of ``and``/``or``/``not``: bare for a comparison, but an ``or`` there needs parentheses
@@ -264,6 +266,9 @@ class PyContext:
 
     def is_call_func(self, node: cst.CSTNode) -> bool:
         return id(node) in self.call_funcs
+
+    def is_target(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.targets
 
     def claim(self, node: cst.CSTNode) -> None:
         """Mark a node some handler will deal with as a whole, so that no other handler reports it."""

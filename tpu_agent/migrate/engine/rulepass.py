@@ -108,9 +108,11 @@ class RulePass(cst.CSTTransformer):
         elif kind is cst.Assign:
             for target in node.targets:
                 ctx.not_references.add(id(target.target))
+                ctx.targets.add(id(target.target))
             ctx.bare_positions.add(id(node.value))
         elif kind is cst.AugAssign or kind is cst.AnnAssign:
             ctx.not_references.add(id(node.target))
+            ctx.targets.add(id(node.target))
             if node.value is not None:
                 ctx.bare_positions.add(id(node.value))
         elif kind is cst.Param:

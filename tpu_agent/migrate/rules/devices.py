@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.valueflow import attr_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._bound import bound_earlier
@@ -548,6 +549,8 @@ def _member(
 def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
     if original.attr.value != "is_cuda" or ctx.is_call_func(original) or ctx.qualname(original) is not None:
         return updated
+    if _own_is_cuda(ctx, original):
+        return updated
 
     def build() -> cst.BaseExpression:
         device = cst.Attribute(value=updated.value, attr=cst.Name("device"))
@@ -559,6 +562,20 @@ def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attr
     if not ctx.is_bare(original):
         new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return keep_parens(original, new)
+
+
+def _own_is_cuda(ctx: PyContext, node: cst.Attribute) -> bool:
+    """Whether ``node`` is a class's own ``is_cuda`` flag, not ``Tensor.is_cuda`` (read-only, so never assigned):
+    assigned here, or read on ``self`` in a module that assigns it (timm's loaders set ``self.is_cuda =
+    device.type == 'cuda' and torch.cuda.is_available()``, whose value the other rules port, and read it back)."""
+    if ctx.is_target(node):
+        return True
+    receiver = node.value
+    return (
+        isinstance(receiver, cst.Name)
+        and receiver.value in ("self", "cls")
+        and bool(ctx.bindings.of(attr_key("is_cuda")))
+    )
 
 
 @FAMILY.leave(cst.Comparison)
