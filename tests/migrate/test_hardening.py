@@ -18,6 +18,7 @@ import pytest
 
 from tpu_agent.migrate import api
 from tpu_agent.migrate.engine.discovery import STALE_TEMP_AGE_S
+from tpu_agent.migrate.engine.worker import InvalidOutput, _check_output
 from tpu_agent.migrate.model import MigrateOptions
 
 CUDA = "import torch\nx = torch.zeros(2).cuda()\n"
@@ -241,3 +242,11 @@ def test_overlong_paths_are_usage_errors_in_every_command(tmp_path: Path) -> Non
         outcome = CliRunner().invoke(app, args)
         assert outcome.exit_code == 2 and not isinstance(outcome.exception, OSError), (args[:2], outcome.output[-500:])
         assert long_name[:1000] not in outcome.output, args[:2]  # the argument is named, not echoed whole
+
+
+def test_output_that_does_not_parse_is_not_written() -> None:
+    """A rule that writes an expression where an assignment target stood would break a working file: the
+    worker's check refuses such output, so the file is reported and left as it was."""
+    _check_output("self.is_cuda = x.device.type == 'tpu'\n")
+    with pytest.raises(InvalidOutput, match="line 1: cannot assign to comparison"):
+        _check_output("(self.device.type == 'tpu') = True\n")

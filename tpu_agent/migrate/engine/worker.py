@@ -7,6 +7,7 @@ file's bytes) and returns a :class:`FileResult`; every failure that is the file'
 
 from __future__ import annotations
 
+import ast
 import io
 import sys
 import tokenize
@@ -111,12 +112,30 @@ def _run_python(source: str, options: MigrateOptions, imported: Imported | None 
     assessment = assess(source)
     try:
         if not assessment.isolate:
-            return migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree, imported)
-        return run_isolated(_run_in_isolation, (source, options, imported), options.file_budget_s, process_context())
+            outcome = migrate_source(source, options, ALL_RULES, dispatch(), assessment.tree, imported)
+        else:
+            args = (source, options, imported)
+            outcome = run_isolated(_run_in_isolation, args, options.file_budget_s, process_context())
     except ParseFailure as exc:  # libcst's positions are rough where the stdlib parser gave one
         raise assessment.error or exc from None  # the stdlib parser places syntax errors more exactly
     except IsolationFailure as exc:
         raise IsolationFailure(f"{exc} on {assessment.reason}", assessment.line) from None
+    if assessment.tree is not None and outcome.code is not None:
+        _check_output(outcome.code)
+    return outcome
+
+
+class InvalidOutput(Exception):
+    """The rewrite of a text the stdlib parser accepts is no Python: a rule's bug (an expression written where
+    an assignment target stood). Raised, not written: the file is reported as an internal error and left as
+    it was, where writing it would break a working program."""
+
+
+def _check_output(code: str) -> None:
+    try:
+        ast.parse(code)
+    except SyntaxError as exc:
+        raise InvalidOutput(f"the rewrite does not parse at line {exc.lineno}: {exc.msg}") from None
 
 
 def _run_in_isolation(source: str, options: MigrateOptions, imported: Imported | None = None) -> PyOutcome:
