@@ -103,11 +103,11 @@ FAMILY.rule(
 )
 
 _CUDA_AUTOCAST = "torch.cuda.amp.autocast"
-_AUTOCASTS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
+AUTOCASTS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
 _CUDA_SCALER = "torch.cuda.amp.GradScaler"
 _SCALERS = frozenset({"torch.amp.GradScaler", "torch.GradScaler", "torch.amp.grad_scaler.GradScaler"})
 _CUSTOM = frozenset({"torch.cuda.amp.custom_fwd", "torch.cuda.amp.custom_bwd"})
-FAMILY.claim(*_AUTOCASTS, *_SCALERS, _CUDA_AUTOCAST, _CUDA_SCALER, *_CUSTOM)
+FAMILY.claim(*AUTOCASTS, *_SCALERS, _CUDA_AUTOCAST, _CUDA_SCALER, *_CUSTOM)
 _HALF = frozenset({"torch.float16", "torch.half"})
 # torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True), by position
 _CUDA_AUTOCAST_POSITIONS = ("enabled", "dtype", "cache_enabled")
@@ -194,7 +194,7 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
 
         new = ctx.fix("TPU301", original, build, lambda n: f"{source(original)} -> {source(n)}")
         return keep_parens(original, new) if new is not None else updated
-    if qualname in _AUTOCASTS:
+    if qualname in AUTOCASTS:
         device = positional(original, 0) or keyword(original, "device_type")
         if device is None or not cuda_device_code(ctx, device.value) or refuse_unpacked(ctx, "TPU301", original):
             return updated

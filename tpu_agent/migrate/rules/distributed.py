@@ -38,7 +38,8 @@ FAMILY.rule(
     name="nccl-backend",
     safety=Safety.SAFE,
     summary='The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
-    "Backend.NCCL, a --backend default, a backend variable or a mapping unpacked into init_process_group.",
+    "Backend.NCCL, a --backend default, a backend variable, a mapping unpacked into init_process_group, a "
+    'device-type table {"cuda": "nccl", ...}.',
     rationale="NCCL is CUDA-only; TorchTPU's backend is tpu_dist. "
     "torch.distributed.get_default_backend_for_device(DEVICE) picks nccl, tpu_dist or gloo for the device in use; "
     "omitting the backend gives cpu:gloo plus the accelerator's default, the device-agnostic form of the mixed string.",
@@ -293,6 +294,43 @@ def backend_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) 
         lambda n: f'backend "nccl" -> {source(n)}',
     )
     return updated.with_changes(value=new) if new is not None else updated
+
+
+@FAMILY.visit(cst.Subscript)
+def _claim_indexed_table(ctx: PyContext, node: cst.Subscript) -> None:
+    # {"cuda": "nccl", "cpu": "gloo"}[device.type] is value_flow's backend_table's, as a whole
+    if isinstance(node.value, cst.Dict):
+        ctx.claim(node.value)
+
+
+@FAMILY.leave(cst.Dict)
+def backend_table_entry(ctx: PyContext, original: cst.Dict, updated: cst.Dict) -> cst.Dict:
+    """A table from device type to backend (timm's ``{"xpu": "ccl", "cuda": "nccl", "npu": "hccl"}.get(
+    device_type, "gloo")``): without a "tpu" entry a TPU run takes the gloo fallback, whose collectives do not
+    run on TPU tensors. The entry goes in after the "cuda" one; the table keeps working on every other device."""
+    if ctx.is_claimed(original):
+        return updated
+    elements = list(updated.elements)
+    keys = [string_value(e.key) if isinstance(e, cst.DictElement) else None for e in original.elements]
+    if "tpu" in keys or "cuda" not in keys:
+        return updated
+    at = keys.index("cuda")
+    cuda = original.elements[at]
+    if not isinstance(cuda, cst.DictElement) or not _is_nccl(ctx, cuda.value):
+        return updated
+
+    def build() -> cst.Dict:
+        # the new entry takes the "cuda" entry's comma (a last entry's holds the layout before the brace)
+        comma = elements[at - 1].comma if at == len(elements) - 1 and at > 0 else elements[at].comma
+        if not isinstance(comma, cst.Comma):
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        entry = cst.DictElement(ctx.string("tpu"), ctx.string("tpu_dist"), comma=elements[at].comma)
+        return updated.with_changes(
+            elements=[*elements[:at], elements[at].with_changes(comma=comma), entry, *elements[at + 1 :]]
+        )
+
+    new = ctx.fix("TPU401", cuda, build, lambda n: 'device-type table "cuda": "nccl" gains "tpu": "tpu_dist"')
+    return new if isinstance(new, cst.Dict) else updated
 
 
 @FAMILY.visit(cst.Comparison)

@@ -3,8 +3,10 @@
 TorchTPU runs float16 tensors, but bfloat16 is the TPU's native type: the MXU computes in bf16, and fp16 needs
 loss scaling that bf16 does not. A float16 cast therefore works on TPU yet runs a non-native dtype, so each cast
 site is reported with the bf16 spelling. It is never rewritten: fp16 -> bf16 changes numerics and the dtype of
-saved checkpoints, which a person decides. Only casts are looked at: ``torch.finfo(torch.float16)``, dtype
-comparisons and ``torch.autocast(..., dtype=torch.float16)`` (TPU301 rewrites that) are not casts.
+saved checkpoints, which a person decides. Only casts are looked at: ``torch.finfo(torch.float16)`` and dtype
+comparisons are not casts, and CUDA's ``torch.autocast("cuda", dtype=torch.float16)`` is TPU301's rewrite; a
+device-agnostic ``torch.autocast(device.type, dtype=torch.float16)`` is reported here, as it autocasts the TPU to
+float16 too.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import libcst as cst
 from tpu_agent.migrate.analysis.bindings import dotted as ast_dotted
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._bound import key_of
-from tpu_agent.migrate.rules._cst import arg_source, dotted, keyword, source
-from tpu_agent.migrate.rules.amp import FAMILY
+from tpu_agent.migrate.rules._cst import arg_source, dotted, keyword, positional, source, string_value
+from tpu_agent.migrate.rules.amp import AUTOCASTS, FAMILY
+from tpu_agent.migrate.rules.devices import cuda_device_code
 from tpu_agent.migrate.rules.references import AMP
 
 if TYPE_CHECKING:
@@ -30,7 +33,7 @@ FAMILY.rule(
     name="float16-cast",
     safety=Safety.MANUAL,
     summary="A float16 cast: model.half(), x.to(torch.float16), .type(torch.HalfTensor), "
-    "torch.set_default_dtype(torch.float16).",
+    "torch.set_default_dtype(torch.float16), device-agnostic torch.autocast(device.type, dtype=torch.float16).",
     rationale="TorchTPU runs float16, but bfloat16 is the TPU's native type (the MXU computes in bf16; fp16 needs "
     "loss scaling, bf16 does not), so a model or batch cast to float16 runs a non-native dtype. Reported, not "
     "rewritten: fp16 -> bf16 changes numerics and checkpoint dtypes. Casts through a name bound only to float16 "
@@ -118,7 +121,28 @@ def float16_cast(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.B
             _report_dtype_arg(ctx, original, [arg for arg in original.args if arg.keyword is None])
     elif ctx.qualname(original) == "torch.set_default_dtype":
         _report_dtype_arg(ctx, original, list(original.args[:1]))
+    elif ctx.qualname(original) in AUTOCASTS:
+        _device_agnostic_autocast(ctx, original)
     return updated
+
+
+def _device_agnostic_autocast(ctx: PyContext, original: cst.Call) -> None:
+    """``torch.autocast(device.type, dtype=torch.float16)``: autocast on the accelerator in use, whatever it is,
+    so in float16 on TPU too (TPU301 rewrites only CUDA's autocast, whose device says "cuda"; a CPU autocast is
+    no TPU matter). Reported like a cast: the dtype is the code's choice for every accelerator."""
+    device = positional(original, 0) or keyword(original, "device_type")
+    if device is None or cuda_device_code(ctx, device.value) is not None or string_value(device.value) == "cpu":
+        return
+    dtype = keyword(original, "dtype") or positional(original, 1)
+    name = _half_dtype(ctx, dtype.value) if dtype is not None and not dtype.star else None
+    if dtype is None or name is None:
+        return
+    if name:
+        advice = f"bind {name} to torch.bfloat16"
+    else:
+        advice = f"pass {arg_source(dtype.with_changes(value=dotted(f'{ctx.torch_name}.bfloat16')))}"
+    message = f"{source(original)} autocasts to float16 on the accelerator in use, TPU included: {advice}; {_WHY}"
+    ctx.report("TPU304", original, message, fixable=False)
 
 
 def _report_dtype_arg(ctx: PyContext, original: cst.Call, positional: list[cst.Arg]) -> None:
