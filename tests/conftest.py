@@ -22,17 +22,23 @@ from filelock import FileLock
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmp_path set-up
 def pytest_configure(config: pytest.Config) -> None:
-    """What tpu-agent caches while the suite runs (XLA executables, TPU compile results) goes to a folder of the
-    session, shared by its workers and the processes they start, never to the user's caches: every session
-    compiles afresh, as CI does. Both variables are set: test subprocesses drop ``TPU_AGENT_*`` settings, and then
-    the cache goes under ``XDG_CACHE_HOME``."""
+    """The session's graph compiler (op by op, see below), and where what tpu-agent caches while the suite runs
+    (XLA executables, TPU compile results): a folder of the session, shared by its workers and the processes they
+    start, never the user's caches, so every session compiles afresh, as CI does. Both cache variables are set:
+    test subprocesses drop ``TPU_AGENT_*`` settings (all but the compiler), and then the cache goes under
+    ``XDG_CACHE_HOME``."""
     from tpu_agent.fsutil import CACHE_DIR_ENV
+    from tpu_agent.runtime.xla.settings import COMPILER_ENV, EAGER
 
     base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
     os.environ[CACHE_DIR_ENV] = str(base / "tpu-agent-cache")
     os.environ["XDG_CACHE_HOME"] = str(base / "xdg-cache")
+    # Graphs run op by op unless a test chooses XLA (the XLA tests do) or the developer runs the whole suite through
+    # XLA (TPU_AGENT_COMPILER=xla pytest): an XLA compile per graph and shape in every DeferAndFuse and compile test
+    # would not fit the suite's time budget, and those tests check the recorder and Dynamo, not the compiler.
+    os.environ.setdefault(COMPILER_ENV, EAGER)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

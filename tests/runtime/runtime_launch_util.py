@@ -11,16 +11,25 @@ from pathlib import Path
 from click.testing import Result
 from typer.testing import CliRunner
 
+from tpu_agent.runtime.xla.settings import COMPILER_ENV
+
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
 
 
 _LAUNCH_PREFIXES = ("TPU_AGENT_", "TORCH_TPU_", "TPU_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_")
+# Kept from the test session: its graph compiler (tests/conftest.py), which a test that means another sets itself
+_SESSION_SETTINGS = frozenset({COMPILER_ENV})
+
+
+def _launch_setting(name: str) -> bool:
+    return name.startswith(_LAUNCH_PREFIXES) and name not in _SESSION_SETTINGS
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any TorchTPU / tpu-agent / torchrun variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
+    """The test process's environment without any TorchTPU / tpu-agent / torchrun variables but the session's
+    graph compiler, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not _launch_setting(k)}
     env.update(extra)
     return env
 
@@ -48,7 +57,7 @@ def tpu_agent_in_process(*args: str, **env: str) -> Result:
     reports), at a fraction of a subprocess's cost."""
     from tpu_agent.cli import app
 
-    overrides: dict[str, str | None] = {k: None for k in os.environ if k.startswith(_LAUNCH_PREFIXES)}
+    overrides: dict[str, str | None] = {k: None for k in os.environ if _launch_setting(k)}
     overrides.update(env)
     return CliRunner().invoke(app, list(args), env=overrides)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_launch_util import clean_env
 
 from tpu_agent.runtime.events import (
     Compile,
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_script(name: str, *args: str, env: dict[str, str] | None = None, expect_json: bool = True) -> dict | str:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    full_env = clean_env()
     full_env["PYTHONPATH"] = str(REPO)
     full_env.update(env or {})
     proc = subprocess.run(

@@ -10,7 +10,6 @@ DeferAndFuse, the only mode that fills the shape cache, comes last, so the other
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_launch_util import clean_env
 
 from tpu_agent.runtime.emulated import cpu_gaps
 
@@ -27,7 +27,7 @@ MODES = ("strict", "debug", "defer_and_fuse")
 
 
 def _observe(_: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env = clean_env()
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "emulated_faults.py"), *MODES],

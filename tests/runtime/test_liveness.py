@@ -5,12 +5,12 @@ and a node's argument tuple held from outside all keep results live; everything 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from runtime_launch_util import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ print(json.dumps(out))
 def test_live_results_keep_what_the_program_can_read_and_drop_intermediates(tmp_path: Path) -> None:
     script = tmp_path / "liveness_cases.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(REPO), TORCH_TPU_DEFER_AND_FUSE="1", TPU_AGENT_BACKEND="emulated")
     proc = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600, check=False

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from runtime_launch_util import clean_env
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.xla import extra_ops, settings
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_xla_script(name: str, *args: str, events_dir: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TPU_AGENT_EVENTS_DIR=str(events_dir))
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / name), *args],
@@ -304,7 +304,7 @@ def test_deferred_graphs_return_only_what_the_program_can_still_read(tmp_path: P
     saved tensors, a live view's base), not every intermediate: XLA fuses those away."""
     script = tmp_path / "liveness.py"
     script.write_text(LIVENESS_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env = clean_env()
     env.update(
         PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TORCH_TPU_DEFER_AND_FUSE="1", TPU_AGENT_BACKEND="emulated"
     )
@@ -323,7 +323,7 @@ def test_deferred_graphs_return_only_what_the_program_can_still_read(tmp_path: P
 
 @pytest.mark.slow
 def test_two_ranks_train_a_compiled_model_with_tpu_dist_collectives(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env = clean_env()
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-m", "tpu_agent", "run", "--nproc", "2", "--backend", "emulated", "--compiler", "xla"]
     proc = subprocess.run(

@@ -4,7 +4,6 @@ loads what the first compiled, with the same results; switched off, or without a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from runtime_launch_util import clean_env
 
 from tpu_agent.fsutil import CACHE_DIR_ENV
 from tpu_agent.runtime.envvars import TIER2_CACHE_ENV, XLA_PERSIST_ENV
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def train(cache_dir: Path, **extra_env: str) -> dict:
     """Two DeferAndFuse steps through XLA in a fresh process (tests/runtime/scripts/xla_train.py)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_AGENT_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", **{CACHE_DIR_ENV: str(cache_dir)}, **extra_env)
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "xla_train.py"), "defer:highest:2"],

@@ -31,6 +31,8 @@ from tpu_agent.check.model import (
 from tpu_agent.check.spec import ModelSpec, parse_model_spec
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, apply_env, eager_mode_env
+from tpu_agent.runtime.xla import settings
+from tpu_agent.runtime.xla.settings import COMPILER_ENV
 
 DEFAULT_MAX_PARAMETERS = 1_000_000_000
 STDERR_TAIL = 2000
@@ -55,6 +57,7 @@ class CheckOptions:
     measure_steps: int = 0
     process_per_mode: bool = True
     matmul_precision: str = "highest"
+    compiler: str | None = None  # the emulation's graph compiler (xla or eager); None: the environment's or default
     env: dict[str, str] = field(default_factory=dict)
     max_memory_mb: int | None = None  # a worker allocating more fails with an error instead of exhausting the host
 
@@ -78,6 +81,8 @@ def worker_env(options: CheckOptions, backend: str, mode: str) -> dict[str, str]
     env = apply_env(eager_mode_env("strict" if mode == "compile" else mode))
     env.update(options.env)
     env[BACKEND_ENV] = backend
+    if options.compiler is not None:
+        env[COMPILER_ENV] = options.compiler
     if options.chip:
         env[CHIP_ENV] = options.chip
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
@@ -180,6 +185,7 @@ def check_model(
     _validate(options)
     model_spec = parse_model_spec(spec) if isinstance(spec, str) else spec
     backend = select_backend(options.backend).name
+    compiler = _compiler(options, backend)  # an unknown or unavailable compiler is refused before any worker starts
     groups = [[mode] for mode in options.modes] if options.process_per_mode else [list(options.modes)]
     model: ModelInfo | None = None
     results: list[ModeResult] = []
@@ -196,7 +202,16 @@ def check_model(
             )
             break
     info = model or ModelInfo(spec=model_spec.target, kind=model_spec.kind, task=model_spec.task or "")
-    return CheckReport(info, results, backend=backend, matmul_precision=options.matmul_precision)
+    return CheckReport(info, results, backend=backend, matmul_precision=options.matmul_precision, compiler=compiler)
+
+
+def _compiler(options: CheckOptions, backend: str) -> str | None:
+    """The graph compiler the workers ran (``None`` on real torch_tpu, which compiles with XLA itself): the one
+    asked for, else the environment's, else the default, resolved as the workers resolve it."""
+    if backend != "emulated":
+        return None
+    chosen = options.compiler or options.env.get(COMPILER_ENV) or os.environ.get(COMPILER_ENV)
+    return settings.resolve(chosen)
 
 
 __all__ = ["DEFAULT_MAX_PARAMETERS", "CheckOptions", "check_model"]

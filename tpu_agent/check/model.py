@@ -152,6 +152,7 @@ class CheckReport:
     modes: list[ModeResult]
     backend: str = "emulated"
     matmul_precision: str = "highest"
+    compiler: str | None = None  # the emulation's graph compiler (xla or eager); None on real torch_tpu
 
     @property
     def status(self) -> str:
@@ -172,6 +173,7 @@ class CheckReport:
             "model": self.model.to_dict(),
             "backend": self.backend,
             "matmul_precision": self.matmul_precision,
+            "compiler": self.compiler,
             "tolerances": tolerances_table(),
             "modes": [result.to_dict() for result in self.modes],
         }

@@ -11,8 +11,22 @@ import typer
 from tpu_agent.chips import DEFAULT_CHIP, TARGET_EXAMPLES, parse_target
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.envvars import EAGER_MODES
+from tpu_agent.runtime.xla.settings import COMPILERS, DEFAULT_COMPILER
 
 EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]  # functional Enum: members come from the runtime's one table
+
+Compiler = Enum("Compiler", {name: name for name in COMPILERS}, type=str)  # type: ignore[misc]
+
+
+def compiler_option() -> Any:
+    """A ``--compiler`` option (``None`` when not given: the environment's ``TPU_AGENT_COMPILER``, else the
+    default), so that ``run`` and ``check`` choose the emulation's graph compiler the same way."""
+    return typer.Option(
+        None,
+        "--compiler",
+        help=f"Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA (default: {DEFAULT_COMPILER}); "
+        "eager runs them op by op.",
+    )
 
 
 def _validate_chip(value: str | None) -> str | None:

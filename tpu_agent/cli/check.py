@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from tpu_agent.cli._options import chip_option
+from tpu_agent.cli._options import Compiler, chip_option, compiler_option
 from tpu_agent.cli._output import (
     FORMAT_HELP,
     OutputFormat,
@@ -38,6 +38,8 @@ Examples:
 
   tpu-agent check t5 --mode strict --mode compile
 
+  tpu-agent check llama --compiler eager          # DeferAndFuse and compiled graphs op by op, not through XLA
+
   tpu-agent check ./my-model-dir --format json
 
   tpu-agent check mypkg.models:make_model_and_inputs
@@ -47,6 +49,7 @@ Examples:
   tpu-agent check gpt2 --output check.json        # the table here, the JSON report in check.json
 """
 
+_COMPILER_TEXT = {"xla": "compiled by XLA", "eager": "run op by op"}
 STATUS_STYLE = {"pass": "green", "mismatch": "yellow", "error": "red"}
 
 
@@ -76,7 +79,8 @@ def _render_text(report: dict[str, Any]) -> None:
     console.print(
         f"[bold]{model['spec']}[/] ({model['name'] or model['kind']}{', ' + model['task'] if model['task'] else ''}; "
         f"{model['parameters']:,} parameters, {model['weights']}) on the {report['backend']} tpu backend, "
-        f"matmul precision {report['matmul_precision']}",
+        f"matmul precision {report['matmul_precision']}"
+        + (f", graphs {_COMPILER_TEXT[report['compiler']]}" if report.get("compiler") else ""),
         highlight=False,
     )
     table = Table(show_lines=False)
@@ -131,6 +135,7 @@ def check(
         1_000_000_000, "--max-params", min=1, help="Refuse a model directory describing a larger model."
     ),
     localise: bool = typer.Option(True, "--localise/--no-localise", help="On a divergence, find the submodule and op."),
+    compiler: Compiler | None = compiler_option(),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Also write the JSON report to this file (atomically; stdout is unchanged)."
@@ -148,6 +153,7 @@ def check(
         timeout_s=timeout,
         max_parameters=max_params,
         localise=localise,
+        compiler=compiler.value if compiler is not None else None,
     )
     if mode:
         options = dataclasses.replace(options, modes=tuple(dict.fromkeys(mode)))

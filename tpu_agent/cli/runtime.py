@@ -7,7 +7,7 @@ from enum import Enum
 import typer
 from rich.markup import escape
 
-from tpu_agent.cli._options import EagerModeChoice, chip_option
+from tpu_agent.cli._options import Compiler, EagerModeChoice, chip_option, compiler_option
 from tpu_agent.cli._output import (
     FORMAT_HELP,
     OutputFormat,
@@ -17,10 +17,9 @@ from tpu_agent.cli._output import (
 )
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.select import BACKENDS
-from tpu_agent.runtime.xla.settings import COMPILER_ENV, COMPILERS
+from tpu_agent.runtime.xla.settings import COMPILER_ENV
 
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # type: ignore[misc]
-Compiler = Enum("Compiler", {name: name for name in COMPILERS}, type=str)  # type: ignore[misc]
 
 RUN_HELP = """Run a script (or -m MODULE) on the TorchTPU 'tpu' device: real torch_tpu on a TPU host, the CPU
 emulation elsewhere. Everything after SCRIPT belongs to the script, as with python.
@@ -33,7 +32,7 @@ Examples:
 
   tpu-agent run -m mypkg.train --lr 3e-4
 
-  tpu-agent run --compiler xla --eager-mode defer-and-fuse train.py
+  tpu-agent run --compiler eager --eager-mode defer-and-fuse train.py
 
   tpu-agent run --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400 --nproc 4 train.py
 """
@@ -88,11 +87,7 @@ def run(
     master_port: int | None = typer.Option(None, "--master-port", help="Port for the static rendezvous (torchrun)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra NAME=VALUE for every rank (repeatable)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop every rank after this many seconds (exit 124)."),
-    compiler: Compiler | None = typer.Option(
-        None,
-        "--compiler",
-        help="Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA; eager runs them op by op.",
-    ),
+    compiler: Compiler | None = compiler_option(),
 ) -> None:
     from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
 
@@ -137,6 +132,11 @@ def doctor(
     console.print(f"  chip        {report.chip} ({report.chip_source})", highlight=False)
     console.print(
         f"  eager mode  {report.eager_mode} / {report.eager_mode_doc_name} ({report.eager_mode_source})",
+        highlight=False,
+    )
+    graphs = report.graph_compiler
+    console.print(
+        f"  graphs      {graphs['name']} ({graphs['source']}; emulation only, for torch.compile and DeferAndFuse)",
         highlight=False,
     )
     compiler = report.tpu_compiler

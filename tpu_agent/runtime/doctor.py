@@ -20,6 +20,7 @@ from tpu_agent.runtime.select import (
     scan_tpu_devices,
     select_backend,
 )
+from tpu_agent.runtime.xla import settings
 
 NOT_INSTALLED = "not installed"
 REPORTED_PACKAGES = ("torch", "torch_tpu", "libtpu", "jax", "jaxlib")
@@ -40,6 +41,7 @@ class DoctorReport:
     eager_mode_source: str
     env: dict[str, str] = field(default_factory=dict)
     tpu_compiler: dict[str, Any] = field(default_factory=dict)  # libtpu for `tpu-agent estimate` (compiler_status)
+    graph_compiler: dict[str, str] = field(default_factory=dict)  # the emulation's: name and why (settings.describe)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,7 @@ class DoctorReport:
             },
             "env": dict(self.env),
             "tpu_compiler": dict(self.tpu_compiler),
+            "graph_compiler": dict(self.graph_compiler),
         }
 
 
@@ -86,4 +89,5 @@ def doctor() -> DoctorReport:
         eager_mode_source=mode_source,
         env=recorded_env(os.environ),
         tpu_compiler=compiler_status().to_dict(),
+        graph_compiler=dict(zip(("name", "source"), settings.describe(), strict=True)),
     )

@@ -133,6 +133,13 @@ class TpuTensor(torch.Tensor):
         storage_data[storage._cdata] = self._elem if self._elem is not None else unwrap(self, "storage")
         return storage
 
+    def data_ptr(self) -> int:
+        """The address of the tensor's first element, as on a device: the data's (the wrapper's own storage has
+        none, so every tensor read 0). Programs compare these to find shared memory (tied weights when saving,
+        ``p.data_ptr() in seen``): equal for views at one place, offset by ``storage_offset`` for others, 0 for
+        freed memory. A pending tensor's data is made first."""
+        return (self._elem if self._elem is not None else unwrap(self, "storage")).data_ptr()
+
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the methods
     # (``resize_``, ``resize_as_``, ``set_`` to a larger source) run the op, and when the data outgrew the wrapper
     # the tensor object takes over a new wrapper's internals (``torch.utils.swap_tensors``): every reference the

@@ -18,10 +18,11 @@ COMPILER_ENV = "TPU_AGENT_COMPILER"
 XLA = "xla"
 EAGER = "eager"
 COMPILERS = (XLA, EAGER)
-# Eager stays the default: with XLA as the default every runtime, profile and check test passes, but those tests
-# take about 20 % more CPU (JAX and torchax imported by every process that compiles or defers, then an XLA compile
-# per graph and shape), which the test suite's time budget cannot take yet (see README, known limits).
-DEFAULT_COMPILER = EAGER
+# XLA is the default, as TorchTPU compiles every torch.compile and DeferAndFuse graph with XLA: the emulation's
+# compiled modes then have XLA's numerics and fusion (on a GPT-sized model, compiled and DeferAndFuse steps take
+# under 0.6x plain CPU's time, against 1.7x op by op). Where torchax cannot be installed (Python 3.10) the
+# default falls back to op by op; Strict mode never compiles, whatever the setting.
+DEFAULT_COMPILER = XLA
 
 
 # What the XLA path imports: JAX (a declared dependency) and torchax, which installs only on Python >= 3.11.
@@ -68,7 +69,14 @@ _REQUIREMENTS = {"jax": "'jax'", "torchax": "'torchax>=0.0.13'"}
 def compiler() -> str:
     """The compiler the environment selects; an unknown value is refused with the accepted spellings, and an
     explicit ``xla`` whose packages are missing with what to install."""
-    value = os.environ.get(COMPILER_ENV, "").strip().lower()
+    return resolve(os.environ.get(COMPILER_ENV))
+
+
+def resolve(value: str | None) -> str:
+    """The compiler a ``TPU_AGENT_COMPILER`` value selects (``None`` or empty: the default, which falls back to op
+    by op where the XLA packages cannot be imported); what :func:`compiler` reads, for callers that prepare
+    another process's environment (``tpu-agent check`` names the compiler its workers will use)."""
+    value = (value or "").strip().lower()
     if not value:
         return DEFAULT_COMPILER if DEFAULT_COMPILER == EAGER or not missing_xla_packages() else EAGER
     if value not in COMPILERS:
@@ -80,6 +88,21 @@ def compiler() -> str:
     if value == XLA:
         require_xla(f"{COMPILER_ENV}=xla")
     return value
+
+
+def describe() -> tuple[str, str]:
+    """The compiler the environment selects and why (``tpu-agent doctor``): the variable that chose it, or the
+    default, or why the default is not available here."""
+    value = os.environ.get(COMPILER_ENV, "").strip()
+    chosen = resolve(value)
+    if value:
+        return chosen, f"{COMPILER_ENV}={value}"
+    if chosen == DEFAULT_COMPILER:
+        return chosen, "default"
+    return (
+        chosen,
+        f"the default, {DEFAULT_COMPILER}, needs {', '.join(missing_xla_packages())}, which cannot be imported",
+    )
 
 
 def uses_xla() -> bool:
