@@ -1,17 +1,18 @@
-"""Fixtures for the profile tests: real `tpu-agent profile` runs of the seeded scripts, cached per session."""
+"""Fixtures for the profile tests: real `tpu-agent profile` runs of the seeded scripts, run once per session."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from profile_helpers import Captures
 
 
 @pytest.fixture(scope="session")
-def captures(tmp_path_factory: pytest.TempPathFactory) -> Captures:
-    return Captures(tmp_path_factory.mktemp("profile-captures"))
+def captures(run_once: Callable[..., Any]) -> Captures:
+    return Captures(run_once)
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +39,14 @@ def seed_line(script: Path, rule_id: str) -> int:
 
 
 class Captures:
-    """One profile run per (script, options), shared by every test that needs it."""
+    """One profile run per (script, options) and test session, shared by every test that needs it.
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    The runs go through the session's ``run_once`` (tests/conftest.py): tests of one script sit in several modules
+    (host_sync.py's in four), which pytest-xdist spreads over its workers, and each worker would otherwise run the
+    same ``tpu-agent profile`` again. The log directory is shared too: tests read it, never change it."""
+
+    def __init__(self, run_once: Callable[[str, Callable[[Path], Any]], Any]) -> None:
+        self.run_once = run_once
         self.cache: dict[tuple[str, ...], tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]] = {}
 
     def get(
@@ -53,21 +59,17 @@ class Captures:
         (test_compiled_*_profile.py) and profile's compiler section in tests/estimate."""
         key = (script, *options, "--", *args)
         if key not in self.cache:
-            logdir = self.root / f"{Path(script).stem}-{len(self.cache)}"
-            result = run_cli(
-                "profile",
-                "--logdir",
-                str(logdir),
-                "--steps",
-                "5",
-                "--warmup",
-                "2",
-                "--format",
-                "json",
-                *options,
-                str(SCRIPTS / script),
-                *args,
-            )
-            assert result.stdout.strip(), result.stderr[-3000:]
-            self.cache[key] = (logdir, json.loads(result.stdout), result)
+
+            def profile(directory: Path) -> dict[str, Any]:
+                logdir = directory / "logdir"
+                command = ("profile", "--logdir", str(logdir), "--steps", "5", "--warmup", "2", "--format", "json")
+                result = run_cli(*command, *options, str(SCRIPTS / script), *args)
+                assert result.stdout.strip(), result.stderr[-3000:]
+                return {"logdir": str(logdir), "args": result.args, "returncode": result.returncode,
+                        "stdout": result.stdout, "stderr": result.stderr}  # fmt: skip
+
+            digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:12]
+            run = self.run_once(f"profile-{Path(script).stem}-{digest}", profile)
+            result = subprocess.CompletedProcess(run["args"], run["returncode"], run["stdout"], run["stderr"])
+            self.cache[key] = (Path(run["logdir"]), json.loads(result.stdout), result)
         return self.cache[key]
