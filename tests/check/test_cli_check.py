@@ -2,8 +2,8 @@
 
 Worker processes import torch (seconds each on a loaded machine; transformers doubles that), so the Hugging Face
 type, directory and factory checks share one serving worker (the sweep's layout: one process, one model after
-another, modes switched in-process), checked once in a module fixture; the CLI runs only where the CLI itself is
-the point (JSON and --output with a fresh process per mode, the text table, exit code 2), on factories, whose
+another, modes switched in-process), checked once in a module fixture; the CLI runs in a fresh process only where
+that is the point (JSON and --output with a fresh process per mode, the text table), on factories, whose
 workers need no transformers, and :func:`check_model` where a timeout is.
 """
 
@@ -113,6 +113,7 @@ def _report(served: dict[str, dict[str, Any] | TpuAgentError], name: str) -> dic
     return result
 
 
+@pytest.mark.long  # the first test of the shared serving worker (its fixture: about half a minute)
 def test_hf_model_type_passes_in_every_mode(served: dict[str, Any]) -> None:
     report = _report(served, "vit")
     assert report["status"] == "pass" and report["model"]["name"] == "ViTForImageClassification"
@@ -228,8 +229,13 @@ def test_module_factory_in_the_text_table() -> None:
 
 
 def test_bad_model_argument_exits_2_with_the_reason() -> None:
-    result = run_cli("no_such_model_type", "--mode", "strict")
-    assert result.returncode == 2, (result.stdout, result.stderr)
+    # in this process (typer's runner): refused before any worker starts, so a fresh interpreter adds nothing
+    from typer.testing import CliRunner
+
+    from tpu_agent.cli import app
+
+    result = CliRunner().invoke(app, ["check", "no_such_model_type", "--mode", "strict"])
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "is not a Hugging Face model type" in " ".join(result.stderr.split())
 
 
@@ -268,6 +274,7 @@ def test_a_mode_past_its_timeout_is_an_error() -> None:
     assert report.exit_code == 1
 
 
+@pytest.mark.long  # a worker importing transformers and XLA-compiling RWKV's step: about half a minute
 def test_a_recurrent_state_gradient_reaches_the_xla_compiled_backward() -> None:
     """RWKV's compiled backward gets a gradient for an output AOTAutograd traced as a plain tensor: it takes the tpu
     gradient's CPU data (``TpuTensor.__coerce_same_metadata_as_tangent__``) instead of refusing its type."""
