@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the sweep's process and its check worker, both importing transformers
 def test_coverage_sweep_writes_the_markdown_table(tmp_path: Path) -> None:
     output, raw = tmp_path / "coverage.md", tmp_path / "coverage.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

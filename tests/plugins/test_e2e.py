@@ -34,6 +34,7 @@ async def _call(client: Client, name: str, args: dict[str, Any]) -> dict[str, An
     return result.structured_content
 
 
+@pytest.mark.long  # a migration, a two-rank run and a profile, each a job: about half a minute
 async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: Path) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(REPO)}
     printed = subprocess.run(
