@@ -664,6 +664,20 @@ def cuda_only_property(ctx: PyContext, original: cst.Attribute, updated: cst.Att
 
 
 @FAMILY.leave(cst.Call)
+def positional_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    """torch.accelerator's functions take the device positionally only (``synchronize(device=None, /)``) where
+    torch.cuda's also take ``device=``: timm's loader's ``torch.cuda.current_stream(device=self.device)``,
+    renamed as it stood, raised TypeError. The keyword goes; a positional device means the same to both."""
+    qualname = ctx.qualname(original)
+    if type(updated) is not cst.Call or qualname is None or not qualname.startswith("torch.cuda."):
+        return updated
+    device = keyword(updated, "device")
+    if device is None or len(updated.args) != 1 or device_function(ctx, updated.func) is None:
+        return updated
+    return updated.with_changes(args=[device.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)])
+
+
+@FAMILY.leave(cst.Call)
 def cpu_value(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     if ctx.target.value != "accelerator" or _is_expression_statement(ctx.stmt_stack[-1], original):
         return updated  # a bare call statement is guarded as a statement

@@ -9,7 +9,8 @@ Real FSDP1 code often never calls the class where it names it: it hands the clas
 later, ``functools.partial(FSDP, sharding_strategy=...)`` (a wrapper built once, applied per model),
 ``enable_wrap(wrapper_cls=FSDP, **cfg)`` with ``wrap(block)`` inside (fairseq), ``wrap(m, wrapper_cls=FSDP)``,
 ``FSDP if cfg.fsdp else DDP``, ``class ShardedModel(FSDP)``. The class handed over is that construction site (a
-call's other keywords being the FSDP1 arguments).
+call's other keywords being the FSDP1 arguments). fairscale's FullyShardedDataParallel, which FSDP1 grew from and
+which ESM and fairseq still wrap with, is ported the same way.
 ``FSDP.state_dict_type(...)``, ``isinstance(m, FSDP)`` and the import are not construction sites; the finding
 names the state-dict port when the module uses it.
 """
@@ -39,7 +40,7 @@ FAMILY.rule(
     code="TPU409",
     name="fsdp1-wrapper",
     safety=Safety.MANUAL,
-    summary="torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) where a model is wrapped: FSDP(...), "
+    summary="torch.distributed.fsdp.FullyShardedDataParallel (FSDP1, or fairscale's) where a model is wrapped: FSDP(...), "
     "partial(FSDP, ...), enable_wrap(wrapper_cls=FSDP, ...), wrap(m, wrapper_cls=FSDP).",
     rationale="TorchTPU documents DDP, FSDP2 (torch.distributed.fsdp.fully_shard with MixedPrecisionPolicy) and "
     "DTensor over tpu_dist; FSDP1 is deprecated upstream in favour of FSDP2 and unverified on TorchTPU. Reported, "
@@ -71,10 +72,14 @@ FAMILY.rule(
     ),
 )
 
+# torch's FSDP1, and fairscale's FSDP it grew from (ESM and fairseq wrap with it; it drives CUDA streams itself)
 _FSDP1 = frozenset(
     {
         "torch.distributed.fsdp.FullyShardedDataParallel",
         "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+        "fairscale.nn.FullyShardedDataParallel",
+        "fairscale.nn.data_parallel.FullyShardedDataParallel",
+        "fairscale.nn.data_parallel.fully_sharded_data_parallel.FullyShardedDataParallel",
     }
 )
 # what each FSDP1 argument becomes under FSDP2 (an argument not listed here needs no advice of its own)
@@ -88,8 +93,8 @@ _ARGUMENTS = {
     "cpu_offload": "offload_policy=CPUOffloadPolicy() in place of cpu_offload",
 }
 _WHY = (
-    "FSDP1 is deprecated upstream and unverified on TorchTPU, which documents FSDP2 (torch.distributed.fsdp."
-    "fully_shard) and DTensor over tpu_dist"
+    "FSDP1 (torch's, or fairscale's before it) is deprecated upstream and unverified on TorchTPU, which documents "
+    "FSDP2 (torch.distributed.fsdp.fully_shard) and DTensor over tpu_dist"
 )
 
 
