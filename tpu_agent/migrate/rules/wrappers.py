@@ -140,8 +140,8 @@ def sync_batchnorm(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst
             "TPU410",
             original,
             f"{source(original)}: SyncBatchNorm's cross-replica statistics (batch_norm_stats, "
-            "batch_norm_gather_stats_with_counts) are unverified on TorchTPU and have no kernel in tpu-agent's "
-            "emulation: keep per-replica BatchNorm (drop the conversion) or verify on a TPU host",
+            "batch_norm_gather_stats_with_counts) are unverified on TorchTPU: keep per-replica BatchNorm (drop "
+            "the conversion) or verify on a TPU host",
             fixable=False,
         )
     return updated
