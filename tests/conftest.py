@@ -36,8 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[CACHE_DIR_ENV] = str(base / "tpu-agent-cache")
     os.environ["XDG_CACHE_HOME"] = str(base / "xdg-cache")
     # Graphs run op by op unless a test chooses XLA (the XLA tests do) or the developer runs the whole suite through
-    # XLA (TPU_AGENT_COMPILER=xla pytest): an XLA compile per graph and shape in every DeferAndFuse and compile test
-    # would not fit the suite's time budget, and those tests check the recorder and Dynamo, not the compiler.
+    # XLA (TPU_AGENT_COMPILER=xla pytest), whatever the product's default: an XLA compile per graph and shape in every
+    # DeferAndFuse and compile test would not fit the suite's time budget, and they test the recorder and Dynamo.
     os.environ.setdefault(COMPILER_ENV, EAGER)
 
 

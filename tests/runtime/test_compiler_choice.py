@@ -1,9 +1,9 @@
-"""Which graph compiler the emulation uses: XLA by default (as TorchTPU compiles its graphs with XLA), op by op
-with ``--compiler eager``, and the op-by-op fallback where the XLA packages cannot be imported; ``doctor`` and
+"""Which graph compiler the emulation uses: op by op by default (see ``settings.DEFAULT_COMPILER`` for why), XLA
+with ``--compiler xla``, refused with what to install where the XLA packages cannot be imported; ``doctor`` and
 ``check`` say which one ran.
 
-The test session itself runs graphs op by op (``tests/conftest.py`` pins ``TPU_AGENT_COMPILER=eager``), so every
-test here that means the default removes that pin first.
+The test session pins its compiler (``tests/conftest.py``), so every test here that means the default removes
+that pin first.
 """
 
 from __future__ import annotations
@@ -31,29 +31,27 @@ def default_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def test_xla_is_the_default_and_eager_is_a_choice(default_env: pytest.MonkeyPatch) -> None:
-    assert settings.compiler() == settings.XLA
-    assert settings.describe() == (settings.XLA, "default")
-    default_env.setenv(settings.COMPILER_ENV, " Eager ")
+def test_op_by_op_is_the_default_and_xla_is_a_choice(default_env: pytest.MonkeyPatch) -> None:
     assert settings.compiler() == settings.EAGER
-    assert settings.describe() == (settings.EAGER, f"{settings.COMPILER_ENV}=Eager")
+    assert settings.describe() == (settings.EAGER, "default")
+    default_env.setenv(settings.COMPILER_ENV, " XLA ")
+    assert settings.compiler() == settings.XLA
+    assert settings.describe() == (settings.XLA, f"{settings.COMPILER_ENV}=XLA")
 
 
-def test_without_torchax_the_default_falls_back_to_op_by_op_and_says_why(default_env: pytest.MonkeyPatch) -> None:
+def test_without_torchax_xla_is_refused_with_what_to_do(default_env: pytest.MonkeyPatch) -> None:
     default_env.setitem(sys.modules, "torchax", None)  # Python's own "this import is blocked"
     assert settings.resolve(None) == settings.EAGER
-    name, source = settings.describe()
-    assert name == settings.EAGER
-    assert source == "the default, xla, needs torchax, which cannot be imported"
     with pytest.raises(TpuAgentError, match="selects the XLA compiler, but torchax cannot be imported"):
-        settings.resolve("xla")  # an explicit choice is refused, not silently downgraded
+        settings.resolve("xla")
 
 
 def test_doctor_names_the_graph_compiler_and_refuses_a_bad_one(default_env: pytest.MonkeyPatch) -> None:
     report = json.loads(CliRunner().invoke(app, ["doctor", "--format", "json"]).output)
-    assert report["graph_compiler"] == {"name": "xla", "source": "default"}
+    assert report["graph_compiler"] == {"name": "eager", "source": "default"}
+    default_env.setenv(settings.COMPILER_ENV, "xla")
     text = CliRunner().invoke(app, ["doctor"]).output
-    assert "graphs      xla (default;" in text
+    assert "graphs      xla (TPU_AGENT_COMPILER=xla;" in text
     default_env.setenv(settings.COMPILER_ENV, "tvm")
     refused = CliRunner().invoke(app, ["doctor"])
     assert refused.exit_code == 2
@@ -74,13 +72,13 @@ def _check(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_check_runs_deferred_graphs_through_xla_by_default_and_names_the_compiler() -> None:
-    default = _check("factories:good_mlp", "--mode", "defer-and-fuse", "--format", "json")
-    assert default.returncode == 0, default.stderr[-3000:]
-    report = json.loads(default.stdout)
+def test_check_names_the_compiler_its_graphs_ran_through() -> None:
+    compiled = _check("factories:good_mlp", "--mode", "defer-and-fuse", "--compiler", "xla", "--format", "json")
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    report = json.loads(compiled.stdout)
     assert report["compiler"] == "xla" and report["status"] == "pass"
-    eager = _check("factories:good_mlp", "--mode", "strict", "--compiler", "eager")
-    assert eager.returncode == 0, eager.stderr[-3000:]
-    assert "graphs run op by op" in " ".join(eager.stdout.split())
+    default = _check("factories:good_mlp", "--mode", "strict")
+    assert default.returncode == 0, default.stderr[-3000:]
+    assert "graphs run op by op" in " ".join(default.stdout.split())
     bad = _check("factories:good_mlp", "--compiler", "tvm")
     assert bad.returncode == 2 and "tvm" in bad.stderr

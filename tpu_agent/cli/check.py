@@ -38,7 +38,7 @@ Examples:
 
   tpu-agent check t5 --mode strict --mode compile
 
-  tpu-agent check llama --compiler eager          # DeferAndFuse and compiled graphs op by op, not through XLA
+  tpu-agent check llama --compiler xla            # DeferAndFuse and compiled graphs through XLA
 
   tpu-agent check ./my-model-dir --format json
 

@@ -32,7 +32,7 @@ Examples:
 
   tpu-agent run -m mypkg.train --lr 3e-4
 
-  tpu-agent run --compiler eager --eager-mode defer-and-fuse train.py
+  tpu-agent run --compiler xla --eager-mode defer-and-fuse train.py
 
   tpu-agent run --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400 --nproc 4 train.py
 """
