@@ -1,6 +1,7 @@
 """``torch.nn.DataParallel`` on the tpu device. A TorchTPU process holds one chip, so DataParallel sees one device
 and runs the module there as torch does with one GPU (torch's scatter is a CUDA op); asking for more devices is
-refused with the fix (DDP over ``tpu_dist``, migrate rule TPU406)."""
+refused with the fix (DDP over ``tpu_dist``, migrate rule TPU406). ``DistributedDataParallel`` tracking unused
+parameters on tpu is refused when it is built, with the way around it, not at its first backward."""
 
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ try:
     torch.nn.DataParallel(torch.nn.Linear(3, 2).to("tpu"), device_ids=[0, 1])(x)
 except RuntimeError as error:
     out["refused"] = str(error)
+DDP = torch.nn.parallel.DistributedDataParallel
+for label, make in [
+    ("unused", lambda m: DDP(m, find_unused_parameters=True)),
+    ("static", lambda m: DDP(m, None, None, 0, True, True, None, None, False, False, False, True)),  # positional
+    ("cpu", lambda m: DDP(m.cpu(), find_unused_parameters=True)),
+]:
+    try:
+        make(torch.nn.Linear(3, 2).to("tpu"))
+    except (RuntimeError, ValueError) as error:
+        out[label] = str(error)
 print(json.dumps(out))
 """
 
@@ -42,3 +53,7 @@ def test_data_parallel_runs_on_the_one_tpu_device_and_refuses_several(tmp_path: 
     assert out["max_diff"] < 1e-6
     assert "DataParallel over tpu devices [0, 1]" in out["refused"]
     assert "DistributedDataParallel" in out["refused"] and "TPU406" in out["refused"]
+    assert out["unused"].startswith("DistributedDataParallel(find_unused_parameters=True) over tpu parameters")
+    assert "drop find_unused_parameters" in out["unused"]
+    assert out["static"].startswith("DistributedDataParallel(static_graph=True) over tpu parameters")
+    assert "not emulated" not in out["cpu"]  # CPU parameters reach torch (which wants a process group here)

@@ -7,7 +7,9 @@ and saves the device's only, and ``torch.utils.checkpoint`` replays a block's dr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -187,8 +189,13 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    return {mode: run(SCRIPT, tmp_path_factory.mktemp(mode), mode) for mode in MODES}
+def runs(run_once: Callable[..., Any]) -> dict[str, dict]:
+    """The script's run in each mode, once per session (run_once), also when pytest-xdist splits this module."""
+
+    def each_mode(directory: Path) -> dict[str, dict]:
+        return {mode: run(SCRIPT, directory, mode) for mode in MODES}
+
+    return run_once("device-rng", each_mode)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -2,7 +2,9 @@
 and re-allocates flat parameters through ``_typed_storage()._resize_``, compares storages by ``data_ptr`` and
 records streams with torch dispatch off, all of which the emulation provides (:mod:`storage`). A full state
 dict with ``offload_to_cpu=True`` under a sharded strategy holds CPU tensors, as on a GPU (:mod:`fsdp1_offload`),
-though a tpu tensor cannot move to the CPU in place (``t.data = t.cpu()``, refused with the fix)."""
+though a tpu tensor cannot move to the CPU in place (``t.data = t.cpu()``, refused with the fix). The hybrid
+strategies train on a device mesh; without one, FSDP1's per-host groups need one rank per device, and two ranks
+on a four-device host are refused with the way out (:mod:`fsdp1_hybrid`)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import (FullyShardedDataParallel as FSDP, FullStateDictConfig, MixedPrecision,
                                     ShardingStrategy, StateDictType)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 STEPS, BATCH = 3, 8
@@ -93,14 +96,15 @@ def reference():
     return losses, {k: v.tolist() for k, v in model.state_dict().items()}
 
 
-def fsdp(strategy, policy, mixed):
-    dist.init_process_group("tpu_dist")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def train(strategy, policy, mixed, rank, world):
     wrap = (functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}) if policy == "transformer"
             else functools.partial(size_based_auto_wrap_policy, min_num_params=1000))
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    # hybrid: shard over both ranks, replicate over one group of them (the other way round FSDP makes NO_SHARD)
+    mesh = init_device_mesh("tpu", (1, world), mesh_dim_names=("replicate", "shard")) if "HYBRID" in strategy else None
     model = FSDP(build().to("tpu"), device_id=torch.accelerator.current_device_index(), auto_wrap_policy=wrap,
-                 sharding_strategy=getattr(ShardingStrategy, strategy), mixed_precision=mp if mixed else None)
+                 sharding_strategy=getattr(ShardingStrategy, strategy), mixed_precision=mp if mixed else None,
+                 device_mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, per = [], BATCH // world
     for x, y in batches():
@@ -117,12 +121,28 @@ def fsdp(strategy, policy, mixed):
         state = model.state_dict()
     if rank == 0:
         torch.save(state, "ckpt.pt")
-        Path = __import__("pathlib").Path
-        Path(os.environ["OUT"]).write_text(json.dumps({
-            "losses": losses, "state": {k: v.cpu().tolist() for k, v in state.items()},
-            "devices": sorted({v.device.type for v in state.values()})}))
-    elif strategy != "NO_SHARD":
+        return {"losses": losses, "state": {k: v.cpu().tolist() for k, v in state.items()},
+                "devices": sorted({v.device.type for v in state.values()})}
+    if strategy != "NO_SHARD":
         assert not state, state.keys()  # rank0_only: the other ranks get nothing (NO_SHARD ignores it)
+
+
+def hybrid_without_mesh():  # FSDP1's own hybrid groups: one per host of device_count() ranks (4 here, 2 ranks)
+    try:
+        FSDP(build().to("tpu"), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+             auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=1000))
+    except ValueError as error:
+        return str(error)
+
+
+def fsdp(strategies, policy, mixed):
+    dist.init_process_group("tpu_dist")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runs = {strategy: train(strategy, policy, mixed, rank, world) for strategy in strategies.split(",")}
+    refused = hybrid_without_mesh() if "HYBRID" in strategies else None
+    if rank == 0:
+        Path = __import__("pathlib").Path
+        Path(os.environ["OUT"]).write_text(json.dumps({"runs": runs, "hybrid_without_mesh": refused}))
     dist.destroy_process_group()
 
 
@@ -140,12 +160,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run_script(TRAIN_SCRIPT, tmp_path_factory.mktemp("ref"), "ref")
 
 
-def _fsdp_run(tmp_path: Path, strategy: str, policy: str, precision: str) -> dict:
+def _fsdp_run(tmp_path: Path, strategies: str, policy: str, precision: str) -> dict:
+    """One 2-rank run training a model under each of ``strategies`` (comma-separated); rank 0's output."""
     script, out = tmp_path / "train.py", tmp_path / "out.json"
     script.write_text(TRAIN_SCRIPT)
     env = clean_env(PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH")])), OUT=str(out))
     result = tpu_agent(
-        "run", "--nproc", "2", "--backend", "emulated", str(script), strategy, policy, precision,
+        "run", "--nproc", "2", "--backend", "emulated", str(script), strategies, policy, precision,
         cwd=tmp_path, env=env, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -166,22 +187,31 @@ def _close(a: list[float], b: list[float], tol: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "policy"), [("FULL_SHARD", "size"), ("NO_SHARD", "size")])
+@pytest.mark.parametrize(
+    ("strategies", "policy"), [("FULL_SHARD,HYBRID_SHARD,_HYBRID_SHARD_ZERO2", "size"), ("NO_SHARD", "size")]
+)
 def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(
-    tmp_path: Path, reference: dict, strategy: str, policy: str
+    tmp_path: Path, reference: dict, strategies: str, policy: str
 ) -> None:
-    out = _fsdp_run(tmp_path, strategy, policy, "fp32")
-    assert _close(out["losses"], reference["losses"], 1e-5), (out["losses"], reference["losses"])
-    assert out["state"].keys() == reference["state"].keys()
-    for name, value in reference["state"].items():
-        assert _close(_flat(out["state"][name]), _flat(value), 1e-4), name
-    # offloaded (the sharded strategies) the full state dict is on the host, as FSDP1 gives it on a GPU
-    assert out["devices"] == (["tpu"] if strategy == "NO_SHARD" else ["cpu"])
+    """The hybrid strategies (in the FULL_SHARD run) on a device mesh: shard over the two ranks, one replica."""
+    result = _fsdp_run(tmp_path, strategies, policy, "fp32")
+    for strategy, out in result["runs"].items():
+        assert _close(out["losses"], reference["losses"], 1e-5), (strategy, out["losses"], reference["losses"])
+        assert out["state"].keys() == reference["state"].keys()
+        for name, value in reference["state"].items():
+            assert _close(_flat(out["state"][name]), _flat(value), 1e-4), (strategy, name)
+        # offloaded (the sharded strategies) the full state dict is on the host, as FSDP1 gives it on a GPU
+        assert out["devices"] == (["tpu"] if strategy == "NO_SHARD" else ["cpu"]), strategy
+    if "HYBRID_SHARD" in strategies:
+        # without a mesh FSDP1 makes one group per host of device_count() ranks: 4 on the v6e host two ranks
+        # get, as on a TorchTPU host running fewer processes than it has devices; refused with the way out
+        refusal = result["hybrid_without_mesh"]
+        assert "multiple of 4, and this run has 2" in refusal and "init_device_mesh" in refusal, refusal
 
 
 @pytest.mark.slow
 def test_fsdp1_bf16_mixed_precision_stays_near_the_fp32_run(tmp_path: Path, reference: dict) -> None:
     """SHARD_GRAD_OP with a transformer wrap policy, in bf16: near the fp32 CPU run, offloaded state on the host."""
-    out = _fsdp_run(tmp_path, "SHARD_GRAD_OP", "transformer", "bf16")
+    out = _fsdp_run(tmp_path, "SHARD_GRAD_OP", "transformer", "bf16")["runs"]["SHARD_GRAD_OP"]
     assert _close(out["losses"], reference["losses"], 2e-2), (out["losses"], reference["losses"])
     assert out["devices"] == ["cpu"]

@@ -5,7 +5,9 @@ which a Python backend cannot register; the emulation resizes the data behind th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import run_script
@@ -54,8 +56,13 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    return {mode: run_script(SCRIPT, tmp_path_factory.mktemp(mode), mode) for mode in MODES}
+def runs(run_once: Callable[..., Any]) -> dict[str, dict]:
+    """The script's run in each mode, once per session (run_once), also when pytest-xdist splits this module."""
+
+    def each_mode(directory: Path) -> dict[str, dict]:
+        return {mode: run_script(SCRIPT, directory, mode) for mode in MODES}
+
+    return run_once("storage-resize", each_mode)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -7,7 +7,9 @@ import functools
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -174,9 +176,12 @@ TRAINING_RUNS = ("compile:highest:4", "defer:highest:4", "compile:medium:2")
 
 
 @pytest.fixture(scope="module")
-def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The training script's runs in one process: one start-up and JIT warm-up for every assertion below."""
-    return run_xla_script("xla_train.py", *TRAINING_RUNS, events_dir=tmp_path_factory.mktemp("train-events"))
+def training_runs(run_once: Callable[..., Any]) -> dict:
+    """The training script's runs in one process: one start-up and JIT warm-up for every assertion below, once per
+    session (run_once), also when pytest-xdist splits this module between workers."""
+    return run_once(
+        "xla-training-runs", lambda events_dir: run_xla_script("xla_train.py", *TRAINING_RUNS, events_dir=events_dir)
+    )
 
 
 @pytest.mark.slow

@@ -1,5 +1,9 @@
 """Compiled executables persist between runs (tpu_agent.runtime.xla.jax_setup): a second run of the same script
-loads what the first compiled, with the same results; switched off, or without a usable directory, none is used."""
+loads what the first compiled, with the same results; switched off, or without a usable directory, none is used.
+
+The runs train a one-layer model (:data:`TRAIN`): what persists is every executable the run compiles, whatever its
+size (jax_setup keeps every compile, however quick), so a few small graphs check it as well as a transformer's,
+without paying for tracing and compiling a transformer twice."""
 
 from __future__ import annotations
 
@@ -17,21 +21,46 @@ from tpu_agent.fsutil import CACHE_DIR_ENV
 from tpu_agent.runtime.envvars import TIER2_CACHE_ENV, XLA_PERSIST_ENV
 from tpu_agent.runtime.xla import jax_setup
 
-SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
+
+# Two DeferAndFuse training steps through XLA: the forward, the backward with its gradients and SGD's update are
+# deferred graphs, each an XLA executable; prints the losses and how many executables the run compiled.
+TRAIN = """
+import json, torch
+from tpu_agent.runtime.api import activate
+activate()
+from tpu_agent.runtime.xla import cache
+torch.set_float32_matmul_precision("highest")
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 4).to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+inputs = torch.randn(16, 8)
+losses = []
+for _ in range(2):
+    loss = model(inputs.to("tpu")).tanh().square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    losses.append(loss.item())
+print(json.dumps({"tpu": losses, "cache": {"compiles": cache.executables.stats.compiles}}))
+"""
 
 
 def train(cache_dir: Path, **extra_env: str) -> dict:
-    """Two DeferAndFuse steps through XLA in a fresh process (tests/runtime/scripts/xla_train.py)."""
+    """:data:`TRAIN` in a fresh process, caching under ``cache_dir``: its losses and compile count."""
+    script = cache_dir.parent / "train.py"
+    script.write_text(TRAIN)
     env = clean_env()
-    env.update(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", **{CACHE_DIR_ENV: str(cache_dir)}, **extra_env)
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "xla_train.py"), "defer:highest:2"],
-        capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
+    env.update(
+        PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TORCH_TPU_DEFER_AND_FUSE="1", TPU_AGENT_BACKEND="emulated",
+        **{CACHE_DIR_ENV: str(cache_dir)}, **extra_env,
     )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=False, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "persistent compilation cache" not in proc.stderr.lower(), proc.stderr[-4000:]  # no cache warnings
-    return json.loads(proc.stdout.strip().splitlines()[-1])["defer:highest:2"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def entries(cache_dir: Path) -> dict[str, int]:
@@ -41,12 +70,13 @@ def entries(cache_dir: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_a_second_run_loads_the_executables_the_first_compiled(tmp_path: Path) -> None:
-    first = train(tmp_path)
-    written = entries(tmp_path)
+    cache_dir = tmp_path / "cache"
+    first = train(cache_dir)
+    written = entries(cache_dir)
     assert len(written) >= first["cache"]["compiles"] > 0  # every executable the run compiled, kept
-    assert (tmp_path / "xla").stat().st_mode & 0o077 == 0  # the user's own: others cannot plant entries
-    second = train(tmp_path)
-    assert entries(tmp_path) == written  # everything it needed was there: nothing compiled and written anew
+    assert (cache_dir / "xla").stat().st_mode & 0o077 == 0  # the user's own: others cannot plant entries
+    second = train(cache_dir)
+    assert entries(cache_dir) == written  # everything it needed was there: nothing compiled and written anew
     assert second["tpu"] == first["tpu"]
 
 

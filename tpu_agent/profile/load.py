@@ -31,6 +31,7 @@ from tpu_agent.profile.model import (
     Step,
     Weight,
 )
+from tpu_agent.profile.options import DEFAULT_STEPS, DEFAULT_WARMUP
 from tpu_agent.profile.untrusted import damaged, reading, valid_dataclass, vet_files
 from tpu_agent.runtime import events as ev
 
@@ -177,14 +178,19 @@ def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None
 
 
 def load_raw(directory: Path) -> ProfileModel:
-    """Load a capture written by ``tpu-agent profile`` (the raw directory)."""
+    """Load a capture written by ``tpu-agent profile`` (the raw directory).
+
+    The ranks are the ranks' own logs; the processes they started (``events-rank<R>-pid<PID>.jsonl``) are
+    left out, named in a warning when they ran steps, unless the ranks ran none: a script that only
+    ``mp.spawn``s its workers is profiled as those workers."""
     vet_files(directory)  # every record read below is then a plain file of bounded size
     options_path = directory / OPTIONS_FILE
     options: dict[str, Any] = _read_json_object(options_path, "the profile options") if options_path.exists() else {}
     with reading(directory, "the runtime event log (events-rank*.jsonl)"):
-        by_rank = ev.read_events(directory)
-    for rank_id, events in by_rank.items():
-        _checked(directory / ev.EVENTS_FILE_PATTERN.format(rank=rank_id), "the runtime event log", events)
+        logs = ev.read_logs(directory)
+    for log in logs:
+        _checked(log.path, "the runtime event log", log.events)
+    by_rank = {log.rank: log.events for log in logs if log.pid is None}
     captured = (_CAPTURE_NAME.fullmatch(p.name) for p in directory.glob("capture-rank*.json"))
     rank_ids = set(by_rank) | {int(m.group(1)) for m in captured if m}
     if not rank_ids:
@@ -194,10 +200,40 @@ def load_raw(directory: Path) -> ProfileModel:
             "the script may have failed before its first line ran; check its output",
         )
     ranks = {r: _load_rank(directory, r, by_rank.get(r, [])) for r in sorted(rank_ids)}
+    run_info = next((e for e in ranks[min(ranks)].events if isinstance(e, ev.RunInfo)), None)
+    workers = [log for log in logs if log.pid is not None and steps_from_markers(log.events)]
+    if workers and not any(rank.steps for rank in ranks.values()):
+        with reading(options_path, "the profile options"):
+            warmup = int(options.get("warmup", DEFAULT_WARMUP))
+            window = (warmup, warmup + int(options.get("steps", DEFAULT_STEPS)) - 1)
+        ranks = _worker_ranks(workers, window)
+    elif workers:
+        for log in workers:
+            ranks[log.rank if log.rank in ranks else min(ranks)].warnings.append(
+                f"process {log.pid}, started by rank {log.rank}, ran steps of its own; they are in {log.path.name}, "
+                "not in this profile"
+            )
     with reading(options_path, "the profile options"):
-        model = _model(options, ranks)
+        model = _model(options, ranks, run_info)
     model.compiled = load_compiled(directory / COMPILED_FILE)
     return model
+
+
+def _worker_ranks(workers: list[ev.ProcessLog], window: tuple[int, int]) -> dict[int, RankProfile]:
+    """The profile of a run whose ranks only started workers (``mp.spawn``) that did the steps: one rank per
+    worker, numbered in the order they started, measured over the requested ``window`` (the capture hooks,
+    which report it and the model's weights, ran in the rank only)."""
+    ranks = {}
+    for index, log in enumerate(workers):
+        rank = RankProfile(rank=index, events=log.events, steps=steps_from_markers(log.events), window=window)
+        rank.warnings.append(
+            f"profiled rank {index} is process {log.pid}, which rank {log.rank} started and which ran the steps "
+            f"({log.path.name}); rank {log.rank} itself ran none"
+        )
+        with reading(log.path, "the runtime event log"):
+            rank.memory = _memory(rank, None)
+        ranks[index] = rank
+    return ranks
 
 
 def _script_args(run_info: ev.RunInfo | None, options: dict[str, Any]) -> list[str]:
@@ -208,14 +244,14 @@ def _script_args(run_info: ev.RunInfo | None, options: dict[str, Any]) -> list[s
     return [str(arg) for arg in args] if isinstance(args, list) else []
 
 
-def _model(options: dict[str, Any], ranks: dict[int, RankProfile]) -> ProfileModel:
-    run_info = next((e for e in ranks[min(ranks)].events if isinstance(e, ev.RunInfo)), None)
+def _model(options: dict[str, Any], ranks: dict[int, RankProfile], run_info: ev.RunInfo | None) -> ProfileModel:
+    """The run's configuration from the lowest rank's own RunInfo (a worker's shows its interpreter's argv)."""
     chip_key = str(options.get("chip") or (run_info.chip if run_info else DEFAULT_CHIP))
     config = RunConfig(
         chip=get_chip(chip_key),
         eager_mode=(run_info.eager_mode if run_info else None) or options.get("eager_mode"),
         backend=run_info.backend if run_info else None,
-        world_size=run_info.world_size if run_info else max(len(ranks), int(options.get("nproc", 1))),
+        world_size=max(run_info.world_size, len(ranks)) if run_info else max(len(ranks), int(options.get("nproc", 1))),
         env=dict(run_info.env) if run_info else {},
         script=str(options["script"]) if options.get("script") is not None else None,
         script_args=_script_args(run_info, options),

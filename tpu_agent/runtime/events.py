@@ -5,6 +5,12 @@ This module is the contract between :mod:`tpu_agent.runtime` (the writer) and :m
 variable :data:`EVENTS_DIR_ENV` names a directory; otherwise :func:`emit` is a cheap no-op, so the
 emulation pays nothing for the log when nobody profiles.
 
+One file per process: a process the rank starts and that runs the runtime (a ``torch.multiprocessing.spawn``
+worker, a spawn/forkserver/fork child, a DataLoader worker) logs to ``<dir>/events-rank<R>-pid<PID>.jsonl``
+beside its rank's file. Each file then holds one RunInfo and one process's steps, so a reader never untangles
+interleaved streams: :func:`read_events` gives the ranks' own logs, :func:`read_logs` every process's, and a
+reader that wants the workers' work (a launcher rank that only ``mp.spawn``s) takes them deliberately.
+
 Every record carries the wall-clock time (``time.time_ns``, so ranks and the torch profiler line up), the
 rank, the current step (``None`` before the first step marker) and, where a user line caused it, the
 :class:`Site` of the first stack frame outside torch, tpu_agent and the standard library.
@@ -16,6 +22,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -28,6 +35,8 @@ from typing import Any, ClassVar
 
 EVENTS_DIR_ENV = "TPU_AGENT_EVENTS_DIR"
 EVENTS_FILE_PATTERN = "events-rank{rank}.jsonl"
+CHILD_EVENTS_FILE_PATTERN = "events-rank{rank}-pid{pid}.jsonl"  # a process the rank started
+_LOG_NAME = re.compile(r"events-rank(\d{1,6})(?:-pid(\d{1,10}))?\.jsonl")
 
 
 @dataclass(frozen=True)
@@ -260,6 +269,14 @@ class EventLog:
         with self._lock:
             self._flush_locked()
 
+    def reopen(self, path: Path) -> None:
+        """Write to ``path`` from now on, dropping what is buffered: for a fork child, whose buffer holds the
+        parent's records (the parent writes them itself) and whose lock another thread may have held at the
+        fork."""
+        self.path = path
+        self._buffer = []
+        self._lock = threading.Lock()
+
     def _flush_locked(self) -> None:
         if self.path is None or not self._buffer:
             return
@@ -269,6 +286,14 @@ class EventLog:
 
 
 _log: EventLog | None = None
+_started_by_rank = False  # this process was started by the rank (spawned, forked): it logs under its pid
+
+
+def _log_path(directory: str, rank: int) -> Path:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    if _started_by_rank:
+        return Path(directory) / CHILD_EVENTS_FILE_PATTERN.format(rank=rank, pid=os.getpid())
+    return Path(directory) / EVENTS_FILE_PATTERN.format(rank=rank)
 
 
 def get_log() -> EventLog:
@@ -277,13 +302,26 @@ def get_log() -> EventLog:
     if _log is None:
         rank = int(os.environ.get("RANK", "0"))
         directory = os.environ.get(EVENTS_DIR_ENV)
-        path = None
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            path = Path(directory) / EVENTS_FILE_PATTERN.format(rank=rank)
-        _log = EventLog(path=path, rank=rank)
+        _log = EventLog(path=_log_path(directory, rank) if directory else None, rank=rank)
         atexit.register(_log.flush)
     return _log
+
+
+def log_as_started_process() -> None:
+    """Log this process beside its rank's file, under its pid: a spawn/forkserver child calls this before the
+    runtime activates (:mod:`tpu_agent.runtime.spawn_children`), as it inherits the rank's ``RANK``."""
+    global _started_by_rank
+    _started_by_rank = True
+
+
+def _after_fork_in_child() -> None:
+    """A fork child inherits the rank's open log, buffer and all: it gets a file of its own."""
+    log_as_started_process()
+    if _log is not None and _log.path is not None:
+        _log.reopen(_log_path(str(_log.path.parent), _log.rank))
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def emit(cls: type[Event], **values: Any) -> None:
@@ -291,19 +329,43 @@ def emit(cls: type[Event], **values: Any) -> None:
     get_log().emit(cls, **values)
 
 
+@dataclass(frozen=True)
+class ProcessLog:
+    """One process's records: a rank's own (``pid`` None) or those of a process the rank started."""
+
+    rank: int
+    pid: int | None
+    path: Path
+    events: list[Event]
+
+
+def _read_file(path: Path) -> list[Event]:
+    events = []
+    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(from_dict(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}:{line_number}: unreadable event record ({error})") from error
+    return events
+
+
+def read_logs(directory: Path) -> list[ProcessLog]:
+    """Every process's records under ``directory``, in file order (time order per process): by rank, the
+    rank's own log first, then the processes it started in the order they began logging."""
+    logs = []
+    for path in Path(directory).glob("events-rank*.jsonl"):
+        match = _LOG_NAME.fullmatch(path.name)
+        if match:
+            pid = int(match.group(2)) if match.group(2) else None
+            logs.append(ProcessLog(int(match.group(1)), pid, path, _read_file(path)))
+    return sorted(logs, key=lambda log: (log.rank, log.pid is not None, log.events[0].time_ns if log.events else 0))
+
+
 def read_events(directory: Path) -> dict[int, list[Event]]:
-    """All records under ``directory``, by rank, in file order (which is time order per rank)."""
-    by_rank: dict[int, list[Event]] = {}
-    for path in sorted(Path(directory).glob("events-rank*.jsonl")):
-        events = by_rank.setdefault(int(path.stem.removeprefix("events-rank")), [])
-        for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                events.append(from_dict(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{line_number}: unreadable event record ({error})") from error
-    return by_rank
+    """The ranks' own records, by rank (the processes they started are in :func:`read_logs`)."""
+    return {log.rank: log.events for log in read_logs(directory) if log.pid is None}
 
 
 def iter_kind(events: list[Event], cls: type[Event]) -> Iterator[Event]:

@@ -17,8 +17,10 @@ children inherit the parent's activated interpreter and need nothing.
 
 The child inherits the rank's environment, so it makes the same choices: backend (``TPU_AGENT_BACKEND``),
 chip and host device count (``TPU_AGENT_CHIP``, ``LOCAL_WORLD_SIZE``), eager mode (``TORCH_TPU_*``), hooks
-environment, and event log directory. The child's events go to its parent rank's log (``RANK`` is not
-changed: a ``mp.spawn`` worker picks its own distributed rank and passes it to ``init_process_group``).
+environment, and event log directory. ``RANK`` is not changed (a ``mp.spawn`` worker picks its own distributed
+rank and passes it to ``init_process_group``), so the child's events are tagged with its parent's rank but go to
+a file of the child's own beside the rank's (:func:`tpu_agent.runtime.events.log_as_started_process`): readers
+see one process per file and choose whether to count the workers.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ _KEY = "tpu_agent_activate"  # the extra preparation-data entry; prepare() skips
 
 def _activate_in_child() -> None:
     """Run in a spawned child while its preparation data is unpickled: activate, and pass the hook on."""
+    from tpu_agent.runtime import events
     from tpu_agent.runtime.api import activate
 
+    events.log_as_started_process()  # before activation writes the child's RunInfo
     activate()
     install()  # the child's own spawned children (e.g. DataLoader workers of an mp.spawn worker) too
 

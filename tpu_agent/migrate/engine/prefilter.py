@@ -11,7 +11,7 @@ import re
 
 CUDA_TOKENS = re.compile(
     rb"cuda|nccl|cudnn|cublas|tf32|triton|flash_attn|xformers|apex|bitsandbytes|cupy|deepspeed|nvtx|nvidia|nvcr|"
-    rb"pynvml|gputil|gradscaler|load_inline|cpp_extension|load_library|torch\.compile|inductor|device_ids|nproc.per.node|dataparallel|"
+    rb"pynvml|gputil|gradscaler|load_inline|cpp_extension|load_library|torch\.compile|inductor|device_ids|nproc.per.node|dataparallel|syncbatchnorm|"
     # integer devices and process-group device ids (``.to(local_rank)``, ``device_id=device``)
     rb"device_id|\.to\(\s*(?:int\(\s*os\.environ|(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)])|device\(\s*(?:\w+\.)*(?:local_?rank|gpu)\s*\)|"
     rb"device\s*=\s*(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)]|"

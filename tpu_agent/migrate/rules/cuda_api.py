@@ -25,6 +25,7 @@ from tpu_agent.migrate.rules._cst import (
     keep_parens,
     keyword,
     source,
+    string_value,
 )
 from tpu_agent.migrate.rules.references import (
     ACCELERATOR,
@@ -479,14 +480,28 @@ def device_function(ctx: PyContext, node: cst.BaseExpression) -> str | None:
 
 def is_availability_test(ctx: PyContext, node: cst.BaseExpression) -> bool:
     """True when ``node`` (an original node) is only true with an accelerator present: the check itself, a
-    name assigned from it, or an ``and`` with one of those."""
+    name assigned from it, a test that a device is CUDA, or an ``and`` with one of those."""
     if isinstance(node, cst.Call):
         return not node.args and ctx.qualname(node) in _AVAILABLE
     if isinstance(node, cst.Name):
         return node.value in ctx.available_names
     if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
         return is_availability_test(ctx, node.left) or is_availability_test(ctx, node.right)
-    return False
+    return _is_cuda_test(node)
+
+
+def _is_cuda_test(node: cst.BaseExpression) -> bool:
+    """``device.type == "cuda"``, ``"cuda" in args.device``, ``x.is_cuda`` (timm's ``if device.type == 'cuda':
+    torch.cuda.synchronize()``): true only on CUDA as written, and only on the accelerator in use once TPU104
+    ports it, so what it guards needs no availability guard of its own."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "is_cuda"
+    if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
+        return False
+    test = node.comparisons[0]
+    if isinstance(test.operator, cst.Equal):
+        return "cuda" in (string_value(node.left), string_value(test.comparator))
+    return isinstance(test.operator, cst.In) and string_value(node.left) == "cuda"
 
 
 @FAMILY.visit(cst.Assign)

@@ -1,4 +1,5 @@
-"""TPU409: FSDP1's ``FullyShardedDataParallel`` wrapper, which TorchTPU does not document.
+"""TPU409: FSDP1's ``FullyShardedDataParallel`` wrapper, which TorchTPU does not document; TPU410: the
+``SyncBatchNorm`` conversion, whose cross-replica statistics are unverified on TorchTPU.
 
 TorchTPU documents DDP, FSDP2 (``torch.distributed.fsdp.fully_shard`` with ``MixedPrecisionPolicy``) and DTensor
 over ``tpu_dist``; FSDP1 is deprecated upstream in favour of FSDP2 and unverified on a TPU host (tpu-agent's own
@@ -13,6 +14,11 @@ call's other keywords being the FSDP1 arguments). fairscale's FullyShardedDataPa
 which ESM and fairseq still wrap with, is ported the same way.
 ``FSDP.state_dict_type(...)``, ``isinstance(m, FSDP)`` and the import are not construction sites; the finding
 names the state-dict port when the module uses it.
+
+``nn.SyncBatchNorm.convert_sync_batchnorm(model)`` (DINO, timm's --sync-bn) gathers batch statistics across
+ranks with ``batch_norm_stats`` and ``batch_norm_gather_stats_with_counts``, kernels CUDA has and TorchTPU does not
+document (the CPU emulation has no kernel for them, so a run fails there): reported where a model is converted or
+the layer built, not where ``isinstance`` names it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import libcst as cst
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._cst import source
 from tpu_agent.migrate.rules.distributed import FAMILY
-from tpu_agent.migrate.rules.references import FSDP2, TORCH_TPU
+from tpu_agent.migrate.rules.references import DDP, FSDP2, TORCH_TPU
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -96,6 +102,49 @@ _WHY = (
     "FSDP1 (torch's, or fairscale's before it) is deprecated upstream and unverified on TorchTPU, which documents "
     "FSDP2 (torch.distributed.fsdp.fully_shard) and DTensor over tpu_dist"
 )
+
+
+FAMILY.rule(
+    code="TPU410",
+    name="sync-batchnorm",
+    safety=Safety.MANUAL,
+    summary="torch.nn.SyncBatchNorm: convert_sync_batchnorm(model) or SyncBatchNorm(...) where a model gets it.",
+    rationale="SyncBatchNorm all-gathers batch statistics through batch_norm_stats and "
+    "batch_norm_gather_stats_with_counts, kernels CUDA provides and TorchTPU does not document (tpu-agent's CPU "
+    "emulation has none, so the run stops there). Reported, not rewritten: keeping per-replica BatchNorm changes "
+    "the statistics with the per-device batch size, which a person weighs (or verifies SyncBatchNorm on a TPU host).",
+    before="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)",
+    after="# per-replica BatchNorm (drop the conversion), or GroupNorm/LayerNorm in the model",
+    references=(DDP, TORCH_TPU),
+    apis=(
+        ApiEquivalent(
+            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), torch.nn.SyncBatchNorm(num_features)",
+            "per-replica torch.nn.BatchNorm (no conversion), or verify SyncBatchNorm on a TPU host",
+        ),
+    ),
+)
+_SYNC_BN = frozenset(
+    {
+        "torch.nn.SyncBatchNorm",
+        "torch.nn.SyncBatchNorm.convert_sync_batchnorm",
+        "torch.nn.modules.batchnorm.SyncBatchNorm",
+        "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm",
+    }
+)
+
+
+@FAMILY.leave(cst.Call)
+def sync_batchnorm(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    if ctx.qualname(original) in _SYNC_BN:
+        ctx.report(
+            "TPU410",
+            original,
+            f"{source(original)}: SyncBatchNorm's cross-replica statistics (batch_norm_stats, "
+            "batch_norm_gather_stats_with_counts) are unverified on TorchTPU: keep per-replica BatchNorm (drop "
+            "the conversion) or verify on a TPU host",
+            fixable=False,
+        )
+    return updated
 
 
 # builtins that test a class rather than construct it (``isinstance(model, FSDP)``)

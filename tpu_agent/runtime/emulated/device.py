@@ -249,5 +249,6 @@ def register() -> None:
     storage.install()
     fsdp1_offload.install()
     unsupported.install_data_parallel()
+    unsupported.install_ddp()
     host_memory.install()
     autograd_queue.install()

@@ -72,6 +72,10 @@ def _post_state_dict_hook(original: Callable[..., Any], module_handle: Callable[
 def _patch() -> None:
     from torch.distributed.fsdp import _flat_param, _state_dict_utils
 
+    from tpu_agent.runtime.emulated import fsdp1_hybrid
+
+    fsdp1_hybrid.patch()  # FSDP1's other patch, which waits for the same import
+
     handle_class = _flat_param.FlatParamHandle
     handle_class.to_cpu = _to_cpu(handle_class.to_cpu)
     _state_dict_utils._common_unshard_post_state_dict_hook = _post_state_dict_hook(

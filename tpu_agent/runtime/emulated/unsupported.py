@@ -5,11 +5,17 @@ With the CPU fallback off (TorchTPU's default) the op raises TorchTPU's error te
 records a FallbackOp, the performance cliff the profiler reports.
 
 ``torch.nn.DataParallel`` (one process driving several devices) is refused the same way when it would span
-more than one tpu device (:func:`install_data_parallel`).
+more than one tpu device (:func:`install_data_parallel`), and ``DistributedDataParallel`` with
+``find_unused_parameters=True`` or ``static_graph=True`` on tpu parameters at construction (:func:`install_ddp`):
+torch's C++ reducer then copies its map of used parameters to the device through pinned host memory, which it asks
+the device's C++ hooks for, and a Python device has none, so the first backward would fail deep in autograd with
+``getPinnedMemoryAllocator``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import warnings
 from typing import Any
 
@@ -115,3 +121,41 @@ _torch_scatter = torch.nn.DataParallel.scatter
 def install_data_parallel() -> None:
     """Route ``torch.nn.DataParallel``'s scatter through :func:`_data_parallel_scatter` (once, at registration)."""
     torch.nn.DataParallel.scatter = _data_parallel_scatter
+
+
+_UNUSED_PARAMETERS_MESSAGE = (
+    "DistributedDataParallel({argument}=True) over tpu parameters is not emulated: torch's C++ reducer copies its map "
+    "of used parameters to the device through pinned host memory, which it asks the device's C++ allocator for, "
+    "and the emulated device (a Python backend) has none; TorchTPU itself runs it. Here, drop {argument} when "
+    "every parameter gets a gradient in every step; for parameters a step leaves unused, freeze those never trained "
+    "(p.requires_grad_(False)) or add 0 * p.sum() for them to the loss so that every step uses them."
+)
+
+
+def _tracks_unused_parameters(module: Any, argument: str) -> None:
+    if any(p.device.type == "tpu" for p in module.parameters()):
+        raise RuntimeError(_UNUSED_PARAMETERS_MESSAGE.format(argument=argument))
+
+
+def install_ddp() -> None:
+    """Refuse ``DistributedDataParallel`` with unused-parameter tracking on tpu at construction and at
+    ``_set_static_graph()``, with the way around it, instead of at the first backward (once, at registration)."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    original_init, original_set_static_graph = ddp.__init__, ddp._set_static_graph
+    signature = inspect.signature(original_init)
+
+    @functools.wraps(original_init)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs).arguments
+        for argument in ("find_unused_parameters", "static_graph"):
+            if bound.get(argument):
+                _tracks_unused_parameters(bound["module"], argument)
+        original_init(self, *args, **kwargs)
+
+    @functools.wraps(original_set_static_graph)
+    def set_static_graph(self: Any) -> None:
+        _tracks_unused_parameters(self.module, "static_graph")
+        original_set_static_graph(self)
+
+    ddp.__init__ = init
+    ddp._set_static_graph = set_static_graph
