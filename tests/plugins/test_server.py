@@ -363,6 +363,34 @@ async def test_estimate_of_a_model_bigger_than_the_host_asks_for_capture_only(mo
     assert error["code"] == "invalid-argument"
 
 
+COMPILED_SCRIPT = """\
+import torch
+from tpu_agent.runtime.xla import settings
+
+double_sin = torch.compile(lambda x: (x * 2).sin().sum(), backend="tpu")
+print("compiler", settings.compiler(), round(double_sin(torch.ones(4, device="tpu")).item(), 4))
+"""
+
+
+@pytest.mark.slow  # a job whose graph XLA compiles
+async def test_jobs_take_the_graph_compiler(modern: Client, example: Path) -> None:
+    (example / "compiled.py").write_text(COMPILED_SCRIPT)
+    job = tool_content(
+        await modern.call_tool("tpu_run", {"entrypoint": "compiled.py", "compiler": "xla", "wait_s": 50})
+    )
+    if job["state"] == "running":
+        job = tool_content(await modern.call_tool("tpu_job_status", {"job_id": job["job_id"], "wait_s": 50}))
+    assert job["state"] == "succeeded", job["log_tail"]
+    assert job["command"][job["command"].index("--compiler") + 1] == "xla"
+    assert "compiler xla 3.6372" in job["log_tail"]  # 4 * sin(2), computed by the XLA executable
+    error = tool_error(await modern.call_tool("tpu_run", {"entrypoint": "compiled.py", "compiler": "tvm"}))
+    assert error["code"] == "invalid-argument" and "compiler" in error["message"]
+    for tool, arguments in (("tpu_profile", {"entrypoint": "compiled.py"}), ("tpu_check", {"model": "llama"})):
+        started = tool_content(await modern.call_tool(tool, {**arguments, "compiler": "eager", "wait_s": 0}))
+        await modern.call_tool("tpu_job_cancel", {"job_id": started["job_id"]})
+        assert started["command"][started["command"].index("--compiler") + 1] == "eager", tool
+
+
 async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> None:
     schema = {t.name: t for t in (await modern.list_tools()).tools}["tpu_run"].input_schema["properties"]["chip"]
     assert "v5e-8" in schema["description"] and schema["maxLength"] <= 16

@@ -11,7 +11,7 @@ import typer
 from tpu_agent.chips import DEFAULT_CHIP, TARGET_EXAMPLES, parse_target
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.envvars import EAGER_MODES
-from tpu_agent.runtime.xla.settings import COMPILERS, DEFAULT_COMPILER
+from tpu_agent.runtime.xla.settings import COMPILER_ENV, COMPILERS, DEFAULT_COMPILER
 
 EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]  # functional Enum: members come from the runtime's one table
 
@@ -20,13 +20,19 @@ Compiler = Enum("Compiler", {name: name for name in COMPILERS}, type=str)  # typ
 
 def compiler_option() -> Any:
     """A ``--compiler`` option (``None`` when not given: the environment's ``TPU_AGENT_COMPILER``, else the
-    default), so that ``run`` and ``check`` choose the emulation's graph compiler the same way."""
+    default), so that ``run``, ``profile`` and ``check`` choose the emulation's graph compiler the same way."""
     return typer.Option(
         None,
         "--compiler",
         help=f"Emulation only: xla compiles torch.compile and DeferAndFuse graphs with XLA (default: {DEFAULT_COMPILER}); "
         "eager runs them op by op.",
     )
+
+
+def compiler_env(compiler: Compiler | None) -> dict[str, str]:
+    """The variable that carries ``--compiler`` to every rank the command starts (none when not given, so the
+    caller's own ``TPU_AGENT_COMPILER`` stays in force)."""
+    return {COMPILER_ENV: compiler.value} if compiler is not None else {}
 
 
 def _validate_chip(value: str | None) -> str | None:

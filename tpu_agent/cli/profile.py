@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from tpu_agent.cli._options import EagerModeChoice, chip_option
+from tpu_agent.cli._options import Compiler, EagerModeChoice, chip_option, compiler_env, compiler_option
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
@@ -36,6 +36,8 @@ Examples:
   tpu-agent profile --steps 20 --warmup 5 --chip v5e train.py
 
   tpu-agent profile --eager-mode defer-and-fuse --format json train.py
+
+  tpu-agent profile --eager-mode defer-and-fuse --compiler xla train.py
 
   tpu-agent profile --format html --output report.html train.py
 """
@@ -108,6 +110,7 @@ def profile(
     chip: str = chip_option(purpose="TPU to emulate and estimate for"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks on this host."),
     eager_mode: EagerModeChoice | None = typer.Option(None, "--eager-mode", help="strict | debug | defer-and-fuse."),
+    compiler: Compiler | None = compiler_option(),
     output_format: OutputFormat = typer.Option(
         OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown, html."
     ),
@@ -131,6 +134,7 @@ def profile(
         chip=chip,
         nproc=nproc,
         eager_mode=eager_mode.value if eager_mode is not None else None,
+        env=compiler_env(compiler),
         timeout_s=timeout,
         tpu_compiler=tpu_compiler,
     )

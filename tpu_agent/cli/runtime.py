@@ -7,7 +7,7 @@ from enum import Enum
 import typer
 from rich.markup import escape
 
-from tpu_agent.cli._options import Compiler, EagerModeChoice, chip_option, compiler_option
+from tpu_agent.cli._options import Compiler, EagerModeChoice, chip_option, compiler_env, compiler_option
 from tpu_agent.cli._output import (
     FORMAT_HELP,
     OutputFormat,
@@ -17,7 +17,6 @@ from tpu_agent.cli._output import (
 )
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.runtime.select import BACKENDS
-from tpu_agent.runtime.xla.settings import COMPILER_ENV
 
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # type: ignore[misc]
 
@@ -101,7 +100,7 @@ def run(
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
         master_port=master_port,
-        env={**_parse_env(env), **({COMPILER_ENV: compiler.value} if compiler is not None else {})},
+        env={**_parse_env(env), **compiler_env(compiler)},
         timeout_s=timeout,
         rdzv_backend=rdzv_backend,
     )

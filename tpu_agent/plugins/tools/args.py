@@ -29,6 +29,7 @@ from tpu_agent.plugins.limits import (
 from tpu_agent.plugins.plans import PLAN_ID_PATTERN
 from tpu_agent.runtime.envvars import EAGER_MODES
 from tpu_agent.runtime.select import BACKENDS
+from tpu_agent.runtime.xla.settings import COMPILERS, DEFAULT_COMPILER
 
 #: Hosts cut tool calls off (Codex: 60 s by default); job tools return within this and hand back a job id.
 MAX_WAIT_S = 50
@@ -81,6 +82,13 @@ EagerModeArg = Annotated[  # type: ignore[valid-type]  # a Literal built from th
     Literal[tuple(EAGER_MODES)] | None,
     Field(description="TorchTPU eager mode (default: the environment's, else strict)."),
 ]
+CompilerArg = Annotated[
+    Literal[COMPILERS] | None,  # type: ignore[valid-type]  # the runtime's one tuple of compiler names
+    Field(
+        description="Emulation only: 'xla' compiles torch.compile and DeferAndFuse graphs with XLA, 'eager' runs "
+        f"them op by op (default: the server's TPU_AGENT_COMPILER, else {DEFAULT_COMPILER})."
+    ),
+]
 TimeoutArg = Annotated[int, Field(ge=1, le=86_400, description="The job is killed after this many seconds.")]
 WaitArg = Annotated[int, Field(ge=0, le=MAX_WAIT_S, description="How long this call waits, in seconds.")]
 RuleCodes = Annotated[
@@ -115,6 +123,7 @@ __all__ = [
     "MAX_WAIT_S",
     "BackendArg",
     "ChipArg",
+    "CompilerArg",
     "EagerModeArg",
     "EntrypointArg",
     "EstimateChipArg",

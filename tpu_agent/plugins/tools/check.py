@@ -34,7 +34,7 @@ from tpu_agent.errors import ExitCode, TpuAgentError, clipped
 from tpu_agent.plugins import models
 from tpu_agent.plugins.jobs import Job, JobState, new_job_id
 from tpu_agent.plugins.limits import MAX_PATH_CHARS
-from tpu_agent.plugins.tools.args import BackendArg, ChipArg, TimeoutArg, WaitArg, WorkspaceArg
+from tpu_agent.plugins.tools.args import BackendArg, ChipArg, CompilerArg, TimeoutArg, WaitArg, WorkspaceArg
 from tpu_agent.plugins.tools.common import ToolSpec, in_thread, server_state, tool_hints
 from tpu_agent.plugins.tools.jobs import CHECK_FILE, job_result, report_file, wait_for_job
 from tpu_agent.plugins.workspace import Workspace
@@ -138,6 +138,7 @@ async def tpu_check(
     modes: ModesArg = None,
     backend: BackendArg = "auto",
     chip: ChipArg | None = None,
+    compiler: CompilerArg = None,
     localise: Annotated[bool, Field(description="On a divergence, find the first diverging submodule and op.")] = True,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
@@ -158,6 +159,8 @@ async def tpu_check(
         argv += ["--task", task]
     if chip:
         argv += ["--chip", chip]
+    if compiler:
+        argv += ["--compiler", compiler]
     if not localise:
         argv.append("--no-localise")
     argv += ["--", target]

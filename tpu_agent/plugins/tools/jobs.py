@@ -26,6 +26,7 @@ from tpu_agent.plugins.jobs import Job, JobManager, JobState, new_job_id
 from tpu_agent.plugins.tools.args import (
     BackendArg,
     ChipArg,
+    CompilerArg,
     EagerModeArg,
     EntrypointArg,
     JobIdArg,
@@ -157,6 +158,7 @@ async def _start_job(
     nproc: int | None,
     chip: str,
     eager_mode: str | None,
+    compiler: str | None,
     timeout_s: int,
     wait_s: int,
     workspace: str | None,
@@ -183,6 +185,8 @@ async def _start_job(
         argv += ["--nproc", str(nproc)]
     if eager_mode:
         argv += ["--eager-mode", eager_mode]
+    if compiler:
+        argv += ["--compiler", compiler]
     logdir = None
     if kind == "profile":
         logdir = ws.artefact_dir("profiles", job_id, fresh=True)
@@ -217,13 +221,14 @@ async def tpu_run(
     backend: BackendArg = "auto",
     chip: ChipArg = DEFAULT_CHIP,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
+    compiler: CompilerArg = None,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
 ) -> models.JobResult:
     return await _start_job(
         ctx, "run", ["--backend", backend], entrypoint=entrypoint, args=args, nproc=nproc, chip=chip,
-        eager_mode=eager_mode, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
+        eager_mode=eager_mode, compiler=compiler, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
     )  # fmt: skip
 
 
@@ -240,13 +245,15 @@ async def tpu_profile(
     ] = DEFAULT_WARMUP,
     chip: ChipArg = DEFAULT_CHIP,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
+    compiler: CompilerArg = None,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
 ) -> models.JobResult:
     return await _start_job(
         ctx, "profile", ["--steps", str(steps), "--warmup", str(warmup)], entrypoint=entrypoint, args=args,
-        nproc=nproc, chip=chip, eager_mode=eager_mode, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
+        nproc=nproc, chip=chip, eager_mode=eager_mode, compiler=compiler, timeout_s=timeout_s, wait_s=wait_s,
+        workspace=workspace,
     )  # fmt: skip
 
 
@@ -277,7 +284,7 @@ async def tpu_estimate(
     options += ["--capture-only"] if capture_only else []
     return await _start_job(
         ctx, "estimate", options, entrypoint=entrypoint, args=args, nproc=None, chip=chip,
-        eager_mode=None, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
+        eager_mode=None, compiler=None, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,
     )  # fmt: skip
 
 

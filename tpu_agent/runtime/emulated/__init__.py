@@ -15,6 +15,7 @@ import sys
 from tpu_agent.chips import DEFAULT_CHIP, host_devices, parse_target
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.envvars import recorded_env
 
 _active = False
 
@@ -74,13 +75,8 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
             eager_mode=state.eager_mode.value,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             argv=list(sys.argv),
-            env=_relevant_env(),
+            env=recorded_env(os.environ),
         )
-
-
-def _relevant_env() -> dict[str, str]:
-    prefixes = ("TORCH_TPU_", "TPU_", "XLA_", "LIBTPU_", "TPU_AGENT_")
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
 
 
 def _at_exit() -> None:
