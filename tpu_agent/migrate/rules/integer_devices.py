@@ -188,7 +188,8 @@ def named_rank_device(ctx: PyContext, original: cst.Assign, updated: cst.Assign)
     """``loc = f"{device.type}:{args.gpu}"`` whose every use is a device position (pytorch/examples' imagenet
     passes it as ``torch.load(..., map_location=loc)``): ``tpu:1`` on rank 1 under TorchTPU. The device the string
     names stays the code's own (``device.type``, any device, not DEVICE); only its index goes where DEVICE is a
-    one-device-per-process type, which it is exactly when ``device`` is the TPU."""
+    one-device-per-process type, which it is exactly when ``device`` is the TPU. A name whose text is also read
+    (split, tested, returned) is reported for a person: text that expects the index may break without it."""
     target = original.targets[0].target if len(original.targets) == 1 else None
     parts = _kind_and_index(updated.value)
     if not isinstance(target, cst.Name) or parts is None or _kind_and_index(original.value) is None:
@@ -196,7 +197,22 @@ def named_rank_device(ctx: PyContext, original: cst.Assign, updated: cst.Assign)
     kind, index = parts
     if not (isinstance(kind, (cst.Name, cst.Attribute)) or _is_accelerator(ctx, kind)) or not is_rank_value(index):
         return updated
-    if ctx.value_flow.flow(name_key(target.value)).verdict is not Verdict.DEVICE:
+    flow = ctx.value_flow.flow(name_key(target.value))
+    if flow.verdict is Verdict.MIXED and flow.position_lines and flow.other_lines:
+        # timm's init_distributed_device: `device = f"{device_type}:{local_rank}"` is also read as text (split on
+        # ":", tested with startswith, returned), and text that expects the index may break without it
+        lines = ", ".join(map(str, flow.other_lines))
+        ctx.report(
+            "TPU107",
+            original.value,
+            f"{target.value} = {source(original.value)} gives the device the rank's index (tpu:1 on rank 1 of a TPU "
+            "run), but TorchTPU binds one device per process and each rank sees its chip as tpu:0. Not rewritten: "
+            f"{target.value}'s text is also read (line{'s' if len(flow.other_lines) > 1 else ''} {lines}), which may "
+            f"expect the index; on TPU, set it to {source(kind)} alone",
+            fixable=False,
+        )
+        return updated
+    if flow.verdict is not Verdict.DEVICE:
         return updated
     new = ctx.fix(
         "TPU107",
