@@ -1,7 +1,8 @@
 """``torch.nn.DataParallel`` on the tpu device. A TorchTPU process holds one chip, so DataParallel sees one device
 and runs the module there as torch does with one GPU (torch's scatter is a CUDA op); asking for more devices is
 refused with the fix (DDP over ``tpu_dist``, migrate rule TPU406). ``DistributedDataParallel`` tracking unused
-parameters on tpu is refused when it is built, with the way around it, not at its first backward."""
+parameters on tpu is refused when it is built, with the way around it, not at its first backward. A tensor placed on
+``tpu:N`` (N > 0, a rank-indexed device written for CUDA) lands on the process's device with a warning at its line."""
 
 from __future__ import annotations
 
@@ -57,3 +58,28 @@ def test_data_parallel_runs_on_the_one_tpu_device_and_refuses_several(tmp_path: 
     assert "drop find_unused_parameters" in out["unused"]
     assert out["static"].startswith("DistributedDataParallel(static_graph=True) over tpu parameters")
     assert "not emulated" not in out["cpu"]  # CPU parameters reach torch (which wants a process group here)
+
+
+PLACEMENT = r"""
+import json, warnings
+import torch
+from tpu_agent.runtime.emulated import activate
+
+activate()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    a = torch.ones(2, device="tpu:1")
+    b = torch.zeros(2, device="tpu:1")
+    c = torch.nn.Linear(2, 2).to(torch.device("tpu", 3)).weight
+    d = torch.ones(2, device="tpu:0") + torch.ones(2, device="tpu")
+said = [(w.filename.endswith("script.py"), w.lineno, str(w.message)) for w in caught if "binds" in str(w.message)]
+print(json.dumps({"devices": [str(t.device) for t in (a, b, c, d)], "warnings": said}))
+"""
+
+
+def test_a_rank_indexed_device_lands_on_the_process_device_with_a_warning_at_its_line(tmp_path: Path) -> None:
+    out = run_script(PLACEMENT, tmp_path)
+    assert out["devices"] == ["tpu:0"] * 4
+    (first, second) = out["warnings"]  # once per index: tpu:1 twice is one warning; tpu:0 and tpu none
+    assert first[:2] == [True, 9] and "placed on tpu:1" in first[2] and "TPU107" in first[2]
+    assert second[:2] == [True, 11] and "placed on tpu:3" in second[2]

@@ -70,8 +70,16 @@ def refuse_foreign_backend() -> None:
         )
 
 
+def _placed(device: torch.device | None) -> None:
+    """Every tensor the device allocates passes here: one on ``tpu:N`` for N > 0 is noted (see
+    :func:`state.note_placement`)."""
+    if device is not None and device.index:
+        state.note_placement(device)
+
+
 def _factory(op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        _placed(kwargs.get("device"))
         kwargs["device"] = tensor.DATA_DEVICE
         return tensor.wrap(op(*args, **kwargs))
 
@@ -86,6 +94,7 @@ def _empty_memory_format(
     pin_memory: Any = None,
     memory_format: Any = None,
 ) -> Any:
+    _placed(device)
     memory_format = memory_format or torch.contiguous_format
     return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format, device=tensor.DATA_DEVICE))
 
@@ -93,6 +102,7 @@ def _empty_memory_format(
 def _empty_strided(
     size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
 ) -> Any:
+    _placed(device)
     return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype, device=tensor.DATA_DEVICE))
 
 
