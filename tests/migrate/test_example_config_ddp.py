@@ -105,3 +105,4 @@ def test_migrated_example_trains_on_two_emulated_ranks(migrated: Callable[[Targe
     done = dict(DONE.findall(result.stdout))
     assert sorted(done) == ["0", "1"], result.stdout[-3000:]
     assert done["0"] == done["1"]  # the all-reduced loss agrees across ranks
+    assert "trains its own copy" not in result.stderr  # DDP averaged the gradients before the first step

@@ -202,3 +202,29 @@ def test_a_rank_that_returns_early_is_named_by_the_peer_waiting_in_a_collective(
     )
     assert "Connection closed by peer" in text  # the transport's own words are kept, after the explanation
     assert re.search(r"rank 0 \(local rank 0, pid \d+\) failed with exit code 1", text)
+
+
+LONE_RANKS = """
+import torch, torch.distributed as dist
+dist.init_process_group("tpu_dist")
+model = torch.nn.Linear(4, 1).to("tpu")
+ema = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)  # a host-side optimizer is not the training one
+ema.step()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.randn(8, 4, device="tpu")).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_that_never_average_their_gradients_are_told_they_train_alone(tmp_path: Path) -> None:
+    """No DDP, FSDP or all_reduce before the first optimizer step over tpu parameters: each rank trains its own
+    model (Hugging Face Trainer does this on tpu, accelerate knowing no backend for it); each rank says so once."""
+    (tmp_path / "lone.py").write_text(LONE_RANKS)
+    result = tpu_agent("run", "--nproc", "2", "--backend", "emulated", "lone.py", cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warned = re.findall(r"lone\.py:10: UserWarning: rank (\d) of 2 took its first optimizer step", result.stderr)
+    assert sorted(warned) == ["0", "1"], result.stderr[-3000:]
+    assert "DistributedDataParallel or FSDP over tpu_dist" in result.stderr

@@ -50,6 +50,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
         autocast,
         compile,
         device,
+        lone_rank,
         modes,
         mxu,
         process_sharing,
@@ -62,6 +63,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     autocast.register()
     compile.install()
     telemetry.install()
+    lone_rank.install()
     mxu.install()
     process_sharing.install()
     modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())

@@ -51,6 +51,7 @@ from tpu_agent.runtime.emulated.collective_guard import (
 BACKEND_NAMES = ("tpu_dist", "tpu")
 DEVICE_TYPE = "tpu"
 ASYMMETRIC_OUTPUT = "asymmetric output buffer sizes across ranks are not supported on TPU."
+collectives_run = 0  # in this process, on any tpu_dist group (:mod:`lone_rank` reads it)
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
         body: Callable[[_Staged], list[torch.Tensor]],
     ) -> _DoneWork:
         """Flush, agree with the other ranks, run ``body`` on staged CPU tensors, emit the event."""
+        global collectives_run
+        collectives_run += 1
         _flush_if_tpu(tensors)
         self._seq += 1
         seq = self._seq
