@@ -44,6 +44,7 @@ EXPECTED_IDS = {
     "SD-3",
     "SD-4",
     "SD-6",
+    "SD-7",
 }
 
 
@@ -238,3 +239,31 @@ def test_tiny_layer_padding_is_a_bounded_share() -> None:
     assert "99.9% of its MXU work" in finding.title and finding.evidence.value == pytest.approx(1023 / 1024, abs=1e-4)
     percents = [float(p) for p in re.findall(r"(\d+(?:\.\d+)?)%", finding.title + finding.suggestion)]
     assert percents and all(0 <= p <= 100 for p in percents)
+
+
+def test_ranks_that_never_ran_a_collective_trained_alone() -> None:
+    from tpu_agent.runtime import events as ev
+
+    step_site = ev.Site("train.py", 14, "<module>")
+
+    def run(world: int, collectives: bool, source: str = "optimizer") -> list:
+        ranks = {}
+        for index in range(world):
+            records = [ev.Collective(5, index, 0, "all_reduce", 64, world, 10, step_site)] if collectives else []
+            rank = RankProfile(
+                rank=index,
+                steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, source) for i in range(4)],
+                events=records,
+            )
+            rank.step_site = step_site
+            ranks[index] = rank
+        config = RunConfig(chip=get_chip("v6e"), world_size=world, source="tpu-agent")
+        return [f for f in run_rules(ProfileModel(config=config, ranks=ranks))[0] if f.rule_id == "SD-7"]
+
+    (alone,) = run(2, collectives=False)
+    assert alone.title.startswith("None of the 2 ranks ran a collective")
+    assert (alone.locations[0].file, alone.locations[0].line) == ("train.py", 14)
+    assert "DistributedDataParallel" in alone.suggestion and alone.agent_change is not None
+    assert run(2, collectives=True) == []  # DDP, FSDP or an all_reduce joined them
+    assert run(1, collectives=False) == []  # one process has nobody to average with
+    assert run(2, collectives=False, source="annotation") == []  # inference steps: no gradients to average

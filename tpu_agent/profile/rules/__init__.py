@@ -39,6 +39,7 @@ _MODULES = (
     "sd_compiled_hbm",
     "sd_compiled_collectives",
     "sd_data_parallel",
+    "sd_ranks_train_alone",
 )
 
 ALL_RULES: dict[str, DiagnosticRule] = {
