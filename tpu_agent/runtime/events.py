@@ -28,6 +28,7 @@ import sysconfig
 import threading
 import time
 import types
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -225,6 +226,13 @@ def user_call_site(skip: int = 1) -> Site | None:
             return Site(file=filename, line=frame.f_lineno, function=frame.f_code.co_name)
         frame = frame.f_back
     return None
+
+
+def warn_at_user_line(message: str) -> None:
+    """A ``UserWarning`` attributed to the user's line (:func:`user_call_site`), not to the emulator frame that
+    noticed: ``stacklevel`` counts frames, and the emulator is reached through a varying number of them."""
+    site = user_call_site(2)
+    warnings.warn_explicit(message, UserWarning, site.file if site else "<tpu>", site.line if site else 0)
 
 
 def to_json(event: Event) -> str:

@@ -17,7 +17,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     if model.config.world_size < 2:
         return []
     ranks = model.ranks.values()
-    training = [rank for rank in ranks if any(step.source == "optimizer" for step in rank.steps)]
+    training = any(step.source == "optimizer" for rank in ranks for step in rank.steps)
     if not training or any(isinstance(e, ev.Collective) for rank in ranks for e in rank.events):
         return []
     rank = model.primary

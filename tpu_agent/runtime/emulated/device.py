@@ -20,6 +20,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import (
     autograd_queue,
     deferred,
@@ -70,11 +71,22 @@ def refuse_foreign_backend() -> None:
         )
 
 
+_warned_indices: set[int] = set()
+
+
 def _placed(device: torch.device | None) -> None:
-    """Every tensor the device allocates passes here: one on ``tpu:N`` for N > 0 is noted (see
-    :func:`state.note_placement`)."""
-    if device is not None and device.index:
-        state.note_placement(device)
+    """Every tensor the device allocates passes here. One placed on ``tpu:N`` (N > 0) lands on the process's one
+    device, with a warning once per index: TorchTPU binds each process to one device that every rank calls
+    ``tpu:0``, and rank-indexed device strings written for CUDA (``f"{device_type}:{local_rank}"``) are the usual
+    cause, so the emulation keeps running but says so instead of hiding what a TPU host may refuse."""
+    if device is None or not device.index or device.index in _warned_indices:
+        return
+    _warned_indices.add(device.index)
+    events.warn_at_user_line(
+        f"a tensor was placed on {device}, but TorchTPU binds each process to one device, tpu:0 on every rank; "
+        "the emulation put it there. Use torch.device('tpu') (tpu-agent migrate rewrites rank-indexed devices, "
+        "rule TPU107)"
+    )
 
 
 def _factory(op: Any) -> Callable[..., Any]:

@@ -12,7 +12,6 @@ the hooks from a dictionary it iterates, so a hook cannot remove itself).
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -37,23 +36,18 @@ def _first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
     global _checked
     if _checked:
         return
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if not any(p.device.type == "tpu" for p in params):
+    if not any(p.device.type == "tpu" for group in optimizer.param_groups for p in group["params"]):
         return  # a CPU optimizer (a host-side EMA, say): wait for the training one
     _checked = True
     rank, world = _world()
     if world < 2 or distributed.collectives_run:
         return
-    site = events.user_call_site(skip=2)
-    warnings.warn_explicit(
+    events.warn_at_user_line(
         f"rank {rank} of {world} took its first optimizer step with no collective before it: nothing averaged its "
         "gradients with the other ranks', so each rank trains its own copy of the model. Wrap the model in "
         "DistributedDataParallel or FSDP over tpu_dist, or all_reduce the gradients yourself. Hugging Face "
         "Trainer (accelerate) does not know tpu_dist yet and trains this way. Ignore this if the ranks are meant "
-        "to train independently.",
-        UserWarning,
-        site.file if site else "<tpu>",
-        site.line if site else 0,
+        "to train independently."
     )
 
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import enum
 import os
-import warnings
 from typing import Any
 
 import torch
 
 from tpu_agent.chips import Chip
-from tpu_agent.runtime import events
 
 
 class EagerMode(enum.Enum):
@@ -117,29 +115,6 @@ def index_of(device: Any) -> int:
             raise ValueError(f"Expected a tpu device, but got: {device}")
         return 0 if device.index is None else device.index
     raise TypeError(f"Invalid device type {type(device).__name__}; expected int, str or torch.device")
-
-
-_warned_indices: set[int] = set()
-
-
-def note_placement(device: torch.device) -> None:
-    """A tensor placed on ``tpu:N`` (N > 0) lands on the process's one device, with a warning once per index.
-
-    TorchTPU binds each process to one device that every rank calls ``tpu:0``; rank-indexed device strings written
-    for CUDA (``f"{device_type}:{local_rank}"``) are the usual cause, so the emulation keeps running, as a rank's
-    own device, but says so instead of hiding what a TPU host may refuse."""
-    index = device.index
-    if index and index not in _warned_indices:
-        _warned_indices.add(index)
-        site = events.user_call_site(skip=2)
-        warnings.warn_explicit(
-            f"a tensor was placed on {device}, but TorchTPU binds each process to one device, tpu:0 on every rank; "
-            "the emulation put it there. Use torch.device('tpu') (tpu-agent migrate rewrites rank-indexed devices, "
-            "rule TPU107)",
-            UserWarning,
-            site.file if site else "<tpu>",
-            site.line if site else 0,
-        )
 
 
 def check_device_index(index: int) -> None:
