@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpu_agent.check.compare import compare_named, compare_tensor, flatten_tensors
+from tpu_agent.check.compare import compare_named, compare_tensor, flatten_tensors, tolerances
 from tpu_agent.check.localise import OpRecord, first_diverging_op
 from tpu_agent.check.spec import DIRECTORY, FACTORY, HF_TYPE, parse_model_spec
 from tpu_agent.check.tiny import TINY_VOCAB, example_inputs, shrink_config
@@ -113,6 +113,19 @@ def test_tolerance_scales_with_the_tensor() -> None:
     ref = torch.tensor([1000.0, 1e-9])
     assert compare_tensor("x", ref + torch.tensor([1e-3, 1e-9]), ref).ok  # 1e-3 is within 1e-5 * 1000
     assert not compare_tensor("x", ref + torch.tensor([0.1, 0.0]), ref).ok
+
+
+def test_graphs_xla_compiled_are_held_to_torchs_compiled_graph_bound() -> None:
+    """XLA reorders long sums: Mamba2's D gradient came out 1.2x past the eager bound with nothing wrong."""
+    ref = torch.tensor([4.0, -2.0, 0.5])
+    reordered = ref + torch.tensor([1.2 * (1e-6 + 1e-5 * 4.0), 0.0, 0.0])
+    assert not compare_tensor("D", reordered, ref).ok
+    assert compare_tensor("D", reordered, ref, tolerances(through_xla=True)).ok
+    wrong = ref + torch.tensor([1e-3, 0.0, 0.0])  # a wrong lowering is far past either bound
+    assert not compare_tensor("D", wrong, ref, tolerances(through_xla=True)).ok
+    assert not compare_named({"D": reordered}, {"D": ref}, table=tolerances(through_xla=False))[0].ok
+    # bfloat16 is bound by its mantissa, not by who computed it
+    assert tolerances(through_xla=True)["bfloat16"] == tolerances(through_xla=False)["bfloat16"]
 
 
 def test_structural_differences_are_mismatches() -> None:

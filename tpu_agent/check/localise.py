@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_agent.check.compare import TensorDiff, compare_named, flatten_tensors
+from tpu_agent.check.compare import TOLERANCES, TensorDiff, Tolerance, compare_named, flatten_tensors
 from tpu_agent.check.execute import (
     StepResult,
     describe_frame,
@@ -93,8 +93,8 @@ class Verdict:
         return bool(self.kind)
 
 
-def judge(got: StepResult, ref: StepResult) -> Verdict:
-    """Compare a tpu step with the CPU step of the same call."""
+def judge(got: StepResult, ref: StepResult, table: Mapping[str, Tolerance] = TOLERANCES) -> Verdict:
+    """Compare a tpu step with the CPU step of the same call, under the mode's tolerance ``table``."""
     if ref.error is not None:
         return Verdict()  # the call does not run on CPU on its own; it cannot be judged in isolation
     if got.error is not None:
@@ -103,13 +103,20 @@ def judge(got: StepResult, ref: StepResult) -> Verdict:
         ("forward", got.outputs, ref.outputs),
         ("backward", got.gradients, ref.gradients),
     ):
-        failing = [diff for diff in compare_named(got_tensors, ref_tensors) if not diff.ok]
+        failing = [diff for diff in compare_named(got_tensors, ref_tensors, table=table) if not diff.ok]
         if failing:
             return Verdict(failing[0], kind)
     return Verdict()
 
 
-def _replay(call: ModuleCall, cpu_model: Any, tpu_model: Any, device: Any, prepare: Callable[[Any], Any]) -> Verdict:
+def _replay(
+    call: ModuleCall,
+    cpu_model: Any,
+    tpu_model: Any,
+    device: Any,
+    prepare: Callable[[Any], Any],
+    table: Mapping[str, Tolerance],
+) -> Verdict:
     cpu_module = cpu_model.get_submodule(call.name) if call.name else cpu_model
     tpu_module = tpu_model.get_submodule(call.name) if call.name else tpu_model
     ref = run_step(cpu_module, call.invocation, "cpu", "cpu")
@@ -117,7 +124,7 @@ def _replay(call: ModuleCall, cpu_model: Any, tpu_model: Any, device: Any, prepa
     leftover_error = settle(device)
     if got.error is None and leftover_error is not None:
         got.error = leftover_error
-    return judge(got, ref)
+    return judge(got, ref, table)
 
 
 # ---- op level ---------------------------------------------------------------------------------------------
@@ -186,7 +193,9 @@ def _trace(module: Any, invocation: Invocation, device: Any, stage: str) -> list
     return recorder.ops
 
 
-def first_diverging_op(cpu_ops: list[OpRecord], tpu_ops: list[OpRecord]) -> tuple[OpRecord, str] | None:
+def first_diverging_op(
+    cpu_ops: list[OpRecord], tpu_ops: list[OpRecord], table: Mapping[str, Tolerance] = TOLERANCES
+) -> tuple[OpRecord, str] | None:
     """The first tpu op that raises or whose outputs differ from its CPU counterpart, with a description.
 
     Ops are paired by name and calling source line, in order. A tpu op with no CPU counterpart comes from a
@@ -214,7 +223,7 @@ def first_diverging_op(cpu_ops: list[OpRecord], tpu_ops: list[OpRecord]) -> tupl
         reference = cpu_ops[match]
         if reference.outputs is None:
             continue
-        failing = [diff for diff in compare_named(op.outputs, reference.outputs) if not diff.ok]
+        failing = [diff for diff in compare_named(op.outputs, reference.outputs, table=table) if not diff.ok]
         if failing:
             if tpu_only is not None:
                 return (
@@ -235,8 +244,10 @@ def localise(
     device: Any,
     prepare: Callable[[Any], Any] = lambda module: module,
     compiled: bool = False,
+    table: Mapping[str, Tolerance] = TOLERANCES,
 ) -> Localisation | None:
-    """The first diverging submodule of ``tpu_model`` (a copy of ``cpu_model`` on ``device``) and its op.
+    """The first diverging submodule of ``tpu_model`` (a copy of ``cpu_model`` on ``device``) and its op, judged
+    under the mode's tolerance ``table``.
 
     ``prepare`` wraps a tpu submodule before it runs (``torch.compile`` in compile mode). Returns ``None``
     when the recorded CPU forward itself fails, or when no replay diverges (the divergence then needs the
@@ -246,14 +257,14 @@ def localise(
         root = record_calls(cpu_model, invocation)
     except Exception:  # the hooked CPU forward fails: the model cannot be taken apart this way
         return None
-    verdict = _replay(root, cpu_model, tpu_model, device, prepare)
+    verdict = _replay(root, cpu_model, tpu_model, device, prepare, table)
     if not verdict.diverges:
         return None
     culprit, depth = root, 0
     while depth < MAX_DEPTH:
         depth += 1
         for child in culprit.children:
-            child_verdict = _replay(child, cpu_model, tpu_model, device, prepare)
+            child_verdict = _replay(child, cpu_model, tpu_model, device, prepare, table)
             if child_verdict.diverges:
                 culprit, verdict = child, child_verdict
                 break
@@ -265,7 +276,9 @@ def localise(
     tpu_module = tpu_model.get_submodule(culprit.name) if culprit.name else tpu_model
     try:
         found = first_diverging_op(
-            _trace(cpu_module, culprit.invocation, "cpu", "cpu"), _trace(tpu_module, culprit.invocation, device, "tpu")
+            _trace(cpu_module, culprit.invocation, "cpu", "cpu"),
+            _trace(tpu_module, culprit.invocation, device, "tpu"),
+            table,
         )
     except Exception as error:  # the recorder itself could not run this module; the module verdict stands
         result.note = f"op-level trace failed: {type(error).__name__}: {error}"[:300]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpu_agent.check.compare import TensorDiff, tolerances_table
+from tpu_agent.check.compare import XLA_TOLERANCES, TensorDiff, tolerances_table
 from tpu_agent.errors import ExitCode
 
 # The ways a model is run on the ``tpu`` device; each is compared against the same CPU reference.
@@ -89,6 +89,7 @@ class ModeResult:
     seconds: float = 0.0
     cpu_step_s: float | None = None  # a repeated forward + backward step, when timing was asked for
     tpu_step_s: float | None = None
+    through_xla: bool = False  # XLA compiled the mode's graphs: judged under XLA_TOLERANCES (see check.compare)
 
     MAX_LISTED = 20
 
@@ -106,6 +107,7 @@ class ModeResult:
             "seconds": round(self.seconds, 3),
             "cpu_step_s": self.cpu_step_s,
             "tpu_step_s": self.tpu_step_s,
+            "through_xla": self.through_xla,
         }
 
     @classmethod
@@ -126,6 +128,7 @@ class ModeResult:
             seconds=data.get("seconds", 0.0),
             cpu_step_s=data.get("cpu_step_s"),
             tpu_step_s=data.get("tpu_step_s"),
+            through_xla=data.get("through_xla", False),
         )
 
 
@@ -175,6 +178,7 @@ class CheckReport:
             "matmul_precision": self.matmul_precision,
             "compiler": self.compiler,
             "tolerances": tolerances_table(),
+            "xla_tolerances": tolerances_table(XLA_TOLERANCES),  # for the modes marked through_xla
             "modes": [result.to_dict() for result in self.modes],
         }
 

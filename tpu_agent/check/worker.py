@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_agent.check.build import Built, build
-from tpu_agent.check.compare import TensorDiff, compare_named
+from tpu_agent.check.compare import TensorDiff, compare_named, tolerances
 from tpu_agent.check.copies import DeviceCopies
 from tpu_agent.check.execute import StepResult, error_info, run_step, settle
 from tpu_agent.check.localise import localise
@@ -43,15 +43,29 @@ def _worst(diffs: list[TensorDiff]) -> TensorDiff | None:
     )
 
 
-def _compare(mode: str, got: StepResult, ref: StepResult) -> ModeResult:
+def through_xla(mode: str, backend: str) -> bool:
+    """Whether XLA compiles the graphs of ``mode`` in this process: every mode on real torch_tpu (Strict compiles
+    each op); on the emulation, DeferAndFuse and ``torch.compile`` under ``--compiler xla``."""
+    if backend != "emulated":
+        return True
+    from tpu_agent.runtime.xla import settings
+
+    if mode == "compile":
+        return settings.uses_xla()
+    return mode == "defer-and-fuse" and settings.deferred_uses_xla()
+
+
+def _compare(mode: str, got: StepResult, ref: StepResult, xla: bool) -> ModeResult:
     if got.error is not None:
-        return ModeResult(mode, ERROR, error=got.error)
-    output_diffs = compare_named(got.outputs, ref.outputs)
-    gradient_diffs = compare_named(got.gradients, ref.gradients, absent_is_zero=True)
+        return ModeResult(mode, ERROR, error=got.error, through_xla=xla)
+    table = tolerances(xla)
+    output_diffs = compare_named(got.outputs, ref.outputs, table=table)
+    gradient_diffs = compare_named(got.gradients, ref.gradients, absent_is_zero=True, table=table)
     failing = [diff for diff in (*output_diffs, *gradient_diffs) if not diff.ok]
     return ModeResult(
         mode=mode,
         status=MISMATCH if failing else PASS,
+        through_xla=xla,
         outputs_checked=len(output_diffs),
         gradients_checked=len(gradient_diffs),
         worst_output=_worst(output_diffs),
@@ -81,10 +95,11 @@ def _set_mode(mode: str) -> None:
 
 
 def run_mode(
-    mode: str, built: Built, reference: StepResult, request: dict[str, Any], copies: DeviceCopies
+    mode: str, built: Built, reference: StepResult, request: dict[str, Any], copies: DeviceCopies, backend: str
 ) -> ModeResult:
     """Run a copy of ``built`` (from ``copies``, made before the reference ran) on the tpu device in ``mode`` and
-    compare with ``reference``; localise any divergence."""
+    compare with ``reference`` (under the tolerances of what ran it, ``backend``'s eager ops or XLA); localise any
+    divergence."""
     import torch
 
     started = time.perf_counter()
@@ -109,11 +124,14 @@ def run_mode(
     parameters = dict(tpu_model.named_parameters())
     runner = prepare(tpu_model)
     got = run_step(runner, built.invocation, DEVICE, "tpu", parameters=parameters)
-    result = _compare(mode, got, reference)
+    xla = through_xla(mode, backend)
+    result = _compare(mode, got, reference, xla)
     wanted = result.status == MISMATCH or (result.status == ERROR and request.get("localise_errors", True))
     if wanted and request.get("localise", True):
         try:
-            result.localisation = localise(built.model, tpu_model, built.invocation, DEVICE, prepare, compiled)
+            result.localisation = localise(
+                built.model, tpu_model, built.invocation, DEVICE, prepare, compiled, tolerances(xla)
+            )
         except Exception as error:  # localisation is a diagnosis aid; its own failure must not hide the verdict
             result.localisation = None
             print(f"localisation failed: {type(error).__name__}: {error}", file=sys.stderr)
@@ -147,7 +165,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
 
     # Activate before the CPU reference's backward: torch's autograd engine sizes its per-device queues at its
     # first backward, so a device registered after that fails every later backward on it.
-    activate()
+    backend = activate().name
     torch.set_float32_matmul_precision(request.get("matmul_precision", "highest"))
     # Copied before the reference's forward: every mode should start from the same fresh state (and a model that
     # keeps non-leaf tensors from its forward, a recurrent state or a cache, cannot be deep-copied after one).
@@ -161,7 +179,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         try:
             if len(modes) > 1 or request.get("switch_modes"):  # one process, several modes: switch in-process
                 _set_mode(mode)
-            results.append(run_mode(mode, built, reference, request, copies).to_dict())
+            results.append(run_mode(mode, built, reference, request, copies, backend).to_dict())
         except Exception as error:  # a failure outside the model's own run: report it against this mode only
             results.append(ModeResult(mode, ERROR, error=error_info("worker", error)).to_dict())
     return {"model": built.info.to_dict(), "modes": results}

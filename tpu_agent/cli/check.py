@@ -106,9 +106,17 @@ def _render_text(report: dict[str, Any]) -> None:
         if where["note"]:
             console.print(f"  note: {where['note']}", highlight=False)
     float32 = report["tolerances"].get("float32", {})
+    xla_modes = [result["mode"] for result in report["modes"] if result.get("through_xla")]
+    xla_float32 = report["xla_tolerances"].get("float32", {})
+    through_xla = (
+        f"; {', '.join(xla_modes)} ran through XLA, which reorders sums: float32 rtol {xla_float32.get('rtol')}, "
+        f"atol {xla_float32.get('atol')}, torch's bound for compiled graphs"
+        if xla_modes
+        else ""
+    )
     console.print(
         f"[dim]pass: per tensor, max|tpu - cpu| <= atol + rtol * max|cpu| (float32: rtol {float32.get('rtol')}, "
-        f"atol {float32.get('atol')}; integers exact). --format json has every dtype's tolerance.[/]",
+        f"atol {float32.get('atol')}{through_xla}; integers exact). --format json has every dtype's tolerance.[/]",
         highlight=False,
     )
 
