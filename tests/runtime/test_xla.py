@@ -245,6 +245,13 @@ def test_views_mutation_optimizer_rng_and_fallbacks_keep_their_meaning(tmp_path:
     )
     assert ["aten.masked_select.default", "xla_semantics.py", masked_line] in out["fallbacks"]
     assert all(0.15 < rate < 0.35 for rate in out["deferred_dropout"])
+    # an input the compiled graph writes into and returns gets its gradient on the device (it was a CPU gradient
+    # that failed the backward of transformers' GPT-OSS), with CPU's values
+    cpu_runs, tpu_runs = out["written_input"][:2], out["written_input"][2:]
+    for (cpu_device, cpu_x, cpu_bias), (tpu_device, tpu_x, tpu_bias) in zip(cpu_runs, tpu_runs, strict=True):
+        assert (cpu_device, tpu_device) == ("cpu", "tpu")
+        np.testing.assert_allclose(tpu_x, cpu_x, rtol=1e-6)
+        np.testing.assert_allclose(tpu_bias, cpu_bias, rtol=1e-6)
     # every deferred graph compiled but the one whose as_strided reads the storage under a view (chunks)
     deferred = [f for f in out["fallbacks"] if f[0].startswith("deferred graph")]
     assert len(deferred) == 1 and "NotPlannable: as_strided on a view" in deferred[0][0], deferred

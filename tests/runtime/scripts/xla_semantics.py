@@ -122,6 +122,27 @@ def data_dependent_in_graph() -> list:
     return results
 
 
+def written_input_returned() -> list:
+    """A compiled function that adds into its input and returns it (transformers' grouped-MoE linear, resumed after
+    its ``_grouped_mm`` graph break): the gradients of both inputs, used again after the call or not."""
+
+    def add_bias(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        out.add_(bias)
+        return out
+
+    results = []
+    for device, step in (("cpu", add_bias), ("tpu", torch.compile(add_bias, backend="tpu"))):
+        torch.manual_seed(13)
+        x, bias = torch.randn(8, 4).to(device).requires_grad_(), torch.randn(8, 4).to(device).requires_grad_()
+        for reuse in (False, True):
+            x.grad = bias.grad = None
+            hidden = x * 1.5
+            loss = step(hidden, bias).square().sum() + (7 * hidden.sum() if reuse else 0)
+            loss.backward()
+            results.append([str(x.grad.device.type), x.grad.cpu().flatten().tolist(), bias.grad.cpu().flatten().tolist()])
+    return results
+
+
 def host_stream_after_attention() -> list:
     """The program's own random draws after attention without dropout: the CPU's, in every mode."""
     torch.manual_seed(0)
@@ -185,6 +206,7 @@ out = {
 out["deferred_dropout"] = run(FUSED, deferred_dropout)
 out["compiled"] = compiled_cases()
 out["data_dependent_in_graph"] = data_dependent_in_graph()
+out["written_input"] = written_input_returned()
 from tpu_agent.runtime import events
 from tpu_agent.runtime.xla import cache
 

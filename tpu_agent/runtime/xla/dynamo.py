@@ -20,6 +20,13 @@ op on the device, reported as a :class:`~tpu_agent.runtime.events.FallbackOp`, i
 A tensor AOTAutograd did not derive from a tpu input (a factory such as ``torch.arange(n, device=x.device)``,
 alone in a graph after a break) is a plain tensor to it, so the executable's CPU result would leak out as a CPU
 tensor: :func:`_on_devices` puts such outputs back on the device Dynamo recorded for them.
+
+AOTAutograd guesses that the gradient of an input a graph writes into will be a plain tensor of zeros, even for a
+tensor subclass. On this device every tensor is the subclass, and a graph that writes into an input and returns it
+(``out.add_(bias); return out``: transformers' grouped-MoE linear, resumed after its ``_grouped_mm`` graph break)
+then had its whole backward traced over plain tensors and handed the autograd engine CPU gradients for tpu inputs,
+which failed where they met the same tensors' tpu gradients (GPT-OSS under compile). :data:`_AOT_CONFIG` turns
+that guess off for the device's graphs.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 import torch
 import torch._dynamo.exc
+import torch._functorch.config as functorch_config
 import torch.utils._pytree as pytree
 
 from tpu_agent.runtime import events
@@ -37,6 +45,8 @@ from tpu_agent.runtime.xla import decompositions
 from tpu_agent.runtime.xla.graphs import GraphRunner, op_count, report_fallback
 
 _TPU = torch.device("tpu", 0)
+# a written input's gradient has the input's type: the device's tensors are all the subclass (see the module doc)
+_AOT_CONFIG = {"disable_guess_zero_tangent_for_mutated_input_subclass": True}
 # Left to Dynamo: its own control flow (restarts, skips) and the fake-tensor refusals it turns into a graph break
 # at the op (a data-dependent output shape, as a boolean-mask index_put's backward has), as it does on CPU
 _DYNAMO_HANDLES = (torch._dynamo.exc.TorchDynamoException, *torch._dynamo.exc.exceptions_allowed_to_be_fallback)
@@ -64,7 +74,8 @@ def compile_dynamo_graph(
         partition_fn=min_cut_rematerialization_partition,
     )
     try:
-        compiled = backend(gm, example_inputs)
+        with functorch_config.patch(_AOT_CONFIG):
+            compiled = backend(gm, example_inputs)
     except _DYNAMO_HANDLES:
         raise
     except Exception as error:  # noqa: BLE001 - a graph AOTAutograd cannot trace runs op by op, never a crash
