@@ -9,7 +9,7 @@ lower-precision dtypes get the bounds their 8- or 11-bit mantissas allow.
 A mode whose graphs XLA compiled (every mode on real torch_tpu; DeferAndFuse and ``torch.compile`` under the
 emulation's ``--compiler xla``) is held to :data:`XLA_TOLERANCES` instead: XLA reorders and fuses reductions and
 brings its own ``exp``, ``log`` and ``tanh``, which move float32 results by 1e-5 of their scale and more on long
-sums (Mamba2's ``D`` gradient, CpmAnt's large activations) with no error in the program. That is the bound torch
+sums (Mamba2's ``D`` gradient) with no error in the program. That is the bound torch
 itself holds a compiled graph to against eager (``torch._dynamo.utils.same``, ``tol=1e-4``); a wrong lowering
 is orders of magnitude past it.
 """
