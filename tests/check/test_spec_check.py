@@ -167,6 +167,22 @@ def test_first_diverging_op_pairs_by_name_and_line() -> None:
     assert first_diverging_op(cpu, raising)[1] == "raises on tpu: RuntimeError: boom"
 
 
+def test_a_selecting_op_whose_indices_alone_differ_is_reported_as_a_tie_order() -> None:
+    """AfMoE's zero-initialised router ties every expert: XLA picks the lowest indices, the CPU kernel others."""
+    scores = torch.zeros(2, 4)
+    values, cpu_indices = torch.topk(scores, 2)
+    cpu = [OpRecord("aten::topk", "modeling_afmoe.py:148", {"0": values, "1": cpu_indices})]
+    tied = [OpRecord("aten::topk", "modeling_afmoe.py:148", {"0": values, "1": torch.tensor([[0, 1], [0, 1]])})]
+    if torch.equal(cpu_indices, tied[0].outputs["1"]):  # this CPU kernel happens to pick the same: make them differ
+        tied = [OpRecord("aten::topk", "modeling_afmoe.py:148", {"0": values, "1": torch.tensor([[3, 2], [3, 2]])})]
+    op, why = first_diverging_op(cpu, tied)
+    assert op.name == "aten::topk" and "only the indices differ" in why and "ties" in why
+    moved = [OpRecord("aten::topk", "modeling_afmoe.py:148", {"0": values + 1, "1": tied[0].outputs["1"]})]
+    assert "ties" not in first_diverging_op(cpu, moved)[1]  # values that differ are not a tie order
+    other = [OpRecord("aten::mul", "m.py:1", {"0": values, "1": tied[0].outputs["1"]})]
+    assert "ties" not in first_diverging_op([OpRecord("aten::mul", "m.py:1", cpu[0].outputs)], other)[1]
+
+
 def test_model_directory_over_the_size_limit_is_refused_before_allocating(tmp_path: Path) -> None:
     from transformers import AutoConfig
 

@@ -230,8 +230,28 @@ def first_diverging_op(
                     tpu_only,
                     f"issued on tpu only (a device-dependent branch); values differ after it: {failing[0].describe()}",
                 )
-            return op, failing[0].describe()
+            return op, failing[0].describe() + (_TIE_ORDER if _only_tie_order(op, failing) else "")
     return None
+
+
+# ops that pick values and return where they were: equal values (ties) may come back in another order
+_SELECTING_OPS = frozenset(
+    {"aten::topk", "aten::sort", "aten::max", "aten::min", "aten::kthvalue", "aten::mode", "aten::median"}
+    | {"aten::nanmedian", "aten::cummax", "aten::cummin"}
+)
+_TIE_ORDER = (
+    "; the values match and only the indices differ: equal values (ties) come back in another order, as XLA on a"
+    " TPU returns the lowest index first where the CPU kernel may not. Not a device error: exact ties (a"
+    " zero-initialised router, a random-init model) route or sort differently on the two; trained weights rarely tie"
+)
+
+
+def _only_tie_order(op: OpRecord, failing: list[TensorDiff]) -> bool:
+    """Whether a selecting op's outputs differ only in their indices (its values all matched)."""
+    outputs = op.outputs or {}
+    if op.name.split(".")[0] not in _SELECTING_OPS or not any(t.is_floating_point() for t in outputs.values()):
+        return False
+    return all(diff.name in outputs and not outputs[diff.name].is_floating_point() for diff in failing)
 
 
 # ---- descent ---------------------------------------------------------------------------------------------
