@@ -122,6 +122,17 @@ def data_dependent_in_graph() -> list:
     return results
 
 
+def complex_rotary() -> list:
+    """Llama 4's rotary embedding: a complex multiply, whose backward multiplies by the conjugate (a view torch
+    keeps as a bit, not in the storage)."""
+    torch.manual_seed(17)
+    x = torch.randn(4, 6).to("tpu").requires_grad_()
+    freqs = torch.polar(torch.ones(3), torch.randn(3)).to("tpu")
+    y = torch.view_as_real(torch.view_as_complex(x.reshape(4, 3, 2)) * freqs).flatten(1)
+    (y * torch.arange(24.0).reshape(4, 6).sin().to("tpu")).sum().backward()
+    return [y.detach().cpu().flatten().tolist(), x.grad.cpu().flatten().tolist()]
+
+
 def written_input_returned() -> list:
     """A compiled function that adds into its input and returns it (transformers' grouped-MoE linear, resumed after
     its ``_grouped_mm`` graph break): the gradients of both inputs, used again after the call or not."""
@@ -201,6 +212,7 @@ out = {
         ("host_stream", host_stream_after_attention),
         ("sliding", sliding_batches),
         ("chunks", overlapping_chunks),
+        ("complex_rotary", complex_rotary),
     ]
 }
 out["deferred_dropout"] = run(FUSED, deferred_dropout)

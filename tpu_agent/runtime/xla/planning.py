@@ -27,6 +27,13 @@ from tpu_agent.runtime.emulated.deferred import Graph
 from tpu_agent.runtime.xla import arrays, extra_ops
 
 
+# Views that change values, not layout: torch keeps ``z.conj()`` (the backward of every complex multiply: complex
+# RoPE's) and ``_neg_view`` as a bit on a tensor over the same storage, which a replay cutting views from the
+# storage would read unconjugated. Such a graph runs on the CPU executor (the gradients of Llama 4's complex
+# rotary embedding came out wrong by their own size through XLA before).
+_MATH_BIT_VIEWS = frozenset({torch.ops.aten._conj.default, torch.ops.aten._neg_view.default})
+
+
 class NotPlannable(Exception):
     """The graph uses something the XLA plan cannot express; the CPU executor runs it."""
 
@@ -103,6 +110,8 @@ class Planner:
         elem = t._elem if type(t) is tt.TpuTensor else t
         if elem is None or type(elem) is not torch.Tensor:
             raise NotPlannable("a tensor without data (its producing flush failed)")
+        if elem.is_conj() or elem.is_neg():
+            raise NotPlannable("a conjugate or negative view, whose values its storage does not hold")
         index = self._buffer_index(elem)
         slot = self.slots[id(t)] = Slot(index, tuple(elem.shape), elem.stride(), elem.storage_offset())
         number = self.numbering[id(t)] = len(self.numbering)
@@ -193,6 +202,8 @@ def _plan(graph: Graph, planner: Planner) -> Plan:
     for node in graph.nodes:
         if node.func is _AS_STRIDED and not extra_ops.reads_logical_order(node.args[0], node.args, node.kwargs):
             raise NotPlannable(f"as_strided on a view of a larger or reordered storage, recorded at {node.site}")
+        if node.func in _MATH_BIT_VIEWS:
+            raise NotPlannable(f"{node.func} (a view its storage does not hold), recorded at {node.site}")
         args = read(node.args)
         kwargs = read(list(node.kwargs.items())) if node.kwargs else ""
         is_view = node.func.is_view
