@@ -26,7 +26,6 @@ from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import Graph
 from tpu_agent.runtime.xla import arrays, extra_ops
 
-
 # Views that change values, not layout: torch keeps ``z.conj()`` (the backward of every complex multiply: complex
 # RoPE's) and ``_neg_view`` as a bit on a tensor over the same storage, which a replay cutting views from the
 # storage would read unconjugated. Such a graph runs on the CPU executor (the gradients of Llama 4's complex
