@@ -144,3 +144,14 @@ def test_64_bit_arithmetic_in_an_executable_gives_torchs_values() -> None:
     assert got_ids.dtype == torch.int64 and got_ids.tolist() == expected_ids.tolist()
     assert got_x.dtype == torch.float64  # to a double's rounding (XLA may fuse the multiply-add); f32 is off by 1e-8
     torch.testing.assert_close(got_x, expected_x, rtol=1e-15, atol=0)
+
+
+def test_a_size_one_dimensions_stride_does_not_change_the_layout_xla_sees() -> None:
+    """torch calls ``[2, 16, 1]`` with strides ``(16, 1, 16)`` contiguous; JAX read a transposed layout from its
+    DLPack strides and the executable (compiled for row-major inputs) refused it: Perceiver's compiled backward."""
+    data = torch.arange(32, dtype=torch.float32)
+    odd = data.as_strided((2, 16, 1), (16, 1, 16))
+    assert odd.is_contiguous()
+    compiled = jax.jit(lambda x: x * 2).lower(jax.ShapeDtypeStruct((2, 16, 1), jnp.float32)).compile()
+    np.testing.assert_array_equal(np.asarray(compiled(arrays.array(odd))), odd.numpy() * 2)
+    assert arrays.array(odd).unsafe_buffer_pointer() == odd.data_ptr()  # still the tensor's memory, not a copy

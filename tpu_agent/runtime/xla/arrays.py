@@ -50,6 +50,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         return jnp.asarray(t.numpy())
     if not t.is_contiguous():
         t = t.contiguous()
+    t = _row_major_strides(t)
     if t.dtype in _DIRECT_DTYPES:
         try:  # from a detached tensor: the array holds the storage, not ``t`` (see :func:`array`)
             return _jax.dlpack_managed_tensor_to_buffer(
@@ -61,6 +62,21 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         return jax.dlpack.from_dlpack(t.detach())
     except Exception:  # noqa: BLE001 - unaligned or unusual storage: one copy through a fresh tensor
         return jax.dlpack.from_dlpack(t.detach().clone())
+
+
+def _row_major_strides(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``t`` as a view with row-major strides in its size-1 dimensions too. torch calls a tensor
+    contiguous whatever the stride of a size-1 dimension (a ``[2, 16, 1]`` attention statistic with strides
+    ``(16, 1, 16)``, from Perceiver's backward); DLPack passes that stride on, JAX reads a transposed layout from it,
+    and an executable compiled for row-major inputs refuses the array."""
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= max(size, 1)
+    expected.reverse()
+    if list(t.stride()) == expected:
+        return t
+    return t.as_strided(t.shape, expected, t.storage_offset())
 
 
 def to_torch(a: jax.Array) -> torch.Tensor:
