@@ -236,8 +236,18 @@ def first_diverging_op(
 
 # ops that pick values and return where they were: equal values (ties) may come back in another order
 _SELECTING_OPS = frozenset(
-    {"aten::topk", "aten::sort", "aten::max", "aten::min", "aten::kthvalue", "aten::mode", "aten::median"}
-    | {"aten::nanmedian", "aten::cummax", "aten::cummin"}
+    {
+        "aten::topk",
+        "aten::sort",
+        "aten::max",
+        "aten::min",
+        "aten::kthvalue",
+        "aten::mode",
+        "aten::median",
+        "aten::nanmedian",
+        "aten::cummax",
+        "aten::cummin",
+    }
 )
 _TIE_ORDER = (
     "; the values match and only the indices differ: equal values (ties) come back in another order, as XLA on a"

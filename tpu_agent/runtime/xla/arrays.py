@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax._src.lib import _jax
+from torch._prims_common import make_contiguous_strides_for
 
 from tpu_agent.runtime.xla import jax_setup  # noqa: F401 - the CPU platform, before the first device is named
 
@@ -69,12 +70,8 @@ def _row_major_strides(t: torch.Tensor) -> torch.Tensor:
     contiguous whatever the stride of a size-1 dimension (a ``[2, 16, 1]`` attention statistic with strides
     ``(16, 1, 16)``, from Perceiver's backward); DLPack passes that stride on, JAX reads a transposed layout from it,
     and an executable compiled for row-major inputs refuses the array."""
-    expected, step = [], 1
-    for size in reversed(t.shape):
-        expected.append(step)
-        step *= max(size, 1)
-    expected.reverse()
-    if list(t.stride()) == expected:
+    expected = make_contiguous_strides_for(t.shape)
+    if t.stride() == expected:
         return t
     return t.as_strided(t.shape, expected, t.storage_offset())
 
