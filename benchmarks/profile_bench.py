@@ -10,7 +10,9 @@
    The profiled run is profile's default; ``--compiler-pass`` also times ``profile --tpu-compiler`` (the
    step compiled for the TPU as ``tpu-agent estimate`` does: a second, short run of the script and a libtpu
    compile, an estimate rather than profiling) in the same alternation, and prints its ratio beside the
-   target's (it has no target of its own).
+   target's (it has no target of its own). Diff verification is off here (``--no-verify``): it is one more run of
+   the script per diff, an opt-out check rather than capture overhead; ``benchmarks/profile_verify_bench.py`` prints
+   the seconds it adds per seeded case.
 2. Analysis: a synthetic capture of 1,000 steps (``tpu_agent.profile.synthetic``, the on-disk format of a
    real capture) is diagnosed in-process (load, every rule, estimate, XSpace, json/md/html reports).
    Target: < 10 s.
@@ -91,6 +93,9 @@ def _profile_command(logdir: Path, profile_steps: int, script: list[str], compil
         "--format",
         "json",
         "--tpu-compiler" if compiler else "--no-tpu-compiler",
+        # The capture's own cost: checking each diff is one more run of the script per diff, measured per case by
+        # benchmarks/profile_verify_bench.py.
+        "--no-verify",
         *script,
     ]
 

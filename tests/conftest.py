@@ -39,6 +39,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # XLA (TPU_AGENT_COMPILER=xla pytest), whatever the product's default: an XLA compile per graph and shape in every
     # DeferAndFuse and compile test would not fit the suite's time budget, and they test the recorder and Dynamo.
     os.environ.setdefault(COMPILER_ENV, EAGER)
+    # Profile runs verify every diff they offer with one more run of the script each (seconds of CPU per diff): off by
+    # default here, so the suite's many captures stay within its time budget; tests/profile/test_verify_profile.py and
+    # the long-marked sweep pass --verify and check it.
+    from tpu_agent.profile.options import VERIFY_ENV
+
+    os.environ.setdefault(VERIFY_ENV, "0")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

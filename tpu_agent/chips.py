@@ -1,6 +1,9 @@
 """TPU generations: the one table read by the runtime's device properties and the profiler's estimates.
 
-Values for name, HBM and peak bf16 FLOP/s come from TorchTPU 0.2.0's ``torch_tpu/_internal/utils/hardware.py``.
+Values for name, HBM and peak bf16 FLOP/s come from TorchTPU 0.2.0's ``torch_tpu/_internal/utils/hardware.py``
+and agree with Google's pages (v4 275 TFLOP/s, 32 GiB, 1,200 GB/s; v5e 197, 16 GB, 819 GB/s; v5p 459, 95 GiB,
+2,765 GB/s; v6e 918, 32 GB, 1,638 GB/s; TPU7x 2,307, 192 GiB). Where a page writes "GB" of HBM the chip holds
+GiB (libtpu offers 15.75 GiB of a v5e's 16 GiB to programs), as TorchTPU's ``total_memory`` reports it.
 HBM and inter-chip (ICI) bandwidth, MXU tile and TensorCores per chip come from Google's public Cloud TPU
 system-architecture pages (https://cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e, /tpu7x; ICI is published in
 Gbit/s per chip and stored here in bytes/s).
@@ -90,7 +93,7 @@ CHIPS: dict[str, Chip] = {
             hbm_bytes_per_chip=32 * GIB,
             devices_per_chip=1,
             peak_bf16_flops_per_chip=918e12,
-            hbm_bandwidth_bytes_per_s=1.64e12,
+            hbm_bandwidth_bytes_per_s=1638e9,
             ici_bandwidth_bytes_per_s=3584e9 / 8,
             mxu_tile=256,
             single_host_topology={1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
@@ -165,6 +168,33 @@ def host_devices(target: TpuTarget, nproc: int) -> int:
     if target.chips > 1:
         return target.devices_per_host
     return next(size for size in sizes if size >= nproc) if nproc > 1 else max(per_chip, 1)
+
+
+def process_counts(target: TpuTarget) -> list[int]:
+    """The process counts one TorchTPU host of ``target`` runs: one (bound to one of the host's devices), or one
+    per device of a single-host topology that fits the host. TorchTPU derives ``TORCH_TPU_TOPOLOGY`` from the
+    local process count, and a count with no topology in the chip's table (two on v6e) fails at start-up."""
+    per_chip = target.chip.devices_per_chip
+    sizes = {count * per_chip for count in target.chip.single_host_topology}
+    capacity = target.devices_per_host if target.chips > 1 else max(sizes)
+    return sorted({1} | {size for size in sizes if size <= capacity})
+
+
+def check_process_count(target: TpuTarget, nproc: int) -> None:
+    """Refuse ``nproc`` ranks on one host of a chip named by the user when a TorchTPU host of it runs no such
+    count (the emulation itself runs any count up to the host's devices: :func:`host_devices` checks that first).
+    Raises TpuAgentError."""
+    host_devices(target, nproc)
+    counts = process_counts(target)
+    if nproc not in counts:
+        spelled = ", ".join(str(count) for count in counts[:-1]) + f" or {counts[-1]}"
+        raise TpuAgentError(
+            code="unsupported-process-count",
+            message=f"--nproc {nproc} --chip {target.spec}: a TorchTPU {target.spec} host runs {spelled} processes "
+            f"(one per device of a single-host topology), not {nproc}",
+            hint=f"use --nproc {spelled}; without --chip the emulation runs any count up to the host's devices, "
+            "which a real host refuses",
+        )
 
 
 def _unknown_chip(spec: str) -> TpuAgentError:

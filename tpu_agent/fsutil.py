@@ -28,6 +28,24 @@ def user_cache_dir(kind: str) -> Path:
     return Path(base) / "tpu-agent" / kind
 
 
+def not_private(directory: Path, *, up_to: Path) -> str | None:
+    """Why ``directory`` (and each folder above it up to ``up_to``) is not this user's alone, None when it is: a
+    symlink, another owner, or writable by group or others. A cache whose entries are loaded and run (compiled
+    executables) must not live where another user of the host can plant or swap one (``/dev/shm`` is shared)."""
+    for folder in [directory, *[parent for parent in directory.parents if parent.is_relative_to(up_to)]]:
+        try:
+            info = os.lstat(folder)
+        except OSError as error:
+            return f"{folder}: {error.strerror}"
+        if stat.S_ISLNK(info.st_mode):
+            return f"{folder} is a symlink"
+        if info.st_uid != os.getuid():
+            return f"{folder} belongs to another user (uid {info.st_uid})"
+        if info.st_mode & 0o022:
+            return f"{folder} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 # The temporary file a write goes through is named "<TEMP_PREFIX><target name>.<random>" + TEMP_SUFFIX, next to
 # the target. Exported so that a later run can recognise (and clean) one a killed write left behind.
 TEMP_PREFIX = "."

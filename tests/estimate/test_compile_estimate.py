@@ -41,7 +41,10 @@ def test_model_too_big_for_one_v5e_fits_sharded_over_four_and_the_fix_is_compile
     assert not one_chip.fits and one_chip.programs[0].refused  # the compiler itself refuses: out of HBM
     assert one_chip.peak_hbm_bytes >= 2 * parameters * 4
     suggestions = suggest_fixes([program], parse_target("v5e"), "as-captured", max_compiles=2)
-    assert [s.change for s in suggestions] == ["keep parameters and optimizer state in bf16", "FSDP over a v5e-4 slice"]
+    assert [s.change for s in suggestions] == [
+        "keep parameters and optimizer state in bf16",
+        "FSDP over a v5e-4 slice (the same global batch: 4x smaller per chip)",
+    ]
     bf16, sharded = suggestions
     assert bf16.fits and bf16.target == "v5e"  # bf16 weights, momentum and gradients: 12.9 GB
     assert sharded.fits and sharded.target == "v5e-4" and sharded.peak_hbm_bytes < 15 * 1024**3
@@ -65,3 +68,22 @@ def test_placement_splits_only_what_divides() -> None:
     assert placement(weight, "fsdp", 4) == 1 and placement(weight, "fsdp", 2) == 0
     assert placement(weight, "data-parallel", 4) is None
     assert placement(ArgSpec("x", (5, 8), "int32", ArgRole.BATCH), "fsdp", 4) is None
+
+
+def test_a_step_too_big_in_its_activations_names_them_and_says_what_was_not_compiled() -> None:
+    from tpu_agent.estimate.report import summary_rows, to_markdown
+
+    # 0.5 GB of parameters, a (65536, 65536) f32 activation of 16 GiB: the step's temporaries do not fit a v5e
+    program = wide_mlp_step_program(1024, 65536, batch=65536)
+    target = parse_target("v5e")
+    estimate = estimate_step([program], target)
+    assert not estimate.fits
+    assert estimate.largest_memory[0][0] == "temporaries"
+    assert dict(summary_rows(estimate))["largest HBM uses"].startswith("temporaries")
+    estimate.suggestions = suggest_fixes([program], target, "as-captured", max_compiles=2)
+    compiled = [s for s in estimate.suggestions if s.verified]
+    assert [s.target for s in compiled] == ["v5e", "v5e-4"]  # bf16 state; the batch split over four chips
+    assert compiled[1].fits and "4x smaller per chip" in compiled[1].change
+    unverified = [s.change for s in estimate.suggestions if not s.verified]
+    assert len(unverified) == 2 and unverified[0].startswith("activation checkpointing")
+    assert "| unverified |" in to_markdown(estimate)

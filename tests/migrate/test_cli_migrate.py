@@ -111,12 +111,17 @@ def test_check_on_the_bundled_example_finds_work(tmp_path: Path) -> None:
 
 def test_diff_prints_a_patch_and_writes_nothing(tmp_path: Path) -> None:
     project = make_project(tmp_path)
+    (project / "broken.py").write_text("import torch\nx = torch.cuda.synchronize(\n")
     before = snapshot(project)
     result = cli("migrate", "--diff", "proj", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "--- a/proj/train.py" in result.stdout and "+++ b/proj/train.py" in result.stdout
     assert any(line.startswith("-") and "cuda" in line for line in result.stdout.splitlines())
     assert snapshot(project) == before
+    # a skipped file is named with its reason in the short summary too (once: no doubled path)
+    assert "Skipped files:" in result.stderr
+    skipped = [line for line in result.stderr.splitlines() if "broken.py" in line]
+    assert len(skipped) == 1 and "does not parse" in skipped[0] and skipped[0].count("broken.py") == 1, skipped
 
 
 @pytest.mark.slow
@@ -168,8 +173,10 @@ def test_output_dir_writes_a_copy_and_refuses_one_inside_the_source(tmp_path: Pa
     copy = tmp_path / "proj-tpu"
     assert (copy / "pkg" / "util.py").read_text() == PLAIN_SOURCE
     assert (copy / "train.py").read_text() != CUDA_SOURCE
+    assert "Wrote 2 file(s) into" in result.stdout and ": 1 migrated, 1 copied unchanged;" in result.stdout
     rerun = cli("migrate", "proj", "--output-dir", "proj-tpu", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
+    assert "0 migrated, 0 copied unchanged; 2 already up to date there." in rerun.stdout
     inside = cli("migrate", "proj", "--output-dir", "proj/out", cwd=tmp_path)
     assert inside.returncode == 3
     assert "inside the source" in inside.stderr

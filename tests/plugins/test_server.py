@@ -354,11 +354,15 @@ async def test_estimate_is_a_job_that_writes_the_estimate_or_names_the_missing_c
 
 async def test_estimate_of_a_model_bigger_than_the_host_asks_for_capture_only(modern: Client, example: Path) -> None:
     (example / "tiny.py").write_text(TINY_TPU_SCRIPT)
-    arguments = {"entrypoint": "tiny.py", "chip": "v5e-8", "strategy": "fsdp", "capture_only": True, "wait_s": 0}
+    arguments = {
+        "entrypoint": "tiny.py", "chip": "v5e-8", "strategy": "fsdp", "capture_only": True, "allow_partial": True,
+        "wait_s": 0,
+    }  # fmt: skip
     job = tool_content(await modern.call_tool("tpu_estimate", arguments))
     await modern.call_tool("tpu_job_cancel", {"job_id": job["job_id"]})
     command = job["command"]
     assert "--capture-only" in command and command[command.index("--strategy") + 1] == "fsdp"
+    assert "--allow-partial" in command
     error = tool_error(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "capture_only": "yes please"}))
     assert error["code"] == "invalid-argument"
 
@@ -393,7 +397,8 @@ async def test_jobs_take_the_graph_compiler(modern: Client, example: Path) -> No
 
 async def test_chip_takes_the_clis_spellings(modern: Client, example: Path) -> None:
     schema = {t.name: t for t in (await modern.list_tools()).tools}["tpu_run"].input_schema["properties"]["chip"]
-    assert "v5e-8" in schema["description"] and schema["maxLength"] <= 16
+    spelled = next(option for option in schema["anyOf"] if option.get("type") == "string")  # or null: the default
+    assert "v5e-8" in schema["description"] and spelled["maxLength"] <= 16
     job = (
         await modern.call_tool("tpu_run", {"entrypoint": "train.py", "chip": " V5E-8 ", "wait_s": 0})
     ).structured_content

@@ -50,13 +50,15 @@ class Captures:
         self.cache: dict[tuple[str, ...], tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]] = {}
 
     def get(
-        self, script: str, *options: str, args: tuple[str, ...] = ()
+        self, script: str, *options: str, args: tuple[str, ...] = (), verify: bool = False
     ) -> tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]:
-        """Profile ``script`` with CLI ``options`` (before the script) and script ``args`` (after it).
+        """Profile ``script`` with CLI ``options`` (before the script) and script ``args`` (after it); ``verify``
+        checks every diff with a run of the patched copy (off by default in the suite: tests/conftest.py).
 
         Profile's default, without the TPU compiler's pass (``--tpu-compiler``): these captures test the
         profile's own findings; the compiler's are tested on programs compiled directly
         (test_compiled_*_profile.py) and profile's compiler section in tests/estimate."""
+        options = (*options, "--verify") if verify else options
         key = (script, *options, "--", *args)
         if key not in self.cache:
 

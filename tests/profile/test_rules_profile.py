@@ -45,6 +45,7 @@ EXPECTED_IDS = {
     "SD-4",
     "SD-6",
     "SD-7",
+    "SD-8",
 }
 
 
@@ -267,3 +268,50 @@ def test_ranks_that_never_ran_a_collective_trained_alone() -> None:
     assert run(2, collectives=True) == []  # DDP, FSDP or an all_reduce joined them
     assert run(1, collectives=False) == []  # one process has nobody to average with
     assert run(2, collectives=False, source="annotation") == []  # inference steps: no gradients to average
+
+
+def test_memory_that_grows_every_step_is_traced_to_what_the_loop_keeps(tmp_path: Path) -> None:
+    """SD-8: memory left allocated at each step's end that rises every step (memory_growth.py: 0.69 MiB a step)
+    points at the append that keeps each step's loss with its graph, and the diff appends it detached; flat or
+    noisy memory is no finding."""
+    from tpu_agent.runtime import events as ev
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "losses = []\nfor step in range(10):\n    loss = model(x).sum()\n    loss.backward()\n"
+        "    optimizer.step()\n    losses.append(loss)\n",
+        encoding="utf-8",
+    )
+
+    def run(resident: list[int]) -> list:
+        rank = RankProfile(rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(6)])
+        rank.step_site = ev.Site(str(script), 5, "<module>")
+        rank.events = [
+            ev.MemorySample(i * 1_000_000 + 900_000, 0, i, value, 2 * value) for i, value in enumerate(resident)
+        ]
+        rank.has_memory_trace = True
+        config = RunConfig(chip=get_chip("v6e"), source="tpu-agent")
+        return [f for f in run_rules(ProfileModel(config=config, ranks={0: rank}))[0] if f.rule_id == "SD-8"]
+
+    (growing,) = run([10 << 20, 11 << 20, 12 << 20, 13 << 20, 14 << 20, 15 << 20])
+    assert growing.evidence.value == 1 << 20 and [loc.line for loc in growing.locations] == [6, 5]
+    assert growing.agent_change is not None and growing.agent_change.diff is not None
+    assert "+    losses.append(loss.detach())" in growing.agent_change.diff
+    assert run([10 << 20] * 6) == [] and run([10 << 20, 12 << 20, 11 << 20, 13 << 20, 12 << 20, 14 << 20]) == []
+
+
+def test_the_varying_input_of_a_batch_is_preferred_to_a_collate_s_flat_lengths() -> None:
+    """collate_pad_sequence.py: pad_sequence's concatenated 1-D lengths vary first in each step; the [batch, length]
+    tensor the model gets is what SH-1 must pad (padding dim 0 of the flat one was the diff verification refused)."""
+    from tpu_agent.profile.model import Op
+    from tpu_agent.profile.rules.sh_dynamic_shapes import _first_varying_input
+
+    def step(length: int) -> list[Op]:
+        return [
+            Op("aten::cat", 0, 1, 0, input_shapes=[[8 * length - 3]]),
+            Op("aten::_to_copy", 2, 1, 0, input_shapes=[[8, length]]),
+        ]
+
+    assert _first_varying_input({0: step(40), 1: step(52)}) == (2, 1, [40, 52])
+    flat_only = {i: [Op("aten::cat", 0, 1, 0, input_shapes=[[n]])] for i, n in enumerate((5, 9))}
+    assert _first_varying_input(flat_only) == (1, 0, [5, 9])

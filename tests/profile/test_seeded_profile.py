@@ -104,15 +104,17 @@ def _marked(script: Path, marker: str) -> int:
 def test_changing_shape_is_traced_to_its_creation_and_the_padding_diff_fixes_it(
     captures: Captures, tmp_path: Path, script: str, rule_id: str, compiled: bool
 ) -> None:
-    """The finding names the line that creates the changing tensor first (then the compile site or the model
-    call); its diff pads that tensor to a bucket, and the patched script profiles without the finding."""
+    """The finding names the line that creates the changing tensor first, then the value that sizes it, then the
+    compile site or the model call; its diff pads that tensor to a bucket, and the patched script profiles without
+    the finding."""
     _, report, _ = captures.get(script)
     finding = next(f for f in report["findings"] if f["rule_id"] == rule_id)
     source = SCRIPTS / script
     lines = [(loc["file"], loc["line"]) for loc in finding["locations"]]
     assert lines[0] == (str(source), _marked(source, f"CREATED: {rule_id}"))
+    assert lines[1] == (str(source), _marked(source, "DRIVER:"))  # the value that sizes it (`step`, `length`)
     if compiled:
-        assert lines[1] == (str(source), _marked(source, f"COMPILED: {rule_id}"))
+        assert lines[2] == (str(source), _marked(source, f"COMPILED: {rule_id}"))
     diff = finding["agent_change"]["diff"]
     assert "torch.nn.functional.pad(" in diff and "% 128" in diff, diff
 

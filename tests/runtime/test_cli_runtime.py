@@ -66,6 +66,10 @@ def test_bad_options_are_usage_errors(tmp_path: Path, monkeypatch: pytest.Monkey
         (["--nproc", "1000", "echo.py"], "--nproc 1000: the largest v6e host has 8 TPU devices"),
         (["--chip", "v6e-4", "--nproc", "5", "echo.py"], "--nproc 5: one v6e-4 host has 4 TPU devices"),
         (["--chip", "v7", "--nproc", "17", "--nnodes", "2", "echo.py"], "use --nproc 16 or fewer on one host"),
+        # a TorchTPU v6e host runs 1, 4 or 8 processes (its single-host topologies); the default chip is not checked
+        (["--chip", "v6e", "--nproc", "2", "echo.py"], "a TorchTPU v6e host runs 1, 4 or 8 processes"),
+        (["--chip", "v6e-8", "--nproc", "6", "echo.py"], "use --nproc 1, 4 or 8"),
+        (["--nproc", "2", "missing.py"], "can't open file"),  # the default chip is not checked: the next check fails
         (["--chip", "v9", "echo.py"], "v9"),
         (["--eager-mode", "lazy", "echo.py"], "lazy"),
         (["--env", "NOEQUALS", "echo.py"], "NOEQUALS"),

@@ -138,10 +138,35 @@ def test_precision_remap_and_unsupported_ops(basics: tuple[dict, Path]) -> None:
         "type": "NotImplementedError",
         "message": "'aten::linalg_eig' is not implemented for TPU. Please file a feature request",
     }
+    assert out["antialias"] == {  # torchvision v2's resize default; not implemented for tpu (public bug notes)
+        "type": "NotImplementedError",
+        "message": "'aten::_upsample_bilinear2d_aa' is not implemented for TPU. Please file a feature request",
+    }
     assert out["complex32"] == {
         "type": "NotImplementedError",
         "message": "TorchTPU does not yet support dtype complex32",
     }
+
+
+def test_out_dtype_matmuls_and_the_excess_precision_switch(basics: tuple[dict, Path]) -> None:
+    """torch.bmm(bf16, bf16, out_dtype=float32) runs on tpu (torch has CUDA kernels only) and is the f32 product;
+    torch.backends.tpu.allow_excess_precision (the notebook's spelling) is torch.tpu's setting, False by default."""
+    out, _ = basics
+    assert out["bmm_out_dtype"] == ["torch.float32", True]
+    assert out["mm_out_dtype"] == "torch.float32"
+    assert out["excess_precision"] == [False, True, False]
+
+
+def test_excess_precision_starts_from_xla_flags() -> None:
+    from tpu_agent.runtime.emulated.backends_tpu import excess_precision_from_xla_flags
+
+    assert excess_precision_from_xla_flags(None) is None
+    assert excess_precision_from_xla_flags("--xla_dump_to=/tmp/x --xla_allow_excess_precision") is True
+    assert (
+        excess_precision_from_xla_flags("--xla_allow_excess_precision=true --xla_allow_excess_precision=false") is False
+    )
+    # an unbalanced quote in another flag is read word by word, not a start-up crash
+    assert excess_precision_from_xla_flags("--xla_dump_to=/tmp/bob's --xla_allow_excess_precision") is True
 
 
 def test_checkpoints_load_with_torch_defaults(basics: tuple[dict, Path]) -> None:
@@ -295,6 +320,34 @@ def test_compile_backend_rules_and_events(compiled: tuple[dict, list]) -> None:
     assert [c.is_recompile for c in compiles] == [False, True]
     assert "size mismatch at index 0. expected 4, actual 8" in compiles[1].reason
     assert all(not isinstance(e, GraphBreak) or e.site is not None for e in events)
+
+
+def test_inference_mode_under_compile_is_refused_with_no_grad_as_the_way(compiled: tuple[dict, list]) -> None:
+    out = compiled[0]
+    assert (
+        "torch.inference_mode() is not supported in or around a function compiled" in out["inference_mode"]["message"]
+    )
+    assert "use torch.no_grad() instead" in out["inference_mode"]["message"]
+    assert out["no_grad"] is True
+
+
+def test_cache_stats_count_the_executables_built(compiled: tuple[dict, list]) -> None:
+    """torch.tpu._get_cache_stats(): a first op (Strict), graph (DeferAndFuse) or compiled call is a request that
+    misses, the same again a warm hit, a new shape a miss; per-entry reads and compile times are kept, and a
+    cleared cache misses again (what vLLM's TorchTPU backend reads each step to notice recompiles)."""
+    requests = compiled[0]["cache_requests"]
+    for unit in ("strict", "defer_and_fuse", "compile"):
+        assert requests[unit] == [[1, 0], [1, 1], [1, 0]], unit
+    assert requests["entries_read"] and requests["compiled_entry_timed"] and requests["misses"]
+    assert requests["after_clear"] == [1, 0]
+    assert requests["excess_precision_changed"] == [1, 0]  # TorchTPU recompiles when the setting changes
+
+
+def test_a_compiled_training_step_trains(compiled: tuple[dict, list]) -> None:
+    """Forward, backward and optimizer step in one compiled function: the backward's wrapper (which keeps a device
+    error in a thread-local) is not traced, so Dynamo's guards never see that state change in the frame."""
+    losses = compiled[0]["train_losses"]
+    assert len(losses) == 3 and losses[2] < losses[0]
 
 
 def test_dynamo_is_imported_only_by_runs_that_compile(compiled: tuple[dict, list]) -> None:

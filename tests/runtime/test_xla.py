@@ -407,9 +407,10 @@ def test_the_executable_cache_logs_compiles_with_their_time_and_every_hit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tpu_agent.runtime import events
-    from tpu_agent.runtime.emulated import state
+    from tpu_agent.runtime.emulated import compile_cache, state
     from tpu_agent.runtime.xla.cache import ExecutableCache
 
+    requests, hits = compile_cache.requests, compile_cache.hits
     monkeypatch.setattr(events, "_log", events.EventLog(path=tmp_path / "events-rank0.jsonl", rank=0))
     monkeypatch.setattr(state, "log_enabled", True)
     cache, site = ExecutableCache(capacity=2), events.Site("train.py", 7, "step")
@@ -422,6 +423,8 @@ def test_the_executable_cache_logs_compiles_with_their_time_and_every_hit(
 
     assert [get((2,)), get((2,)), get((3,)), get((2,))] == ["(2,)", "(2,)", "(3,)", "(2,)"]
     assert built == ["(2,)", "(3,)"] and (cache.stats.hits, cache.stats.compiles) == (2, 2)
+    # what torch.tpu._get_cache_stats() reports under --compiler xla: the same requests and hits
+    assert (compile_cache.requests - requests, compile_cache.hits - hits) == (4, 2)
     events.get_log().flush()
     log = events.read_events(tmp_path)[0]
     assert [type(e).__name__ for e in log] == ["Compile", "CacheHit", "Compile", "CacheHit"]

@@ -63,20 +63,28 @@ def train(cache_dir: Path, **extra_env: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def entries(cache_dir: Path) -> dict[str, int]:
+def entries(directory: Path, pattern: str = "*-cache") -> dict[str, int]:
     """The cache's executables and when each was written (an entry compiled again is written again)."""
-    return {path.name: path.stat().st_mtime_ns for path in (cache_dir / "xla").glob("*-cache")}
+    return {path.name: path.stat().st_mtime_ns for path in directory.glob(pattern)}
 
 
 @pytest.mark.slow
 def test_a_second_run_loads_the_executables_the_first_compiled(tmp_path: Path) -> None:
-    cache_dir = tmp_path / "cache"
-    first = train(cache_dir)
-    written = entries(cache_dir)
+    """Through TorchTPU's tier-2 cache, named as TorchTPU names it: TORCH_TPU_TIER2_COMPILATION_CACHE=<name> keeps
+    the run's executables as <root>/<name>/*.bin (root /dev/shm/torch_tpu_cache, moved here), and the first run's
+    XLA_FLAGS --xla_dump_to gets each compiled executable's HLO text. (Without a name the same cache lives in
+    tpu-agent's own folder: test_switched_off_nothing_is_set_up checks where.)"""
+    cache_dir, root, dumps = tmp_path / "cache", tmp_path / "shm", tmp_path / "hlo"
+    tier2 = {TIER2_CACHE_ENV: "mine", "TPU_AGENT_TIER2_ROOT": str(root)}
+    first = train(cache_dir, XLA_FLAGS=f"--xla_dump_hlo_as_text --xla_dump_to={dumps}", **tier2)
+    written = entries(root / "mine", "*.bin")
     assert len(written) >= first["cache"]["compiles"] > 0  # every executable the run compiled, kept
-    assert (cache_dir / "xla").stat().st_mode & 0o077 == 0  # the user's own: others cannot plant entries
-    second = train(cache_dir)
-    assert entries(cache_dir) == written  # everything it needed was there: nothing compiled and written anew
+    assert (root / "mine").stat().st_mode & 0o077 == 0  # the user's own: others cannot plant entries
+    assert not (cache_dir / "xla").exists()  # the tier-2 folder instead of tpu-agent's own
+    texts = list(dumps.glob("*before_optimizations.txt"))
+    assert texts and "HloModule" in texts[0].read_text()
+    second = train(cache_dir, **tier2)
+    assert entries(root / "mine", "*.bin") == written  # everything it needed was there: nothing compiled anew
     assert second["tpu"] == first["tpu"]
 
 
@@ -104,7 +112,7 @@ def test_switched_off_nothing_is_set_up(
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     monkeypatch.setenv(*switch)
     jax_setup.persist_executables()
-    assert jax.config.jax_compilation_cache_dir is None and entries(tmp_path) == {}
+    assert jax.config.jax_compilation_cache_dir is None and entries(tmp_path / "xla") == {}
     monkeypatch.delenv(switch[0])
     jax_setup.persist_executables()
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
@@ -119,3 +127,44 @@ def test_a_cache_directory_that_cannot_be_made_leaves_the_cache_off(
     monkeypatch.delenv(XLA_PERSIST_ENV, raising=False)
     jax_setup.persist_executables()  # no error: the run goes on, compiling as without a cache
     assert jax.config.jax_compilation_cache_dir is None
+
+
+def test_a_tier2_name_points_the_cache_at_its_folder_with_bin_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unset_jax_cache: None
+) -> None:
+    from jax._src import lru_cache
+
+    monkeypatch.setattr(lru_cache, "_CACHE_SUFFIX", lru_cache._CACHE_SUFFIX)  # restored after the test
+    monkeypatch.delenv(XLA_PERSIST_ENV, raising=False)
+    monkeypatch.setenv(TIER2_CACHE_ENV, "default")
+    monkeypatch.setenv("TPU_AGENT_TIER2_ROOT", str(tmp_path))
+    jax_setup.persist_executables()
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "default")
+    assert lru_cache._CACHE_SUFFIX == ".bin"
+    assert jax.config.jax_compilation_cache_max_size == jax_setup.MAX_CACHE_BYTES  # bounded, in RAM-backed /dev/shm
+
+
+@pytest.mark.parametrize("planted", ["writable by others", "a symlink"])
+def test_a_tier2_folder_another_user_could_write_is_not_used(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    unset_jax_cache: None,
+    planted: str,
+) -> None:
+    """Executables are loaded from the tier-2 folder and run: in /dev/shm anyone can create or swap it first."""
+    root, elsewhere = tmp_path / "shm", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    if planted == "a symlink":
+        (root / "default").symlink_to(elsewhere)
+    else:
+        (root / "default").mkdir()
+        (root / "default").chmod(0o777)
+    monkeypatch.delenv(XLA_PERSIST_ENV, raising=False)
+    monkeypatch.setenv(TIER2_CACHE_ENV, "default")
+    monkeypatch.setenv("TPU_AGENT_TIER2_ROOT", str(root))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "own"))
+    jax_setup.persist_executables()
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "own" / "xla")
+    assert "tier-2 cache not used" in capsys.readouterr().err

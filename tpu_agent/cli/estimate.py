@@ -32,10 +32,13 @@ stops; the graphs of its last full step are compiled for --chip. Everything afte
 Needs the compiler: pip install "tpu-agent[estimate]" (Linux x86_64).
 
 --capture-only estimates models bigger than this machine (a 7B model on a laptop): the script runs with tensors
-that hold shapes but no data, so nothing is computed and no parameter is allocated on the host. Create the model
-on the device (with torch.device("tpu"): ...) or on meta and move it with to_empty(device="tpu"); a model built on
-the host is allocated there first. loss.item() and print see zeros (one warning per line); code that branches on
-a tensor's value, or an op whose output shape depends on values, stops with an error naming the line.
+that hold shapes but no data, so nothing is computed and no parameter is allocated on the host. loss.item() and
+print see zeros (one warning per line); code that branches on a tensor's value stops with an error naming the
+line; nonzero / masked_select are bounded by their largest output. Without the flag, estimate switches to it by
+itself when the model outgrows --host-memory (parameters x4, or the process's memory), and says so.
+
+A step is cut at each optimizer.step(). If a graph of the step cannot be compiled, no verdict, time or MFU is
+given from the rest unless --allow-partial (each figure then says which share of the step's ops it covers).
 
 Exit codes: 0 fits, 1 does not fit or the script failed, 2 bad usage or no compiler, 4 internal error.
 
@@ -70,7 +73,13 @@ def _print_text(document: dict[str, Any]) -> None:
     console.print(_table("HBM per chip (largest program)", ("kind", "bytes"), report.memory_rows(data)))
     console.print(_table("Programs of one step", report.PROGRAM_COLUMNS, report.program_rows(data)))
     if data["suggestions"]:
-        console.print(_table("What would fit (each compiled)", report.SUGGESTION_COLUMNS, report.suggestion_rows(data)))
+        console.print(
+            _table(
+                "What would fit (compiled unless marked unverified)",
+                report.SUGGESTION_COLUMNS,
+                report.suggestion_rows(data),
+            )
+        )
     console.print("[bold]Assumptions[/]")
     for assumption in data["assumptions"]:
         console.print(f"  - {assumption}", highlight=False, soft_wrap=True)
@@ -108,6 +117,18 @@ def estimate(
         help="Record the step from shapes without computing anything, for models bigger than this machine "
         "(tensors hold no data; loss.item() and print see zeros; a branch on a tensor value is an error).",
     ),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="When some of the step's graphs cannot be compiled, still give figures for the rest, each marked with "
+        "the share of the step's ops it covers (default: no verdict from part of a step).",
+    ),
+    host_memory: float | None = typer.Option(
+        None,
+        "--host-memory",
+        help="GB of host memory the script may use when run for real; past it (judged from the parameters built so "
+        "far, and the process's memory) estimate switches to --capture-only. Default: a quarter of this host's RAM.",
+    ),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
@@ -119,8 +140,17 @@ def estimate(
         raise TpuAgentError(
             "bad-format", f"estimates are text, json or markdown, not {output_format.value}", "use --format json"
         )
+    if host_memory is not None and host_memory <= 0:
+        raise TpuAgentError("bad-host-memory", f"--host-memory {host_memory}: must be a positive number of GB", "")
     options = EstimateOptions(
-        target=chip, strategy=strategy, steps=steps, suggest=suggest, timeout_s=timeout, capture_only=capture_only
+        target=chip,
+        strategy=strategy,
+        steps=steps,
+        suggest=suggest,
+        timeout_s=timeout,
+        capture_only=capture_only,
+        allow_partial=allow_partial,
+        host_memory_bytes=int(host_memory * 1e9) if host_memory is not None else None,
     )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     from tpu_agent.cli.profile import _script_output_to_stderr

@@ -240,6 +240,8 @@ def migrate(
         short = console_err if diff else console
         if report is not None:
             atomic_write_text(report, render(plan, output_format.value, applied))
+        for line in text_report.skipped_lines(summary):
+            short.print(line, highlight=False, soft_wrap=True)
         short.print(text_report.totals_line(summary.totals), highlight=False, soft_wrap=True)
         if applied is not None:
             short.print(text_report.applied_line(applied), highlight=False, soft_wrap=True)

@@ -15,7 +15,17 @@ from tpu_agent.cli._options import Compiler, EagerModeChoice, chip_option, compi
 from tpu_agent.cli._output import FORMAT_HELP, OutputFormat, console, console_err, handles_errors, print_json
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
-from tpu_agent.profile.options import DEFAULT_LOGDIR, DEFAULT_STEPS, DEFAULT_WARMUP, MAX_STEPS, MAX_WARMUP
+from tpu_agent.profile.options import (
+    DEFAULT_LOGDIR,
+    DEFAULT_STEPS,
+    DEFAULT_WARMUP,
+    MAX_STEPS,
+    MAX_WARMUP,
+    VERIFY_CAPTURE_LIMIT_S,
+    VERIFY_MAX_STEPS,
+    VERIFY_TIMEOUT_S,
+    verify_default,
+)
 
 if TYPE_CHECKING:  # the model (and the runtime's event types) load only when a profile command runs
     from tpu_agent.profile.model import Diagnosis
@@ -122,6 +132,28 @@ def profile(
         help="Also compile the step with libtpu (as tpu-agent estimate does) and report the TPU compiler's "
         "memory and cost beside the roofline; runs the script a second time.",
     ),
+    verify: bool | None = typer.Option(
+        None,
+        "--verify/--no-verify",
+        help="Before offering a finding's diff, apply it to a copy of the script's folder, run that for a few steps "
+        "and check the losses match and the finding is gone (one short run per diff). --no-verify keeps the diffs, "
+        "marked not checked. Default: verify, unless TPU_AGENT_PROFILE_VERIFY=0.",
+    ),
+    verify_steps: int = typer.Option(
+        VERIFY_MAX_STEPS, "--verify-steps", min=1, max=MAX_STEPS, help="Measured steps of each patched run at most."
+    ),
+    verify_timeout: float = typer.Option(
+        VERIFY_TIMEOUT_S, "--verify-timeout", min=1, help="Seconds a patched run may take before its diff is withheld."
+    ),
+    verify_capture_limit: float = typer.Option(
+        VERIFY_CAPTURE_LIMIT_S,
+        "--verify-capture-limit",
+        min=0,
+        help="Skip verification (saying so) when the capture itself took longer than this many seconds.",
+    ),
+    stop_after_window: bool = typer.Option(
+        False, "--stop-after-window", hidden=True, help="End the script when the measured window ends."
+    ),
 ) -> None:
     from tpu_agent.profile.api import profile as run_profile
     from tpu_agent.profile.options import ProfileOptions
@@ -137,6 +169,11 @@ def profile(
         env=compiler_env(compiler),
         timeout_s=timeout,
         tpu_compiler=tpu_compiler,
+        verify=verify_default() if verify is None else verify,
+        verify_steps=verify_steps,
+        verify_timeout_s=verify_timeout,
+        verify_capture_limit_s=verify_capture_limit,
+        stop_after_window=stop_after_window,
     )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     with (

@@ -61,6 +61,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 @handles_errors
 def run(
+    ctx: typer.Context,
     command: list[str] = typer.Argument(
         ..., metavar="SCRIPT [ARGS]...", help="Script path (or module name with -m) and its arguments."
     ),
@@ -88,8 +89,12 @@ def run(
     timeout: float | None = typer.Option(None, "--timeout", help="Stop every rank after this many seconds (exit 124)."),
     compiler: Compiler | None = compiler_option(),
 ) -> None:
+    from tpu_agent.chips import check_process_count, parse_target
     from tpu_agent.runtime.api import LaunchTarget, RunOptions, launch
 
+    source = ctx.get_parameter_source("chip")
+    if source is not None and source.name != "DEFAULT":  # a chip the user named: its hosts' process counts
+        check_process_count(parse_target(chip), nproc)
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     options = RunOptions(
         nproc=nproc,
@@ -143,6 +148,9 @@ def doctor(
     console.print(
         f"  compiler    {escape(compiler['reason'] + ' (for estimate' + hint + ')')}", highlight=False, soft_wrap=True
     )
+    surface = report.torch_tpu_surface
+    console.print(f"  torch_tpu   {escape(surface['import_torch_tpu'])}", highlight=False, soft_wrap=True)
+    console.print(f"  autoload    {escape(surface['autoload'])}", highlight=False, soft_wrap=True)
     for name, value in report.env.items():
         console.print(f"  env         {name}={value}", highlight=False)
 

@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +27,12 @@ from typing import Any
 
 import torch
 
-from tpu_agent.estimate import capture_only
+from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.estimate import capture_only, host_bound
 from tpu_agent.estimate.capture_only import storage_identity
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
+from tpu_agent.runtime import events
 
 _DONATED_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
 _OWNERS = (torch.nn.Module, torch.optim.Optimizer)
@@ -58,16 +61,42 @@ def _is_fsdp_param(item: object) -> bool:
 
 
 @dataclass
+class _Step:
+    """What one optimizer step ran: its compiled graphs, and each DeferAndFuse graph it flushed (name, ops)."""
+
+    graphs: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
+    flushed: list[tuple[str, int]] = field(default_factory=list)
+    # graphs that hold FSDP2's own collective staging (fsdp::chunk_cat and the like): the compiled step partitions
+    # and reduces gradients itself, so such a graph not compiling leaves nothing of the step out
+    staging: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Coverage:
+    """How much of a step the compiled programs hold: ops compiled, ops in all, and each graph left out."""
+
+    ops_compiled: int
+    ops: int
+    missing: list[str]
+
+    @property
+    def share(self) -> float:
+        return self.ops_compiled / self.ops if self.ops else 1.0
+
+
+@dataclass
 class _Watcher:
     """State of one capture: storage roles, graphs per step, the step count."""
 
     steps: int
     roles: dict[int, ArgRole] = field(default_factory=dict)
-    current: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
-    steady: dict[tuple[str, object], ObservedGraph] = field(default_factory=dict)
-    # graphs that ran on the CPU path instead (a graph that failed once is not tried again, so: the whole run)
-    fallbacks: dict[str, str] = field(default_factory=dict)
+    current: _Step = field(default_factory=_Step)
+    steady: _Step | None = None
+    # graphs that ran on the CPU path instead, by name: (ops, why). A graph that failed once is not tried again,
+    # so this holds the whole run; a step's flushes say which of them it ran.
+    fallbacks: dict[str, tuple[int, str]] = field(default_factory=dict)
     step: int = 0
+    bound: host_bound.HostBound | None = None
 
     def refresh_roles(self) -> None:
         """Storage address -> role, from the live modules and optimizers (rebuilt when an input is unknown).
@@ -111,7 +140,7 @@ class _Watcher:
     def observe(self, runner: Any, inputs: Sequence[torch.Tensor | float], precision: Any) -> None:
         specialisation = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else float for t in inputs)
         key = (runner.signature, (specialisation, precision))
-        seen = self.current.get(key)
+        seen = self.current.graphs.get(key)
         if seen is not None:
             seen.calls += 1
             return
@@ -120,27 +149,74 @@ class _Watcher:
         described = [
             (tuple(t.shape), t.dtype, storage_identity(t)) if isinstance(t, torch.Tensor) else float(t) for t in inputs
         ]
-        self.current[key] = ObservedGraph(runner, precision, described)
+        self.current.graphs[key] = ObservedGraph(runner, precision, described)
+
+    def flushed(self, graph: Any) -> None:
+        name = f"deferred graph {graph.hash}"
+        self.current.flushed.append((name, len(graph.nodes)))
+        if any(getattr(node.func, "namespace", "") == "fsdp" for node in graph.nodes):
+            self.current.staging.add(name)
 
     def end_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """A step ends at ``optimizer.step()``: what it recorded is flushed now, so the step's graphs are its own
+        whatever the script does next (without a process group and under --capture-only nothing else flushes:
+        ``loss.item()`` reads no value there)."""
+        from tpu_agent.runtime.emulated import deferred
+
+        deferred.flush("optimizer_step")
         self.step += 1
         if self.step >= 2:  # step 0 builds optimizer state and compiles: never the steady step
             self.steady = self.current
-        self.current = {}
+        self.current = _Step()
         if self.step >= self.steps:
             raise CaptureComplete()
 
-    def fell_back(self, graph_name: str, description: str, error: BaseException) -> None:
+    def fell_back(self, graph_name: str, ops: int, error: BaseException) -> None:
         """A graph ran on the CPU path after all: its pieces that did run through XLA are not a program of the
         step (the whole graph ran again on the CPU), so they are dropped and the graph is named instead."""
-        self.current = {
-            key: seen for key, seen in self.current.items() if not str(seen.runner.name).startswith(graph_name)
+        self.current.graphs = {
+            key: seen for key, seen in self.current.graphs.items() if not str(seen.runner.name).startswith(graph_name)
         }
-        self.fallbacks.setdefault(graph_name, f"{description}: {type(error).__name__}: {str(error)[:200]}")
+        self.fallbacks.setdefault(graph_name, (ops, f"{type(error).__name__}: {str(error)[:200]}"))
 
-    def graphs(self) -> list[ObservedGraph]:
-        """The steady step's graphs; without two optimizer steps (inference, short scripts), all graphs seen."""
-        return list((self.steady or self.current).values())
+    def step_seen(self) -> _Step:
+        """The steady step; without two optimizer steps (inference, short scripts), all graphs seen."""
+        return self.steady or self.current
+
+    def coverage(self, step: _Step) -> Coverage:
+        """Which of ``step``'s ops its compiled programs hold. A DeferAndFuse graph counts when it was compiled
+        whole (one split around ops without a lowering is seen only as its pieces, ``name#i``); a torch.compile
+        graph by its FX ops; a graph that fell back anywhere in the run is left out with its reason."""
+        from tpu_agent.runtime.xla.graphs import op_count
+
+        names = {str(seen.runner.name) for seen in step.graphs.values()}
+        left_out: dict[str, tuple[int, str]] = {}  # name -> (ops over the step's runs, why)
+        compiled = 0
+        for name, ops in step.flushed:
+            if name in names:
+                compiled += ops
+            elif name not in step.staging:
+                why = self.fallbacks.get(name, (ops, "split around ops without an XLA lowering"))[1]
+                left_out[name] = (left_out.get(name, (0, why))[0] + ops, why)
+        flushed = {name for name, _ in step.flushed}
+        for seen in step.graphs.values():
+            if str(seen.runner.name).split("#")[0] not in flushed:  # a torch.compile graph (or a piece of one)
+                compiled += op_count(seen.runner.gm) * seen.calls
+        for name, entry in self.fallbacks.items():
+            if not name.startswith("deferred graph "):
+                left_out[name] = entry
+        total = compiled + sum(ops for ops, _ in left_out.values())
+        missing = [f"{name} ({ops} ops): {why}" for name, (ops, why) in left_out.items()]
+        return Coverage(compiled, total, missing)
+
+    def whole_graphs(self, step: _Step) -> list[ObservedGraph]:
+        """The step's compiled programs, without pieces of a DeferAndFuse graph that was not compiled whole."""
+        flushed = {name for name, _ in step.flushed}
+        return [
+            seen
+            for seen in step.graphs.values()
+            if "#" not in str(seen.runner.name) or str(seen.runner.name).split("#")[0] not in flushed
+        ]
 
 
 def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None], ArgRole]) -> StepProgram:
@@ -183,24 +259,69 @@ def _read_options(directory: Path) -> dict[str, Any]:
     return options
 
 
-def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: Callable[[], None]) -> None:
+def script_error(error: BaseException | None, steps: int, capture_only: bool = False) -> TpuAgentError | None:
+    """The script's own exception as the estimate's answer: its type, message and the innermost line of the
+    script (or its own modules) that raised it; ``None`` when the script did not raise (it ended, or the capture
+    stopped it). A script that fails in its code is not a capture problem and must not read like one."""
+    if error is None or isinstance(error, SystemExit) and error.code in (0, None):
+        return None
+    if isinstance(error.__context__, CaptureComplete):  # raised while unwinding from a complete capture (a finally:)
+        return None
+    if isinstance(error, SystemExit):
+        return TpuAgentError(
+            "script-failed",
+            f"the script called sys.exit({error.code!r}) after {steps} optimizer step(s), before a step could be "
+            "captured",
+            "run it with `tpu-agent run` to see why it exits",
+            ExitCode.FINDINGS,
+        )
+    frames = [
+        frame for frame in traceback.extract_tb(error.__traceback__) if not events.is_library_file(frame.filename)
+    ]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return TpuAgentError(
+        "script-raised",
+        f"{where}the script raised {type(error).__name__}: {message} (after {steps} optimizer step(s))",
+        "fix the error in the script (`tpu-agent run` shows the whole traceback) and estimate again"
+        + (
+            "; if `tpu-agent run` runs it, the op failed only without values (capture-only): report it with the script"
+            if capture_only
+            else ""
+        ),
+        ExitCode.FINDINGS,
+    )
+
+
+def _finish(
+    watcher: _Watcher,
+    directory: Path,
+    options: dict[str, Any],
+    undo: Callable[[], None],
+    raised: BaseException | None = None,
+) -> None:
     """Compile the steady step for the target and write the estimate (or the reason there is none)."""
     from tpu_agent.chips import parse_target
-    from tpu_agent.errors import TpuAgentError
     from tpu_agent.estimate.step import estimate_step, suggest_fixes
     from tpu_agent.fsutil import atomic_write_text
 
     undo()
     from tpu_agent.runtime.emulated import deferred
+    from tpu_agent.runtime.emulated import tensor as tt
 
     deferred.flush("estimate")  # the last step's pending updates: every parameter and state tensor gets its data
     watcher.refresh_roles()
-    graphs = watcher.graphs()
+    step = watcher.step_seen()
+    coverage = watcher.coverage(step)
+    graphs = watcher.whole_graphs(step)
     result: dict[str, Any]
     try:
         if capture_only.reads.stopped is not None:
             raise capture_only.reads.stopped
-        missing = list(watcher.fallbacks.values())
+        failure = script_error(raised, watcher.step, tt.DATA_DEVICE.type == "meta")
+        if failure is not None:
+            raise failure
+        missing = coverage.missing
         if not graphs and missing:
             raise TpuAgentError(
                 "xla-fallback",
@@ -215,26 +336,57 @@ def _finish(watcher: _Watcher, directory: Path, options: dict[str, Any], undo: C
                 "the script ran no graph through the XLA compiler, so there is nothing to compile for a TPU",
                 "make sure it moves its model and data to the 'tpu' device (tpu-agent migrate does this)",
             )
+        if missing and not options.get("allow_partial"):
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise TpuAgentError(
+                "partial-step",
+                f"{len(missing)} graph(s) of the step could not be compiled for a TPU, {1 - coverage.share:.0%} of "
+                f"its {coverage.ops} ops: {missing[0]}{more}. A verdict, time or MFU from the rest would describe "
+                "part of a step, so none is given",
+                "rerun with --allow-partial for figures of the compiled part, each marked with the share of the "
+                "step's ops it covers; the missing graph is a gap of the XLA path: report it with the script",
+                ExitCode.FINDINGS,
+            )
         programs = [step_program(graph, index, watcher.role_of) for index, graph in enumerate(graphs)]
         target = parse_target(str(options["target"]))
         strategy = str(options["strategy"])
         estimate = estimate_step(programs, target, strategy)
+        estimate.step_ops_share = coverage.share
         if not estimate.fits and options.get("suggest", True):
-            estimate.suggestions = suggest_fixes(programs, target, strategy)
+            estimate.suggestions = suggest_fixes(programs, target, strategy, current=estimate)
         estimate.assumptions += [
             f"captured: the graphs of optimizer step {max(watcher.step - 1, 0)} as the script ran it in one process; "
             "its batch is the global batch, split over the chips",
             "data-parallel and FSDP gradients are reduced inside the compiled programs (the compiler partitions the "
             "step as one program), not by the script's own all-reduce calls",
-            "graphs the XLA lowering cannot take are not in the estimate (each is named below)",
         ]
-        if options.get("capture_only"):
+        chosen = watcher.bound.chosen if watcher.bound is not None else None
+        if chosen:
+            estimate.assumptions.append(chosen)
+        if options.get("capture_only") or chosen:
             estimate.assumptions.append(
                 "capture-only: the step's graphs were recorded from shapes without computing any value; host reads "
                 "(loss.item(), print) saw zeros"
             )
+        estimate.assumptions += capture_only.reads.assumptions
+        staged = sorted(step.staging - {str(graph.runner.name) for graph in graphs})
+        if staged:
+            estimate.assumptions.append(
+                f"not compiled, and not needed: {', '.join(staged)}, FSDP2's gradient staging for its collectives "
+                "(the compiled step partitions the parameters and reduces the gradients itself)"
+            )
+        if missing:
+            estimate.assumptions.append(
+                f"PARTIAL (--allow-partial): every figure covers {coverage.ops_compiled} of the step's {coverage.ops} "
+                f"ops ({coverage.share:.0%}); the rest ran op by op and is not in the estimate"
+            )
         estimate.assumptions += [f"NOT in the estimate (no XLA program): {item}" for item in missing]
-        result = {"ok": True, "estimate": estimate.to_dict(), "steps_watched": watcher.step}
+        result = {
+            "ok": True,
+            "estimate": estimate.to_dict(),
+            "steps_watched": watcher.step,
+            "capture_only_chosen": chosen,
+        }
     except TpuAgentError as error:
         result = {"ok": False, "error": {**error.to_dict(), "exit_code": int(error.exit_code)}}
     atomic_write_text(directory / RESULT_FILE, json.dumps(result, indent=2))
@@ -247,27 +399,40 @@ def install() -> Callable[[], None] | None:
         return None
     directory = Path(directory_text)
     options = _read_options(directory)
+    from torch.nn.modules import module as module_hooks
     from torch.optim import optimizer as optimizer_module
 
+    from tpu_agent.runtime.emulated import deferred
     from tpu_agent.runtime.xla import graphs
 
+    bound = host_bound.HostBound(
+        int(options.get("host_memory_bytes") or host_bound.default_bound_bytes()), capture_only.install
+    )
     if options.get("capture_only"):
         capture_only.install()
-    watcher = _Watcher(steps=max(2, int(options.get("steps", 3))))
+    else:  # the bound's hook first: the capture-only one after it swaps the parameter that crossed the bound
+        module_hooks.register_module_parameter_registration_hook(bound.parameter_registered)
+        deferred.flush_observers.append(bound.flushed)
+    module_hooks.register_module_parameter_registration_hook(capture_only.swap_parameter)
+    watcher = _Watcher(steps=max(2, int(options.get("steps", 3))), bound=bound)
     graphs.graph_observers.append(watcher.observe)
     graphs.fallback_observers.append(watcher.fell_back)
+    deferred.flush_observers.append(watcher.flushed)
     step_hook = optimizer_module.register_optimizer_step_post_hook(watcher.end_step)
 
     def undo() -> None:
         step_hook.remove()
+        if watcher.flushed in deferred.flush_observers:
+            deferred.flush_observers.remove(watcher.flushed)
         if watcher.observe in graphs.graph_observers:
             graphs.graph_observers.remove(watcher.observe)
         if watcher.fell_back in graphs.fallback_observers:
             graphs.fallback_observers.remove(watcher.fell_back)
 
     def finalize() -> None:
+        raised = sys.exc_info()[1]  # the script's own exception: finalizers run while the runtime handles it
         try:
-            _finish(watcher, directory, options, undo)
+            _finish(watcher, directory, options, undo, raised)
         except Exception as error:  # noqa: BLE001 - reported to the parent, never a traceback in the script's output
             from tpu_agent.fsutil import atomic_write_text
 

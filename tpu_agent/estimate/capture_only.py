@@ -13,11 +13,17 @@ What needs values cannot be answered without computing them:
 
 * host reads that only *show* a value (``loss.item()``, ``print(loss)``, ``.cpu()``, ``.tolist()``) get a
   placeholder of zeros, with a one-line warning per source line;
-* reads that *decide* something (``if (x > 0).any():``, ``int(n)`` as a size, ``torch.nonzero``'s data-dependent
-  shape) stop the run with an error naming the user's line: a guessed branch would estimate another program.
+* reads that *decide* something (``if (x > 0).any():``, ``int(n)`` as a size) stop the run with an error naming
+  the user's line: a guessed branch would estimate another program;
+* ops whose output shape depends on values are *bounded*: ``nonzero`` and ``masked_select`` answer with their
+  largest possible output (every element selected), so the estimate is of the costliest such step;
+* initialisers that loop on values (``nn.init.trunc_normal_`` redraws until ``mask.any()`` is false) are skipped:
+  initial values never change the step's program.
 
-The model must be created on the device (``with torch.device("tpu"):``) or on ``meta`` and moved with
-``to_empty``: a model built on the host is allocated on the host before this mode can see it.
+Each bound and skip is stated in the estimate's assumptions (:attr:`_Reads.assumptions`). A parameter
+registered while the mode is on is swapped at once for one of the same shape without data (a ``meta`` tensor, or
+a ``tpu`` tensor holding one), so a model built on the host the usual way (``GPT(config).to(device)``) never
+allocates its weights either.
 """
 
 from __future__ import annotations
@@ -134,7 +140,7 @@ class CaptureOnlyExecutor:
                 self.traced[key] = CapturedGraph(gm, name, graph.nodes[0].site)
         except Exception as error:  # noqa: BLE001 - the graph is left out of the estimate and named there
             for report_fallback in graphs.fallback_observers:
-                report_fallback(name, f"{name} ({len(graph.nodes)} ops)", error)
+                report_fallback(name, len(graph.nodes), error)
             return
         # what the observers read of a GraphRunner (gm, name, site, signature), without one that could run it
         captured: Any = self.traced[key]
@@ -143,13 +149,51 @@ class CaptureOnlyExecutor:
                 observe(captured, [*planner.meta_buffers, *planner.floats], state.effective_precision())
 
 
-def _give_meta_data(graph: Any) -> None:
-    """Every deferred tensor of ``graph`` gets meta data with the layout its metadata promised; a view's is a view
-    of its base's, so later views and in-place ops see one storage, as after a real run."""
+SMALL_BYTES = 4 << 20  # an op's outputs up to this size are computed for real when all its inputs have data
+
+
+def _has_data(value: Any) -> bool:
+    """Whether every tensor in ``value`` holds real data: a host tensor, or a tpu tensor whose data is not meta."""
     from tpu_agent.runtime.emulated import tensor as tt
     from tpu_agent.runtime.emulated.liveness import tensors_in
 
+    for t in tensors_in(value):
+        data = t._elem if type(t) is tt.TpuTensor else t
+        if data is None or data.is_meta:
+            return False
+    return True
+
+
+def _small_and_real(node: Any) -> bool:
+    """A node computed for real: every input has data (the batch as uploaded, index ranges, masks made from them)
+    and its outputs are small, so a decision on them (``if mask.all():`` in a library) reads real values."""
+    from tpu_agent.runtime.emulated.liveness import tensors_in
+
+    outputs = tensors_in(node.outputs)
+    if sum(t.numel() * t.element_size() for t in outputs) > SMALL_BYTES:
+        return False
+    return _has_data(node.args) and _has_data(list(node.kwargs.values()))
+
+
+def _give_meta_data(graph: Any) -> None:
+    """Every deferred tensor of ``graph`` gets data: real for small ops on real inputs (:func:`_small_and_real`),
+    else meta data with the layout its metadata promised; a view's is a view of its base's, so later views and
+    in-place ops see one storage, as after a real run."""
+    from tpu_agent.runtime.emulated import deferred
+    from tpu_agent.runtime.emulated import tensor as tt
+    from tpu_agent.runtime.emulated.liveness import tensors_in
+
+    cpu = deferred.CpuExecutor()
     for node in graph.nodes:
+        if _small_and_real(node):
+            tt.DATA_DEVICE = torch.device("cpu")  # what a device argument (a copy's to="tpu") makes, for this op
+            try:
+                cpu.run(deferred.Graph([node]), "capture_only_small")
+                continue
+            except Exception:  # noqa: BLE001 - an op that needs more than its inputs: meta data like the rest
+                pass
+            finally:
+                tt.DATA_DEVICE = _META
         base = next((t for t in tensors_in(node.args) if type(t) is tt.TpuTensor), None)
         for wrapper in tensors_in(node.outputs):
             if type(wrapper) is not tt.TpuTensor or wrapper._elem is not None:
@@ -174,6 +218,11 @@ class _Reads:
 
     warned: set[tuple[str, str]] = field(default_factory=set)
     stopped: ValuesNeeded | None = None
+    assumptions: list[str] = field(default_factory=list)  # each value-dependent op bounded or skipped, once a line
+
+    def assume(self, text: str) -> None:
+        if text not in self.assumptions:
+            self.assumptions.append(text)
 
 
 reads = _Reads()
@@ -228,12 +277,25 @@ _DESCRIPTIONS = {
 def host_read(t: torch.Tensor, cause: str) -> torch.Tensor:
     """Answers ``item()``, ``print``, ``bool()``... on a tpu tensor: zeros where the value is only shown,
     :class:`ValuesNeeded` where it would decide what runs."""
+    from tpu_agent.runtime.emulated import tensor as tt
+
     site = _site()
     what = _DESCRIPTIONS.get(cause, cause)
     if cause not in _PLACEHOLDER_CAUSES:
+        data = tt.unwrap(t, cause)  # flushes: a value made from real data is computed (_small_and_real)
+        if not data.is_meta:
+            _decided_on_real_data(what, site)
+            return data
         raise _stop(what, site)
     _placeholder_warning(what, site)
     return torch.zeros(t.shape, dtype=t.dtype)
+
+
+def _decided_on_real_data(what: str, site: events.Site | None) -> None:
+    reads.assume(
+        f"{what} at {_where(site)}: answered with its real value, computed on the host from small inputs that "
+        "have data (the batch as uploaded, ranges, masks)"
+    )
 
 
 def eager_op(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
@@ -245,6 +307,18 @@ def eager_op(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
     if cause == "fallback":  # shapes meta inference could not give, or storage changes: run on the meta data
         deferred.flush(cause, site)
         return tt.strict_dispatch(func, args, kwargs)
+    if cause not in _PLACEHOLDER_CAUSES:
+        deferred.flush(cause, site)
+        if _has_data(args) and _has_data(list(kwargs.values())):
+            _decided_on_real_data(f"{_DESCRIPTIONS.get(cause, cause)} ({func})", site)
+            return tt.strict_dispatch(func, args, kwargs)
+    if cause == "data_dependent" and func in _BOUNDED:
+        shape, dtype = _BOUNDED[func](*args, **kwargs)
+        reads.assume(
+            f"{func} at {_where(site)}: its output size depends on values; bounded by its largest ({list(shape)}, "
+            "every element selected), so the step estimated is the costliest one"
+        )
+        return tt.wrap(torch.empty(shape, dtype=dtype, device=_META))
     what = f"{_DESCRIPTIONS.get(cause, cause)} ({func})"
     if cause not in _PLACEHOLDER_CAUSES:
         raise _stop(what, site)
@@ -259,15 +333,89 @@ def eager_op(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
     raise _stop(what, site)
 
 
+def _nonzero_bound(x: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    return (x.numel(), x.dim()), torch.int64
+
+
+def _masked_select_bound(x: torch.Tensor, mask: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    return (torch.broadcast_shapes(x.shape, mask.shape).numel(),), x.dtype
+
+
+# data-dependent ops answered with their largest output: (args) -> (shape, dtype)
+_BOUNDED: dict[Any, Any] = {
+    torch.ops.aten.nonzero.default: _nonzero_bound,
+    torch.ops.aten.masked_select.default: _masked_select_bound,
+}
+# initialisers that read values to decide how often to redraw (torch 2.13's trunc_normal_ loops on mask.any())
+_VALUE_LOOP_INITS = ("trunc_normal_",)
+
+
+def _skipping_init(name: str) -> Any:
+    original = getattr(torch.nn.init, name)
+
+    def skipped(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if tensor.is_meta or tensor.device.type != "tpu":
+            return original(tensor, *args, **kwargs)
+        reads.assume(
+            f"torch.nn.init.{name} at {_where(events.user_call_site(2))}: skipped (it loops on the values it draws, "
+            "and capture-only computes none; initial values do not change the step's program)"
+        )
+        return tensor
+
+    return skipped
+
+
+def data_less(parameter: torch.Tensor) -> torch.Tensor:
+    """``parameter`` without data: the same shape, dtype and device kind, a meta tensor behind it (a ``tpu`` one
+    holds meta data), so a model built while capture-only is on allocates nothing for its weights."""
+    from tpu_agent.runtime.emulated import tensor as tt
+
+    empty = torch.empty_strided(parameter.shape, parameter.stride(), dtype=parameter.dtype, device=_META)
+    if parameter.device.type == "tpu":  # meta data even when small: a weight's values are never real here
+        empty = tt.wrap(empty)
+    swapped = torch.nn.Parameter(empty, requires_grad=parameter.requires_grad)
+    setattr(swapped, _REGISTERED, True)
+    return swapped
+
+
+# marks a parameter registered before: registering it again ties it (head.weight = tokens.weight), and a tie to a
+# parameter made before the switch must stay a tie, not become a data-less copy (an attribute, not a weak
+# reference: Module.to swaps tensors, which torch refuses for a tensor with weak references)
+_REGISTERED = "_tpu_agent_registered"
+
+
+def swap_parameter(module: torch.nn.Module, name: str, parameter: Any) -> Any:
+    """Global parameter-registration hook: while capture-only is on, a parameter with data becomes
+    :func:`data_less` (None keeps the registered one). Registered once, before the script runs: a hook added
+    while torch runs the hooks (the bound switching mid-registration) would change the dict torch iterates."""
+    from tpu_agent.runtime.emulated import tensor as tt
+
+    if not isinstance(parameter, torch.Tensor) or getattr(parameter, _REGISTERED, False):
+        return None  # registered before (a tied weight: head.weight = tokens.weight): the same object again
+    setattr(parameter, _REGISTERED, True)
+    if tt.DATA_DEVICE.type != "meta":  # capture-only is off
+        return None
+    if type(parameter) is torch.nn.Parameter and not parameter.is_meta:  # a host parameter
+        return data_less(parameter)
+    elem = getattr(parameter, "_elem", None)
+    if type(parameter) is tt.TpuTensor and elem is not None and not elem.is_meta:  # a tpu one with data
+        return data_less(parameter)
+    return None  # already without data, or another subclass (FSDP's DTensor), kept as it is
+
+
 def install() -> None:
     """Switch this process into capture-only mode for good (the estimate's runtime hook calls it before the
-    script runs; the process ends with the capture, so nothing switches back)."""
+    script runs, or when the host-memory bound says so; the process ends with the capture, so nothing switches
+    back). Tensors that already have data keep it; everything made from now on has none."""
     from tpu_agent.runtime.emulated import deferred
     from tpu_agent.runtime.emulated import tensor as tt
 
     deferred.flush("capture_only")
+    for name in _VALUE_LOOP_INITS:
+        setattr(torch.nn.init, name, _skipping_init(name))
     tt.DATA_DEVICE = _META
     tt.host_read_override = host_read
+    tt.SMALL_DATA_BYTES = SMALL_BYTES
     deferred.eager_override = eager_op
     deferred.executor_factory = CaptureOnlyExecutor
     deferred.executor = CaptureOnlyExecutor()

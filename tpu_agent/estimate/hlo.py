@@ -229,14 +229,14 @@ class HloSummary:
 def summarize(hlo_text: str) -> HloSummary:
     """Read an optimized HLO module's text into an :class:`HloSummary`."""
     summary = HloSummary()
-    shapes: dict[tuple[str, str], ArrayShape] = {}
+    shapes: dict[str, dict[str, ArrayShape]] = {}
     instructions = list(parse_instructions(hlo_text))
     for instruction in instructions:
         arrays = instruction.arrays
         if len(arrays) == 1:
-            shapes[(instruction.computation, instruction.name)] = arrays[0]
+            shapes.setdefault(instruction.computation, {})[instruction.name] = arrays[0]
     for instruction in instructions:
-        local = {name: shape for (computation, name), shape in shapes.items() if computation == instruction.computation}
+        local = shapes.get(instruction.computation, {})
         opcode = instruction.opcode.removesuffix("-start")
         if instruction.opcode == "fusion":
             summary.fusions += 1

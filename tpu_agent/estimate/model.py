@@ -111,12 +111,14 @@ class ProgramEstimate:
     refused: str = ""  # the compiler's out-of-HBM refusal; cost figures are then unknown (0)
     calls: int = 1  # runs per step
     timed_by: str = "compiler"  # "roofline" when the compiler gave no optimal_seconds (see step.program_seconds)
+    kernels: list[str] = field(default_factory=list)  # ops lowered as TorchTPU's kernels (runtime.xla.tpu_kernels)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "calls": self.calls,
             "timed_by": self.timed_by,
+            "kernels": list(self.kernels),
             "flops": self.flops,
             "bytes_accessed": self.bytes_accessed,
             "transcendentals": self.transcendentals,
@@ -130,13 +132,16 @@ class ProgramEstimate:
 
 @dataclass(frozen=True)
 class Suggestion:
-    """A change that was compiled, not guessed: what it is, and whether the step then fits."""
+    """A change that was compiled, not guessed: what it is, and whether the step then fits. A change that
+    alters the captured graph itself (checkpointing, another batch) cannot be compiled from this capture; it
+    is listed with ``verified`` false and no figures, saying how to check it."""
 
     change: str
     target: str
     fits: bool
     peak_hbm_bytes: int
     step_seconds: float
+    verified: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,6 +150,7 @@ class Suggestion:
             "fits": self.fits,
             "peak_hbm_bytes": self.peak_hbm_bytes,
             "step_seconds": self.step_seconds,
+            "verified": self.verified,
         }
 
 
@@ -163,11 +169,23 @@ class Estimate:
     assumptions: list[str] = field(default_factory=list)
     suggestions: list[Suggestion] = field(default_factory=list)
     compiler: str = ""
+    # the share of the captured step's ops its programs hold: 1.0 for a whole step; less only when the user asked
+    # for a partial estimate (--allow-partial), and then every figure is of that share of the step
+    step_ops_share: float = 1.0
 
     @property
     def peak_hbm_bytes(self) -> int:
         """The largest per-chip HBM need among the step's programs (they run one after another)."""
         return max((program.memory.total for program in self.programs), default=0)
+
+    @property
+    def largest_memory(self) -> list[tuple[str, int]]:
+        """The largest HBM classes of the step's peak program, largest first (what a fix has to shrink)."""
+        if not self.programs:
+            return []
+        peak = max(self.programs, key=lambda program: program.memory.total).memory.to_dict()
+        kinds = [(kind, value) for kind, value in peak.items() if kind not in ("total", "code") and value > 0]
+        return sorted(kinds, key=lambda item: -item[1])[:3]
 
     @property
     def fits(self) -> bool:
@@ -182,12 +200,25 @@ class Estimate:
         return sum(program.optimal_seconds * program.calls for program in self.programs)
 
     @property
+    def useful_flops(self) -> float:
+        """The step's model FLOPs when given, else the compiler's FLOPs over the slice."""
+        return self.model_flops_per_step if self.model_flops_per_step else self.flops_per_chip * self.chips
+
+    @property
     def mfu(self) -> float | None:
         """Model FLOPs utilisation at the estimated step time (model FLOPs, not recomputation or padding)."""
-        flops = self.model_flops_per_step if self.model_flops_per_step else self.flops_per_chip * self.chips
         if self.step_seconds <= 0:
             return None
-        return min(1.0, flops / (self.step_seconds * self.peak_bf16_flops_per_chip * self.chips))
+        return min(1.0, self.useful_flops / (self.step_seconds * self.peak_bf16_flops_per_chip * self.chips))
+
+    @property
+    def calibrated(self) -> dict[str, Any] | None:
+        """The step time calibrated against published TPU runs, its band and MFU (see :mod:`.calibration`)."""
+        from tpu_agent.estimate.calibration import calibrated_time
+
+        if not self.fits:
+            return None
+        return calibrated_time(self.step_seconds, self.useful_flops, self.chips, self.peak_bf16_flops_per_chip)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,10 +230,13 @@ class Estimate:
             "hbm_bytes_per_chip": self.hbm_bytes_per_chip,
             "peak_hbm_bytes_per_chip": self.peak_hbm_bytes,
             "verdict": "fits" if self.fits else "does not fit",
+            "largest_memory": [{"kind": kind, "bytes": value} for kind, value in self.largest_memory],
             "flops_per_chip_per_step": self.flops_per_chip,
             "model_flops_per_step": self.model_flops_per_step,
             "step_seconds": self.step_seconds,
             "mfu": self.mfu,
+            "step_ops_share": self.step_ops_share,
+            "calibrated": self.calibrated,
             "programs": [program.to_dict() for program in self.programs],
             "suggestions": [suggestion.to_dict() for suggestion in self.suggestions],
             "assumptions": list(self.assumptions),

@@ -44,19 +44,48 @@ def summary_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
     programs = data["programs"]
     collectives = sum(program["hlo"]["collective_bytes"] * program.get("calls", 1) for program in programs)
     kinds = sorted({kind for program in programs for kind in program["hlo"]["collectives"]})
+    share = data.get("step_ops_share", 1.0)
+    part = "" if share >= 1.0 else f" (PARTIAL: {share:.0%} of the step's ops)"
     return [
         ("target", f"{data['target']} ({data['chips']} x {data['chip']}, {data['strategy']} sharding)"),
-        ("verdict", data["verdict"]),
+        ("verdict", data["verdict"] + part),
         (
             "peak HBM per chip",
-            f"{human_bytes(data['peak_hbm_bytes_per_chip'])} of {human_bytes(data['hbm_bytes_per_chip'])}",
+            f"{human_bytes(data['peak_hbm_bytes_per_chip'])} of {human_bytes(data['hbm_bytes_per_chip'])}{part}",
         ),
-        ("FLOPs per chip per step", f"{data['flops_per_chip_per_step']:.3e}"),
-        ("step time (compiler's optimal)", f"{data['step_seconds'] * 1e3:.3f} ms"),
-        ("MFU at that time", mfu),
+        (
+            "largest HBM uses",
+            ", ".join(
+                f"{item['kind'].replace('_', ' ')} {human_bytes(item['bytes'])}" for item in data["largest_memory"]
+            )
+            or "none",
+        ),
+        ("FLOPs per chip per step", f"{data['flops_per_chip_per_step']:.3e}{part}"),
+        ("step time (compiler's optimal, a lower bound)", f"{data['step_seconds'] * 1e3:.3f} ms{part}"),
+        ("MFU at that time", mfu + part),
+        *_calibrated_rows(data.get("calibrated")),
         ("collectives per chip per step", f"{human_bytes(collectives)} ({', '.join(kinds) or 'none'})"),
         ("fusions", str(sum(program["hlo"]["fusions"] for program in programs))),
         ("compiler", data["compiler"]),
+    ]
+
+
+def _calibrated_rows(calibrated: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The calibrated step time with its band, source and MFU, or why there is none."""
+    if not calibrated:
+        reason = "none: the step does not fit, or no published TPU run calibrates the compiler's time yet"
+        return [("step time (calibrated)", reason)]
+    calibration = calibrated["calibration"]
+    mfu = "n/a" if calibrated["mfu"] is None else f"{calibrated['mfu']:.1%}"
+    return [
+        (
+            "step time (calibrated)",
+            f"{calibrated['seconds'] * 1e3:.1f} ms (band {calibrated['low_seconds'] * 1e3:.1f} to "
+            f"{calibrated['high_seconds'] * 1e3:.1f} ms: x{calibration['factor']:.2f}, the ratio of measured to "
+            f"estimated time over {len(calibration['runs'])} published run(s) of a {calibration['kind']}; "
+            f"{', '.join(calibrated['sources'])}; {calibrated['note']})",
+        ),
+        ("MFU at the calibrated time", mfu),
     ]
 
 
@@ -88,9 +117,9 @@ def suggestion_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]
         (
             suggestion["change"],
             suggestion["target"],
-            "yes" if suggestion["fits"] else "no",
-            human_bytes(suggestion["peak_hbm_bytes"]),
-            f"{suggestion['step_seconds'] * 1e3:.3f} ms",
+            ("yes" if suggestion["fits"] else "no") if suggestion.get("verified", True) else "unverified",
+            human_bytes(suggestion["peak_hbm_bytes"]) if suggestion.get("verified", True) else "-",
+            f"{suggestion['step_seconds'] * 1e3:.3f} ms" if suggestion.get("verified", True) else "-",
         )
         for suggestion in _as_dict(estimate)["suggestions"]
     ]
@@ -109,6 +138,8 @@ def to_markdown(estimate: Estimate | dict[str, Any]) -> str:
     lines += ["", "## HBM per chip (largest program)", ""] + _table(("kind", "bytes"), memory_rows(data))
     lines += ["", "## Programs", ""] + _table(PROGRAM_COLUMNS, program_rows(data))
     if data["suggestions"]:
-        lines += ["", "## What would fit (each compiled)", ""] + _table(SUGGESTION_COLUMNS, suggestion_rows(data))
+        lines += ["", "## What would fit (compiled unless marked unverified)", ""] + _table(
+            SUGGESTION_COLUMNS, suggestion_rows(data)
+        )
     lines += ["", "## Assumptions", ""] + [f"- {assumption}" for assumption in data["assumptions"]]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +20,14 @@ from typing import Any
 
 from tpu_agent.chips import parse_target
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.estimate import host_bound
 from tpu_agent.estimate.compiler import require_compiler, supported_chip_counts
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, HOOK_SPEC, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.step import STRATEGIES
 from tpu_agent.fsutil import atomic_write_text
 
 DEFAULT_STEPS = 3
+_KILLED = (128 + signal.SIGKILL, -signal.SIGKILL)  # a shell's and subprocess's ways of saying "killed"
 MAX_STEPS = 100
 # JSON schema version of the estimate document (docs/estimate-json-schema.md).
 SCHEMA_VERSION = 1
@@ -40,6 +43,8 @@ class EstimateOptions:
     suggest: bool = True
     timeout_s: float | None = None
     capture_only: bool = False  # record the step from shapes without computing it (tpu_agent.estimate.capture_only)
+    allow_partial: bool = False  # figures from the compiled part of a step that has graphs XLA could not take
+    host_memory_bytes: int | None = None  # the bound that switches to capture-only (None: host_bound's default)
 
     def resolved_strategy(self) -> str:
         if self.strategy is not None:
@@ -82,6 +87,25 @@ class ScriptEstimate:
         return self.document["estimate"]["verdict"] == "fits"
 
 
+def run_failure(script: str, exit_code: int) -> TpuAgentError:
+    """Why the script left no result: killed (the kernel's OOM killer sends SIGKILL), or exited with ``exit_code``."""
+    if exit_code in _KILLED:
+        return TpuAgentError(
+            "script-killed",
+            f"{script} was killed (SIGKILL, exit code {exit_code}) before a step could be captured: most likely the "
+            "host ran out of memory (the kernel's OOM killer ends the largest process)",
+            "estimate with --capture-only: the step is then recorded from shapes and nothing model-sized is "
+            "allocated on this machine (or lower --host-memory, the bound at which estimate switches to it)",
+            ExitCode.FINDINGS,
+        )
+    return TpuAgentError(
+        "script-failed",
+        f"{script} exited with code {exit_code} before a step could be captured",
+        "run it with `tpu-agent run` first and fix the error above",
+        ExitCode.FINDINGS,
+    )
+
+
 def estimate_script(
     target: Any, options: EstimateOptions, progress: Callable[[str], None] | None = None
 ) -> ScriptEstimate:
@@ -104,6 +128,8 @@ def estimate_script(
             "steps": options.steps,
             "suggest": options.suggest,
             "capture_only": options.capture_only,
+            "allow_partial": options.allow_partial,
+            "host_memory_bytes": options.host_memory_bytes or host_bound.default_bound_bytes(),
         }
         atomic_write_text(directory / OPTIONS_FILE, json.dumps(settings))
         hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
@@ -131,12 +157,7 @@ def estimate_script(
         )
         result_path = directory / RESULT_FILE
         if not result_path.exists():
-            raise TpuAgentError(
-                "script-failed",
-                f"{target.target} exited with code {exit_code} before a step could be captured",
-                "run it with `tpu-agent run` first and fix the error above",
-                ExitCode.FINDINGS,
-            )
+            raise run_failure(target.target, exit_code)
         result = json.loads(result_path.read_text())
     if not result.get("ok"):
         error = result.get("error", {})
@@ -152,6 +173,7 @@ def estimate_script(
         "script": target.target,
         "steps_watched": result.get("steps_watched"),
         "capture_only": options.capture_only,
+        "capture_only_chosen": result.get("capture_only_chosen"),
         "libtpu_version": status.libtpu_version,
         "estimate": result["estimate"],
     }

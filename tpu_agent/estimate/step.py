@@ -106,8 +106,11 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
     for arg, dim in zip(program.args, dims, strict=True):
         by_role[arg.role] += per_chip_bytes(arg, dim, target.chips)
     inputs = sum(by_role.values())
+    from tpu_agent.runtime.xla import tpu_kernels
+
     try:
-        artifacts = compile_for_target(program.fn, abstract, target, donate_argnums=program.donated)
+        with tpu_kernels.as_on_tpu() as kernels:
+            artifacts = compile_for_target(program.fn, abstract, target, donate_argnums=program.donated)
     except HbmExhausted as refusal:
         # The compiler stops before its cost analysis; what it needs beyond the inputs is temporaries.
         memory = MemoryBreakdown(
@@ -120,7 +123,17 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
             code=0,
         )
         return ProgramEstimate(
-            program.name, 0.0, 0.0, 0.0, 0.0, memory, summarize(""), inputs, refusal.message, program.calls
+            program.name,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            memory,
+            summarize(""),
+            inputs,
+            refusal.message,
+            program.calls,
+            kernels=sorted(kernels.kernels),
         )
     memory = MemoryBreakdown(
         parameters=by_role[ArgRole.PARAMETER],
@@ -131,9 +144,14 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
         temporaries=artifacts.memory["temp"],
         code=artifacts.memory["code"],
     )
-    flops = max(0.0, artifacts.cost.get("flops", 0.0))
+    # the kernels' tiles beyond the first, which the compiler counted once; their work is split as the batch is
+    batch_split = any(dim is not None for arg, dim in zip(program.args, dims, strict=True) if arg.role is ArgRole.BATCH)
+    uncounted = kernels.uncounted_flops / (target.chips if batch_split else 1)
+    flops = max(0.0, artifacts.cost.get("flops", 0.0)) + uncounted
     bytes_accessed = max(0.0, artifacts.cost.get("bytes accessed", 0.0))
-    seconds, timed_by = program_seconds(artifacts.cost.get("optimal_seconds", 0.0), flops, bytes_accessed, target)
+    seconds, timed_by = program_seconds(artifacts.cost.get("optimal_seconds", -1.0), flops, bytes_accessed, target)
+    if timed_by == "compiler":
+        seconds += uncounted / target.chip.peak_bf16_flops_per_device
     return ProgramEstimate(
         name=program.name,
         flops=flops,
@@ -145,6 +163,7 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
         compiler_argument_bytes=artifacts.memory["argument"],
         calls=program.calls,
         timed_by=timed_by,
+        kernels=sorted(kernels.kernels),
     )
 
 
@@ -152,7 +171,8 @@ def program_seconds(
     optimal_seconds: float, flops: float, bytes_accessed: float, target: TpuTarget
 ) -> tuple[float, str]:
     """The program's time on one chip and where it comes from: the compiler's ``optimal_seconds``, or, where
-    libtpu has no figure for a program (it answers -1: seen on a 7B Llama step), the roofline of the compiler's
+    libtpu has no figure for a program (it answers -1: seen on a 7B Llama step; or leaves the key out, as for
+    a one-chip program with loops), the roofline of the compiler's
     own FLOPs and bytes, so one unknown program cannot turn the step time negative."""
     if optimal_seconds >= 0:
         return optimal_seconds, "compiler"
@@ -194,6 +214,22 @@ def estimate_step(
             "MFU: model FLOPs over that time and the chips' peak bf16 FLOP/s",
         ],
     )
+    if len(compiled) > 1:
+        estimate.assumptions.append(
+            "a tensor the step keeps between its programs counts in the programs that read it: under activation "
+            "checkpointing (whose recomputation is its own programs, in FLOPs and time) the checkpoints of the "
+            "other layers are not in the peak program's figure"
+        )
+    kernels = sorted({kernel for program in compiled for kernel in program.kernels})
+    if kernels:
+        estimate.assumptions.append(
+            "lowered as TorchTPU runs it on a TPU, not as the CPU does: " + "; ".join(kernels) + " (FLOPs of the "
+            "math form, causal masks included: a kernel that skips fully masked tiles does about half of those)"
+        )
+        estimate.assumptions.append(
+            "the compiler counts a kernel's tile loop once; the FLOPs of its other tiles are added to the FLOPs "
+            "and, at peak FLOP/s, to the time, split over the chips as the batch is"
+        )
     if rooflined:
         estimate.assumptions.append(
             f"the compiler gave no optimal_seconds for {', '.join(rooflined)}: their time is the roofline of the "
@@ -212,7 +248,12 @@ def _bf16_state(program: StepProgram) -> StepProgram:
 
 
 def suggest_fixes(
-    programs: Sequence[StepProgram], target: TpuTarget, strategy: str, max_compiles: int = 6
+    programs: Sequence[StepProgram],
+    target: TpuTarget,
+    strategy: str,
+    max_compiles: int = 6,
+    *,
+    current: Estimate | None = None,
 ) -> list[Suggestion]:
     """Changes that make a step that does not fit fit, each verified by compiling it (at most ``max_compiles``
     compilations): FSDP over the same chips, bf16 parameters and optimizer state, and the smallest larger slice
@@ -235,7 +276,15 @@ def suggest_fixes(
     for count in supported_chip_counts(target.chip.key):
         if count > target.chips:
             bigger = TpuTarget(target.chip, count)
-            candidates.append((f"FSDP over a {bigger.spec} slice", bigger, "fsdp", list(programs)))
+            candidates.append(
+                (
+                    f"FSDP over a {bigger.spec} slice (the same global batch: {count // target.chips}x smaller "
+                    "per chip)",
+                    bigger,
+                    "fsdp",
+                    list(programs),
+                )
+            )
     suggestions: list[Suggestion] = []
     for change, candidate_target, candidate_strategy, candidate_programs in candidates[:max_compiles]:
         estimate = estimate_step(candidate_programs, candidate_target, candidate_strategy)
@@ -244,4 +293,34 @@ def suggest_fixes(
         )
         if estimate.fits and candidate_target is not target:
             break  # the smallest larger slice that fits was found; larger ones would fit too
-    return suggestions
+    if current is None:  # the caller's estimate of the step as captured, else compiled (again) here
+        current = estimate_step(programs, target, strategy)
+    return suggestions + _recapture_suggestions(current, target)
+
+
+def _recapture_suggestions(current: Estimate, target: TpuTarget) -> list[Suggestion]:
+    """Changes to the step itself, which this capture cannot compile, offered (unverified) when what the step
+    keeps between its forward and backward (temporaries) is its largest HBM class in ``current`` (the step as
+    captured): checkpointing and a smaller per-chip batch each shrink it; a capture with the change checks it."""
+    largest = current.largest_memory
+    if not largest or largest[0][0] != "temporaries":
+        return []
+    return [
+        Suggestion(
+            f"activation checkpointing (torch.utils.checkpoint, model.gradient_checkpointing_enable()): "
+            f"temporaries are {largest[0][1] / 2**30:.1f} GiB per chip; rerun the estimate with it to check",
+            target.spec,
+            False,
+            0,
+            0.0,
+            verified=False,
+        ),
+        Suggestion(
+            "a smaller per-chip batch (or sequence): rerun the estimate with it to check",
+            target.spec,
+            False,
+            0,
+            0.0,
+            verified=False,
+        ),
+    ]

@@ -173,6 +173,7 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
     written: list[Path] = []
     unchanged: list[Path] = []
     not_copied: list[str] = []
+    copied: list[Path] = []
     for source in _tree_entries(plan.roots, SKIP_DIRS):
         if TEMP_FILE_RE.fullmatch(source.name):
             continue  # a temporary file of an interrupted run: not part of the tree
@@ -194,6 +195,7 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
                 not_copied.append(f"{source}: {kind}, not a regular file")
                 continue
             data = migrated.get(real(source))
+            as_is = data is None
             if data is None:
                 data = read_regular(source)
         except OSError as error:  # vanished or changed since the plan: report it and copy the rest
@@ -207,7 +209,9 @@ def _apply_copy(plan: Plan, output_dir: Path, pending: list[FileResult]) -> Appl
             continue
         _write(dest, data, str(dest), written)
         os.chmod(dest, mode)
-    return ApplyResult(written=written, unchanged=unchanged, output_dir=out_real, not_copied=not_copied)
+        if as_is:
+            copied.append(written[-1])
+    return ApplyResult(written=written, unchanged=unchanged, output_dir=out_real, not_copied=not_copied, copied=copied)
 
 
 def _copy_link(source: Path, dest: Path, written: list[Path], unchanged: list[Path]) -> None:

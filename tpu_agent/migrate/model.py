@@ -243,6 +243,7 @@ class ApplyResult:
     output_dir: Path | None = None
     removed_temp_files: list[Path] = field(default_factory=list)  # left by an interrupted run, now gone
     not_copied: list[str] = field(default_factory=list)  # "path: why" for files an --output-dir copy left out
+    copied: list[Path] = field(default_factory=list)  # of ``written`` into an --output-dir: source bytes as they were
 
 
 def torch_version(text: str) -> tuple[int, int]:

@@ -1,17 +1,21 @@
-"""CUDA-to-TorchTPU API lookup, answered from the migration rule records.
+"""CUDA-to-TorchTPU API lookup, answered from the migration rule records and the emulation's torch_tpu surface.
 
-Every row is one :class:`~tpu_agent.migrate.model.ApiEquivalent` of one rule (``Rule.apis``): what the CUDA API
-becomes, with the rule's safety as the status, its references and the oldest torch that has the emitted API.
+Every CUDA row is one :class:`~tpu_agent.migrate.model.ApiEquivalent` of one rule (``Rule.apis``): what the CUDA
+API becomes, with the rule's safety as the status, its references and the oldest torch that has the emitted API.
 There is no second table: what ``tpu_lookup_api`` says about an API is what ``tpu-agent migrate`` does to it,
-so the two can never disagree. This module only flattens the records and ranks rows against a query such
-as ``torch.cuda.synchronize`` or ``GradScaler``.
+so the two can never disagree. TorchTPU's own Python API (``OpTracer``, ``set_eager_mode``, ``api.tpu_device``)
+comes from the public names of the emulation's ``torch_tpu`` package itself, read from its source (importing it
+would activate the device), so a row exists exactly when ``tpu-agent run`` provides the name. This module only
+flattens the two and ranks rows against a query such as ``torch.cuda.synchronize``, ``GradScaler`` or ``OpTracer``.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.migrate.model import Rule, Safety
@@ -25,6 +29,11 @@ STATUSES: dict[Safety, tuple[str, str]] = {
     ),
     Safety.MANUAL: ("manual", "no automatic rewrite: a person ports it; tpu-agent migrate reports it with this advice"),
 }
+EMULATED = (
+    "emulated",
+    "TorchTPU's own API (no CUDA counterpart): tpu-agent run provides it where torch_tpu is not installed, as a "
+    "face over the emulated device (docs/torchtpu-fidelity.md says how closely)",
+)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
@@ -62,13 +71,66 @@ def _row(rule: Rule, index: int) -> ApiMapping:
     )
 
 
+def _public_names(tree: ast.Module) -> list[str]:
+    """A module's ``__all__`` (its public surface), else its public top-level functions and classes."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return [str(ast.literal_eval(item)) for item in getattr(node.value, "elts", [])]
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+    ]
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().split("\n\n")[0].replace("\n", " ")
+
+
+def surface_rows(package: Path) -> tuple[ApiMapping, ...]:
+    """One row per public name of the emulation's ``torch_tpu`` package, from its source (nothing is imported).
+
+    A module's ``GUIDE_PAGE`` names the TorchTPU notebook that documents it; the note is the name's docstring
+    (the module's, for names defined elsewhere, such as the execution-mode properties)."""
+    from tpu_agent.migrate.rules.references import torch_tpu_notebook
+
+    rows = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        assigned = {
+            t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+        }
+        page = assigned.get("GUIDE_PAGE")
+        if page is None:
+            continue  # a package marker or re-export: its names are listed where they are defined
+        defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for name in _public_names(tree):
+            node = defined.get(name)
+            doc = ast.get_docstring(node) if node is not None else ast.get_docstring(tree)
+            rows.append(
+                ApiMapping(
+                    cuda="",
+                    tpu=f"{module}.{name}",
+                    status=EMULATED[0],
+                    note=f"{module}.{name}: {_first_line(doc)}",
+                    reference=torch_tpu_notebook(str(ast.literal_eval(page))),
+                    keywords=tuple(sorted({name, *(p for p in module.split(".") if len(p) > 2)})),
+                    rule="",
+                )
+            )
+    return tuple(rows)
+
+
 @lru_cache(maxsize=1)
 def load_table() -> tuple[dict[str, str], tuple[ApiMapping, ...]]:
-    """(status legend, rows), built from every rule's ``apis`` in code order."""
+    """(status legend, rows): every rule's ``apis`` in code order, then the torch_tpu surface's names."""
     from tpu_agent.migrate.rules import ALL_RULES
+    from tpu_agent.runtime.run_scope import SURFACE_DIR
 
     rows = tuple(_row(rule, i) for _, rule in sorted(ALL_RULES.items()) for i in range(len(rule.apis)))
-    return dict(STATUSES.values()), rows
+    return dict([*STATUSES.values(), EMULATED]), rows + surface_rows(SURFACE_DIR / "torch_tpu")
 
 
 def _tokens(text: str) -> set[str]:
@@ -79,9 +141,10 @@ def _score(query: str, row: ApiMapping) -> float:
     q = query.lower().strip()
     bare = q.removeprefix("torch.cuda.").removeprefix("torch.").rstrip("()")
     score = 0.0
-    if q and q in row.cuda.lower():
+    api = (row.cuda or row.tpu).lower()  # a CUDA row matches on its CUDA API, a torch_tpu row on its own name
+    if q and q in api:
         score += 10
-    elif bare and bare in row.cuda.lower():
+    elif bare and bare in api:
         score += 6
     for keyword in row.keywords:
         k = keyword.lower()
@@ -89,7 +152,7 @@ def _score(query: str, row: ApiMapping) -> float:
             score += 5
         elif k in q:
             score += 2
-    shared = _tokens(query) & (_tokens(row.cuda) | {k.lower() for k in row.keywords})
+    shared = _tokens(query) & (_tokens(api) | {k.lower() for k in row.keywords})
     return score + len(shared)
 
 
@@ -104,11 +167,11 @@ def lookup(query: str, limit: int = 5) -> list[ApiMapping]:
     if not scored:
         raise TpuAgentError(
             "unknown-api",
-            f"no CUDA API covered by the migration rules matches {query!r}",
+            f"no CUDA API covered by the migration rules, and no torch_tpu API, matches {query!r}",
             "Try the bare name (e.g. 'synchronize', 'GradScaler', 'nccl'), run `tpu-agent rules` for the catalogue, "
             "or call tpu_scan to find CUDA usages with the rule that covers them.",
         )
     return [row for _, _, row in scored[:limit]]
 
 
-__all__ = ["STATUSES", "ApiMapping", "load_table", "lookup"]
+__all__ = ["EMULATED", "STATUSES", "ApiMapping", "load_table", "lookup", "surface_rows"]

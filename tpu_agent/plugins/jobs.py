@@ -16,7 +16,6 @@ import io
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 from tpu_agent.errors import TpuAgentError, clipped
 from tpu_agent.plugins.limits import DEFAULT_MAX_JOBS, MAX_FINISHED_JOBS
 from tpu_agent.plugins.workspace import Workspace
+from tpu_agent.processes import stop_group
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.
 KILL_GRACE_S = 3.0
@@ -106,22 +106,10 @@ class Job:
 
 
 def _terminate_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the job's process group, then SIGKILL it if it is still there after a grace period."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:  # ranks that ignored SIGTERM, and grandchildren left behind by the leader
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+    """SIGTERM the job's process group, then SIGKILL it if it is still there after a grace period (a job whose
+    leader has exited is left to its guard)."""
+    if process.poll() is None:
+        stop_group(process, KILL_GRACE_S)
 
 
 class JobManager:

@@ -104,7 +104,16 @@ class DiagnosticItem(BaseModel):
     title: str
     suggested_change: str = Field(description="The code or configuration change that addresses the finding.")
     agent_change: str | None = Field(description="What to edit, when the change is local.")
-    agent_diff: str | None = Field(description="A unified diff implementing the change, when one is known.")
+    agent_diff: str | None = Field(
+        description="A unified diff implementing the change, when one is known; apply it only when diff_verified."
+    )
+    diff_verified: bool = Field(
+        description="True when profile applied agent_diff to a copy of the script, ran it, saw the same losses and "
+        "the finding gone (or its measure lower)."
+    )
+    verification: str | None = Field(
+        description="Why the diff is or is not verified (a diff that failed its check is withheld: advice only)."
+    )
     locations: list[str] = Field(description="Source locations as 'path:line', most costly first.")
     estimated_saving_pct: float = Field(description="Estimated share of step time the change saves.")
     detail: dict[str, Any] = Field(description="The profile API's full finding (evidence, confidence, rank).")

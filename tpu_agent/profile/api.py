@@ -24,6 +24,7 @@ from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.fsutil import atomic_write_text
 from tpu_agent.profile import kineto, xplane
+from tpu_agent.profile import verify as verification
 from tpu_agent.profile.estimate import attach_compiler_estimate, estimate
 from tpu_agent.profile.layout import (
     COMPILED_FILE,
@@ -174,7 +175,13 @@ def _log_root(logdir: Path) -> Path:
     return logdir.parent if logdir.is_file() else logdir
 
 
-def _diagnose(logdir: Path, chip: str | None, exit_code: int | None, no_compiler_note: str = "") -> Diagnosis:
+def _diagnose(
+    logdir: Path,
+    chip: str | None,
+    exit_code: int | None,
+    no_compiler_note: str = "",
+    verify: Callable[[Diagnosis], dict[str, Any]] | None = None,
+) -> Diagnosis:
     logdir = Path(logdir)
     if not logdir.exists():
         raise TpuAgentError(
@@ -197,6 +204,12 @@ def _diagnose(logdir: Path, chip: str | None, exit_code: int | None, no_compiler
     diagnosis.exit_code = exit_code
     compiled = diagnosis.model.compiled
     attach_compiler_estimate(diagnosis.estimate, compiled.document if compiled else None, no_compiler_note)
+    own = raw_dir(logdir) if logdir.is_dir() and raw_dir(logdir).is_dir() else None
+    if verify is not None and own is not None:
+        diagnosis.verification = verify(diagnosis)
+        verification.save(own, diagnosis)
+    else:  # a foreign capture (own None) was never checked
+        verification.recall(own, diagnosis)
     diagnosis.document = build_document(diagnosis)
     diagnosis.report_paths = _write_reports(diagnosis, root)
     return diagnosis
@@ -226,6 +239,7 @@ def _prepare_logdir(logdir: Path, target: LaunchTarget, options: ProfileOptions)
         "chip": options.chip,
         "nproc": options.nproc,
         "eager_mode": options.eager_mode,
+        "stop_after_window": options.stop_after_window,
         "cwd": os.getcwd(),
         "started": time.time(),
         "session": xplane.session_name(),
@@ -296,9 +310,12 @@ def profile(
     raw = _prepare_logdir(logdir, target, options)
     hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
     # The capture hook reads its window from options.json in the event directory: its one source of settings.
-    env = {**options.env, EVENTS_DIR_ENV: str(raw.resolve()), HOOKS_ENV: hooks}
+    # The hash seed fixed too (set iteration order): verification compares this run's losses with a patched copy's.
+    seeded = {"PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+    env = {**seeded, **options.env, EVENTS_DIR_ENV: str(raw.resolve()), HOOKS_ENV: hooks}
     if progress:
         progress(f"running {target.target} with profiling on ({options.nproc} rank(s), chip {options.chip})")
+    started = time.monotonic()
     with _OpsPreloader(raw):
         exit_code = launch(
             target,
@@ -310,13 +327,20 @@ def profile(
                 timeout_s=options.timeout_s,
             ),
         )
+    capture_s = time.monotonic() - started
     document, no_compiler_note = _compiler_estimate(target, options, progress) if exit_code == 0 else (None, "")
     if document is not None:  # kept with the capture: `diagnose` of this logdir then weighs it too
         atomic_write_text(raw / COMPILED_FILE, json.dumps(document))
     if progress:
         progress("analysing the capture")
     try:
-        diagnosis = _diagnose(logdir, options.chip, exit_code, no_compiler_note)
+        diagnosis = _diagnose(
+            logdir,
+            options.chip,
+            exit_code,
+            no_compiler_note,
+            lambda found: verification.verify_diagnosis(found, target, options, capture_s, progress),
+        )
     except TpuAgentError as error:
         if exit_code != 0:
             raise TpuAgentError(

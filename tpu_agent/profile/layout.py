@@ -16,6 +16,7 @@ OPTIONS_FILE = "options.json"
 TRACE_FILE = "rank{rank}.pt.trace.json"  # torch.profiler's Chrome trace of the measured window
 CAPTURE_FILE = "capture-rank{rank}.json"  # what the capture hooks recorded (sites, weights, memory, ...)
 COMPILED_FILE = "compiled.json"  # the TPU compiler's estimate of the step (`tpu-agent estimate`'s document)
+VERIFIED_FILE = "verified.json"  # what checking each diff found (tpu_agent.profile.verify), for `diagnose` to reuse
 
 
 def raw_dir(logdir: Path) -> Path:

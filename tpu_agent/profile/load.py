@@ -157,6 +157,7 @@ def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None
             for d in record.get("dataloaders", [])
         ]
         rank.warnings.extend(str(w) for w in record.get("warnings", []))
+        rank.losses = [float(x) for x in record.get("losses", [])]
         rank.data_waits = [
             DataWait(w["step"], w["duration_ns"], _site(w.get("site")), w["time_ns"])
             for w in record.get("data_waits", [])

@@ -70,11 +70,37 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class Verification:
+    """What checking a diff found (:mod:`tpu_agent.profile.verify`): the patched copy ran, its first losses and the
+    rule's measure before and after.
+
+    ``status``: ``verified`` (the diff is offered), ``failed`` (the check ran and refused it: the diff is withdrawn
+    and ``reason`` says why) or ``not_checked`` (verification was off or skipped: the diff stays, marked so)."""
+
+    status: str  # verified | failed | not_checked
+    reason: str
+    metric: str = ""
+    before: float | None = None
+    after: float | None = None  # 0 when the finding is gone
+    losses_before: tuple[float, ...] = ()
+    losses_after: tuple[float, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class AgentChange:
-    """What a coding agent should edit: a description and, when the change is local, a unified diff."""
+    """What a coding agent should edit: a description and, when the change is local, a unified diff.
+
+    ``verification`` says whether the diff was applied to a copy, run and shown to remove its finding; a diff the
+    check refused is not kept (``diff`` is None and the verification says why)."""
 
     description: str
     diff: str | None = None
+    verification: Verification | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.verification is not None and self.verification.status == "verified"
 
 
 @dataclass
@@ -99,6 +125,12 @@ class Finding:
         data = asdict(self)
         data["severity"] = self.severity.value
         data["evidence"]["steps"] = list(self.evidence.steps)
+        if self.agent_change is not None:
+            data["agent_change"]["verified"] = self.agent_change.verified
+            if self.agent_change.verification is not None:
+                verification = data["agent_change"]["verification"]
+                verification["losses_before"] = list(verification["losses_before"])
+                verification["losses_after"] = list(verification["losses_after"])
         return data
 
 
@@ -221,6 +253,7 @@ class RankProfile:
     has_memory_trace: bool = False
     has_device_trace: bool = False
     warnings: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # the first steps' losses (what backward() was called on)
 
     def steps_in_window(self) -> list[Step]:
         """The steps the op trace covers (all steps when there is no window)."""
@@ -323,6 +356,7 @@ class Diagnosis:
     xplane_paths: list[Path] = field(default_factory=list)
     report_paths: list[Path] = field(default_factory=list)
     exit_code: int | None = None  # the profiled script's, when this came from `profile`
+    verification: dict[str, Any] | None = None  # whether the diffs were checked (tpu_agent.profile.verify), why not
     document: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property

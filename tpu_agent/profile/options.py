@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,17 @@ DEFAULT_WARMUP = 2  # steps before the window: first compiles and cache fills st
 MAX_STEPS = 10_000  # a window larger than this only makes a trace too big to analyse
 MAX_WARMUP = 1_000
 DEFAULT_LOGDIR = Path("tpu-agent-profile")
+# Verification of diffs (tpu_agent.profile.verify): each diff is one more short run of the script.
+VERIFY_MAX_STEPS = 5  # measured steps of a patched run at most: enough for the rule to see its pattern again
+VERIFY_TIMEOUT_S = 180.0  # per diff: a patched run past this is stopped and its diff withheld
+VERIFY_CAPTURE_LIMIT_S = 300.0  # a capture longer than this is not verified (each check would cost about as much)
+VERIFY_ENV = "TPU_AGENT_PROFILE_VERIFY"  # "0" makes --no-verify the default (a CI that checks diffs elsewhere)
+
+
+def verify_default() -> bool:
+    """Whether diffs are verified when neither ``--verify`` nor ``--no-verify`` is given: yes, unless
+    ``TPU_AGENT_PROFILE_VERIFY`` is ``0``/``false``/``off``/``no``."""
+    return os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 @dataclass
@@ -31,6 +43,13 @@ class ProfileOptions:
     # Also compile the step with libtpu (`tpu-agent estimate`): a second run of the script and a TPU compile, so
     # opt-in; a profile stays within a few percent of a plain run's cost by default.
     tpu_compiler: bool = False
+    # Apply each finding's diff to a copy of the script's folder, run it and re-run the rule before offering it.
+    verify: bool = field(default_factory=verify_default)
+    verify_steps: int = VERIFY_MAX_STEPS
+    verify_timeout_s: float = VERIFY_TIMEOUT_S
+    verify_capture_limit_s: float = VERIFY_CAPTURE_LIMIT_S
+    # End the script once the measured window is over (verification's own runs): only the window is read.
+    stop_after_window: bool = False
 
     def check(self) -> None:
         """Refuse a window that measures nothing or cannot be analysed, and an unknown chip."""
@@ -45,5 +64,17 @@ class ProfileOptions:
                 "bad-warmup",
                 f"--warmup must be between 0 and {MAX_WARMUP} (got {self.warmup})",
                 f"use --warmup {DEFAULT_WARMUP}",
+            )
+        if not 1 <= self.verify_steps <= MAX_STEPS:
+            raise TpuAgentError(
+                "bad-verify-steps",
+                f"--verify-steps must be between 1 and {MAX_STEPS} (got {self.verify_steps})",
+                f"use --verify-steps {VERIFY_MAX_STEPS}",
+            )
+        if self.verify_timeout_s <= 0:
+            raise TpuAgentError(
+                "bad-verify-timeout",
+                f"--verify-timeout must be positive (got {self.verify_timeout_s})",
+                f"use --verify-timeout {VERIFY_TIMEOUT_S:g}",
             )
         get_chip(self.chip)

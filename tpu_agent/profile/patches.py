@@ -77,6 +77,11 @@ def insert_after_torch_import(path: str, statement: str) -> str | None:
 
 def wrap_line_in_with(path: str, line: int, with_statement: str) -> str | None:
     """Put ``line`` (a single-line statement) under ``with <with_statement>:``."""
+    return wrap_line(path, line, f"with {with_statement}:")
+
+
+def wrap_line(path: str, line: int, header: str) -> str | None:
+    """Put ``line`` (a single-line statement) under a block ``header`` (``with ...:``, ``if ...:``)."""
     lines = _read(path)
     if lines is None or not 1 <= line <= len(lines):
         return None
@@ -85,7 +90,7 @@ def wrap_line_in_with(path: str, line: int, with_statement: str) -> str | None:
     if not stripped or stripped.startswith(_NOT_A_STATEMENT) or stripped.endswith((":", "(", "[", "{", ",", "\\")):
         return None
     indent = _indent(text)
-    new = [f"{indent}with {with_statement}:\n", f"{indent}    {text.lstrip()}"]
+    new = [f"{indent}{header}\n", f"{indent}    {text.lstrip()}"]
     return _diff(path, lines, lines[: line - 1] + new + lines[line:])
 
 

@@ -37,6 +37,17 @@ def launch(target: LaunchTarget, options: RunOptions) -> int:
 
 
 _active: BackendChoice | None = None
+_activating = False
+
+
+def is_active() -> bool:
+    """Whether :func:`activate` has made a backend live in this process."""
+    return _active is not None
+
+
+def is_activating() -> bool:
+    """Whether :func:`activate` is running now: the ``import torch`` it causes must not start it again."""
+    return _activating
 
 
 def activate() -> BackendChoice:
@@ -46,11 +57,22 @@ def activate() -> BackendChoice:
     calling this by hand) the ``auto`` rule decides here. With real torch_tpu nothing is patched: its
     autoload registers the device when torch is imported, so user code runs exactly as on a TPU VM.
     """
-    global _active
+    global _active, _activating
     if _active is not None:
         return _active
     requested = os.environ.get(BACKEND_ENV)
     choice = BackendChoice(requested, f"{BACKEND_ENV}={requested}") if requested else select_backend("auto")
+    _activating = True
+    try:
+        _activate(choice)
+    finally:
+        _activating = False
+    _active = choice
+    return choice
+
+
+def _activate(choice: BackendChoice) -> None:
+    """The emulation's device, modules and process group; with real torch_tpu only the run's RunInfo record."""
     mode, _ = eager_mode_from_env(os.environ)
     if choice.name == "emulated":
         from tpu_agent.runtime import emulated
@@ -62,6 +84,7 @@ def activate() -> BackendChoice:
         from tpu_agent.runtime.xla import settings
 
         settings.install_deferred_executor()
+        settings.announce_compiler_outputs()
     else:
         devices = scan_tpu_devices()
         emit(
@@ -73,8 +96,6 @@ def activate() -> BackendChoice:
             argv=list(sys.argv),
             env=recorded_env(os.environ),
         )
-    _active = choice
-    return choice
 
 
 __all__ = [
@@ -84,6 +105,8 @@ __all__ = [
     "RunOptions",
     "activate",
     "doctor",
+    "is_active",
+    "is_activating",
     "launch",
     "select_backend",
 ]

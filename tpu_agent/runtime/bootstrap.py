@@ -9,7 +9,8 @@ as Python does, so the parent sees the same status.
 
 Hooks (``TPU_AGENT_HOOKS``, comma-separated ``module:function``) run after activation and before user
 code; a hook may return a callable, which runs when the user code ends, however it ends. Processes the user
-code starts with the spawn or forkserver start method are activated too (:mod:`.spawn_children`).
+code starts (spawned workers, ``python`` children, its own ``torch.distributed.run``) get the device when they
+import torch, through torch's device-backend autoload (:mod:`.autoload`), as on a TorchTPU host.
 """
 
 from __future__ import annotations
@@ -173,11 +174,9 @@ def main(argv: list[str]) -> None:
         sys.argv = [target, *args]  # before activation, so the run's RunInfo record shows the user's argv
         if os.environ.get(BACKEND_ENV) == "emulated" and "LOCAL_RANK" in os.environ:
             os.environ.setdefault("TPU_VISIBLE_DEVICES", os.environ["LOCAL_RANK"])
-        from tpu_agent.runtime import spawn_children
         from tpu_agent.runtime.api import activate
 
         activate()
-        spawn_children.install()  # mp.spawn / spawn-context DataLoader workers get the device too
         finalizers = run_hooks(os.environ.get(HOOKS_ENV, ""))
     except TpuAgentError as error:
         sys.stderr.write(f"tpu-agent: error: {error.message}\n")

@@ -19,11 +19,15 @@ from tpu_agent.runtime.select import (
     package_version,
     scan_tpu_devices,
     select_backend,
+    torch_tpu_importable,
 )
 from tpu_agent.runtime.xla import settings
 
 NOT_INSTALLED = "not installed"
 REPORTED_PACKAGES = ("torch", "torch_tpu", "libtpu", "jax", "jaxlib")
+#: The torch_tpu release whose Python surface the emulation's face follows (docs/torchtpu-fidelity.md)
+SURFACE_FOLLOWS = "0.2.0"
+AUTOLOAD_ENTRY_POINT = "tpu_agent.runtime.autoload:load"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class DoctorReport:
     env: dict[str, str] = field(default_factory=dict)
     tpu_compiler: dict[str, Any] = field(default_factory=dict)  # libtpu for `tpu-agent estimate` (compiler_status)
     graph_compiler: dict[str, str] = field(default_factory=dict)  # the emulation's: name and why (settings.describe)
+    torch_tpu_surface: dict[str, str] = field(default_factory=dict)  # what `import torch_tpu` gives a run, autoload
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,7 +64,31 @@ class DoctorReport:
             "env": dict(self.env),
             "tpu_compiler": dict(self.tpu_compiler),
             "graph_compiler": dict(self.graph_compiler),
+            "torch_tpu_surface": dict(self.torch_tpu_surface),
         }
+
+
+def torch_tpu_surface() -> dict[str, str]:
+    """What ``import torch_tpu`` finds in a run, and whether the device reaches the processes a script starts.
+
+    The second depends on the ``torch.backends`` entry point being installed: an editable install made before it
+    was declared lacks it until ``pip install -e .`` runs again."""
+    import importlib.metadata
+
+    installed = package_version("torch_tpu")
+    if installed is not None and torch_tpu_importable():
+        provides = f"the real torch_tpu {installed}"
+    else:
+        provides = f"the emulation's face of torch_tpu (follows torch_tpu {SURFACE_FOLLOWS}; docs/torchtpu-fidelity.md)"
+    points = importlib.metadata.entry_points(group="torch.backends")
+    if any(point.value == AUTOLOAD_ENTRY_POINT for point in points):
+        autoload = "installed: every process a run starts (python children, torchrun workers) gets the tpu device"
+    else:
+        autoload = (
+            "missing: only the ranks get the tpu device, not the processes they start; reinstall tpu-agent "
+            "(pip install -e . in a checkout) to register its torch.backends entry point"
+        )
+    return {"import_torch_tpu": provides, "autoload": autoload}
 
 
 def doctor() -> DoctorReport:
@@ -90,4 +119,5 @@ def doctor() -> DoctorReport:
         env=recorded_env(os.environ),
         tpu_compiler=compiler_status().to_dict(),
         graph_compiler=dict(zip(("name", "source"), settings.describe(), strict=True)),
+        torch_tpu_surface=torch_tpu_surface(),
     )

@@ -9,6 +9,7 @@ the real wheel as it does under the emulation.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import time
 from collections.abc import Mapping
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 
 from tpu_agent.chips import Chip
 from tpu_agent.runtime.events import EVENTS_DIR_ENV
+from tpu_agent.runtime.run_scope import BACKEND_ENV  # the resolved backend: "emulated" or "torch_tpu"
 
-BACKEND_ENV = "TPU_AGENT_BACKEND"  # the resolved backend: "emulated" or "torch_tpu"
 CHIP_ENV = "TPU_AGENT_CHIP"  # --chip in canonical spelling: a generation ("v6e") or a slice ("v6e-4")
 HOOKS_ENV = "TPU_AGENT_HOOKS"  # comma-separated "module:function" run in every rank before user code
 XLA_PERSIST_ENV = "TPU_AGENT_XLA_PERSIST"  # "0": XLA executables are not kept between runs (xla/jax_setup.py)
@@ -46,6 +47,7 @@ __all__ = [
     "eager_mode_from_env",
     "recorded_env",
     "single_host_topology",
+    "xla_flag",
     "tpu_launch_env",
 ]
 
@@ -105,6 +107,22 @@ def eager_mode_from_env(env: Mapping[str, str]) -> tuple[EagerMode, str]:
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
     """The TorchTPU / XLA / libtpu / tpu-agent variables in ``env``, sorted by name."""
     return {k: env[k] for k in sorted(env) if k.startswith(RECORDED_PREFIXES)}
+
+
+def xla_flag(flags: str | None, name: str) -> str | None:
+    """The value ``XLA_FLAGS`` (``flags``) gives ``--name`` (the last mention wins; ``""`` for a bare flag), None
+    when it is not mentioned. Flags are split as a shell would; an unbalanced quote (``--xla_dump_to=/tmp/bob's``)
+    falls back to whitespace, so one apostrophe cannot stop a rank at start-up."""
+    try:
+        tokens = shlex.split(flags or "")
+    except ValueError:
+        tokens = (flags or "").split()
+    value = None
+    for token in tokens:
+        flag, _, given = token.partition("=")
+        if flag == name:
+            value = given
+    return value
 
 
 def _free_port() -> int:

@@ -100,7 +100,7 @@ class Flush(Event):
     kind: ClassVar[str] = "flush"
     cause: str  # item|tolist|numpy|cpu|print|save|bool|collective|synchronize|compile|exit|size_limit|rng_state|storage|layout_change
     # (the emulation also uses: float|int (host reads), data_dependent (nonzero-style output shapes),
-    # fallback (an op it cannot defer), mode_change (leaving DeferAndFuse))
+    # fallback (an op it cannot defer), mode_change (leaving DeferAndFuse), swap_tensors (a module's dtype conversion))
     graph_ops: int
     graph_hash: str  # stable hash of the op sequence: the same step code gives the same hash
     duration_ns: int
@@ -317,7 +317,7 @@ def get_log() -> EventLog:
 
 def log_as_started_process() -> None:
     """Log this process beside its rank's file, under its pid: a spawn/forkserver child calls this before the
-    runtime activates (:mod:`tpu_agent.runtime.spawn_children`), as it inherits the rank's ``RANK``."""
+    runtime activates (:mod:`tpu_agent.runtime.autoload`), as it inherits the rank's ``RANK``."""
     global _started_by_rank
     _started_by_rank = True
 

@@ -34,6 +34,7 @@ from tpu_agent.runtime.envvars import (
     tpu_launch_env,
 )
 from tpu_agent.runtime.options import LaunchTarget, RunOptions
+from tpu_agent.runtime.run_scope import SURFACE_DIR
 from tpu_agent.runtime.select import BackendChoice, select_backend, torch_tpu_importable
 
 TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns, so shell scripts read it the same way
@@ -144,10 +145,18 @@ def build_env(choice: BackendChoice, options: RunOptions) -> dict[str, str]:
     env[SUPERVISOR_PID_ENV] = str(os.getpid())
     if options.eager_mode is not None:
         apply_env(eager_mode_env(options.eager_mode), env)
-    if choice.name == "emulated" and torch_tpu_importable() and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:
+    real_torch_tpu = choice.name == "emulated" and torch_tpu_importable()
+    if real_torch_tpu and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in options.env:
         # An installed torch_tpu would otherwise autoload on `import torch`: it installs its own device-less
-        # torch.tpu module, which the emulation has to own, and without libtpu it aborts the interpreter.
+        # torch.tpu module, which the emulation has to own, and without libtpu it aborts the interpreter. The
+        # switch also stops the emulation's own autoload, so only the ranks (activated by the bootstrap) get the
+        # device then, not the processes the script starts itself.
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    elif choice.name == "emulated" and not real_torch_tpu:
+        # `import torch_tpu` finds the emulation's face of the package (the real one is absent: nothing is shadowed;
+        # PYTHONPATH comes before site-packages, so a real install, even with autoload left on, must not get it)
+        entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(entries if str(SURFACE_DIR) in entries else [*entries, str(SURFACE_DIR)])
     if options.multi_process and options.nnodes == "1":
         env.update(tpu_launch_env(get_chip(options.chip), options.nproc, env))
     return env

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tpu_agent.chips import CHIPS, Chip
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.runtime.run_scope import SURFACE_DIR
 
 BACKENDS = ("auto", "torch_tpu", "emulated")
 TPU_PCI_VENDOR = 0x1AE0
@@ -52,8 +53,13 @@ def package_version(distribution: str) -> str | None:
 
 
 def torch_tpu_importable() -> bool:
-    """Whether ``import torch_tpu`` would find the package (the top-level spec only; nothing runs)."""
-    return importlib.util.find_spec("torch_tpu") is not None
+    """Whether ``import torch_tpu`` would find the real package (the top-level spec only; nothing runs).
+
+    The emulation's own face of torch_tpu (on ``PYTHONPATH`` inside a run, so also in a run started from a run)
+    is not the real package.
+    """
+    spec = importlib.util.find_spec("torch_tpu")
+    return spec is not None and not (spec.origin or "").startswith(str(SURFACE_DIR) + os.sep)
 
 
 def scan_tpu_devices(root: Path = Path("/")) -> list[TpuDevice]:

@@ -12,12 +12,19 @@ import argparse
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch.distributed.fsdp import fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
 PRESETS = {
     "7b": {"hidden": 4096, "intermediate": 11008, "layers": 32, "heads": 32, "kv_heads": 32, "vocab": 32000},
+    # Llama 3.1 8B (MaxText's llama3.1-8b): grouped-query attention, 128K vocabulary
+    "8b": {"hidden": 4096, "intermediate": 14336, "layers": 32, "heads": 32, "kv_heads": 8, "vocab": 128256},
 }
+
+
+def chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(head(hidden).float().flatten(0, 1), labels.flatten())
 
 
 def main() -> None:
@@ -35,6 +42,10 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--no-fsdp", action="store_true", help="train the model unsharded (no process group)")
+    parser.add_argument("--checkpointing", action="store_true", help="HF gradient_checkpointing_enable()")
+    parser.add_argument(
+        "--loss-chunks", type=int, default=1, help="f32 logits and loss a sequence chunk at a time, recomputed"
+    )
     args = parser.parse_args()
     sizes = dict(vars(args))
     sizes.update(PRESETS.get(args.preset or "", {}))
@@ -55,6 +66,13 @@ def main() -> None:
     torch.manual_seed(0)
     with device:
         model = LlamaForCausalLM(config).to(getattr(torch, args.dtype))
+    if args.checkpointing:
+        model.gradient_checkpointing_enable()
+        # training without a KV cache makes transformers look for packed sequences in the position ids, a branch
+        # on their values that capture-only mode cannot take; these batches are never packed
+        import transformers.masking_utils
+
+        transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
     if not args.no_fsdp:
         for layer in model.model.layers:
             fully_shard(layer)
@@ -64,8 +82,18 @@ def main() -> None:
     for step in range(args.steps):
         tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1))
         inputs, labels = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-        logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        if args.loss_chunks > 1:  # a 128K vocabulary's f32 logits, whole, are several times the model's own HBM
+            hidden = model.model(input_ids=inputs).last_hidden_state
+            loss = (
+                sum(
+                    torch.utils.checkpoint.checkpoint(chunk_loss, model.lm_head, h, y, use_reentrant=False)
+                    for h, y in zip(hidden.chunk(args.loss_chunks, 1), labels.chunk(args.loss_chunks, 1), strict=True)
+                )
+                / args.loss_chunks
+            )
+        else:
+            logits = model(input_ids=inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

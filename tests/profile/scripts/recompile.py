@@ -12,7 +12,7 @@ def forward_loss(x: torch.Tensor) -> torch.Tensor:
     return model(x).relu().square().mean()
 
 
-for step in range(8):
+for step in range(8):  # DRIVER: the batch size grows with step
     batch = torch.randn(16 + 8 * step, 256, device=device)  # SEED: CO-1  CREATED: CO-1
     loss = forward_loss(batch)
     loss.backward()

@@ -12,7 +12,8 @@ class SlowDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         time.sleep(0.002)  # decoding / augmentation that should run in worker processes
-        return torch.randn(256), torch.randn(256)
+        sample = torch.randn(512, generator=torch.Generator().manual_seed(index))  # the same item in any worker
+        return sample[:256], sample[256:]
 
 
 device = torch.device("tpu")

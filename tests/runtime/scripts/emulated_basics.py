@@ -77,7 +77,20 @@ out["bad_precision"] = error_of(lambda: torch.set_float32_matmul_precision("tf32
 out["stream"] = error_of(lambda: torch.tpu.Stream().query())
 out["amp_dtypes"] = len(torch.tpu.get_amp_supported_dtype())
 out["eager_mode"] = torch.tpu.eager_mode.name
+# TorchTPU's precision API: out_dtype widens a bf16 product's result; the excess-precision switch under both names
+a16, b16 = torch.randn(2, 3, 4).to(torch.bfloat16), torch.randn(2, 4, 5).to(torch.bfloat16)
+wide = torch.bmm(a16.to("tpu"), b16.to("tpu"), out_dtype=torch.float32)
+out["bmm_out_dtype"] = [str(wide.dtype), torch.equal(wide.cpu(), torch.bmm(a16.float(), b16.float()))]
+out["mm_out_dtype"] = str(torch.mm(a16[0].to("tpu"), b16[0].to("tpu"), out_dtype=torch.float32).dtype)
+excess = [torch.backends.tpu.allow_excess_precision]
+torch.backends.tpu.allow_excess_precision = True
+excess.append(torch.tpu.allow_excess_precision)
+torch.tpu.allow_excess_precision = False
+out["excess_precision"] = [*excess, torch.backends.tpu.allow_excess_precision]
 out["unsupported"] = error_of(lambda: torch.linalg.eig(torch.randn(3, 3).to("tpu")))
+out["antialias"] = error_of(
+    lambda: torch.nn.functional.interpolate(torch.ones(1, 1, 8, 8).to("tpu"), size=(4, 4), mode="bilinear", antialias=True)
+)
 out["complex32"] = error_of(lambda: x.to(torch.complex32))
 grown = torch.randn(3).to("tpu")
 grown.unsqueeze_(0)

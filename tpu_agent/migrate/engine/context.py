@@ -5,6 +5,10 @@ resolves qualified names from the file's imports (``import torch.cuda as tc`` ma
 as ``torch.cuda.synchronize``), records findings against original nodes (positions are computed once, after
 the pass, only when there are findings) and hands out the replacement expressions for the chosen target, so
 every rule writes the same device resolver and the same ``torch`` alias.
+
+Why this module is long: name resolution, reporting (with the roll-back of one handler's findings, TODOs and
+resolver needs when it raises) and the code builders all read and write the one :class:`PyContext` state that a
+rule handler is handed; split, each part would reach into another module's dataclass fields.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import ast
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import libcst as cst
 
@@ -50,6 +54,20 @@ class PendingFinding:
     safety: Safety
     fixed: bool
     top: int = -1  # index of the top-level statement it is in
+
+
+class Mark(NamedTuple):
+    """A context's reporting state before a handler runs (:meth:`PyContext.mark`)."""
+
+    findings: int
+    todos: int
+    needs_device: bool
+    needs_torch: bool
+    device_first_top: int | None
+
+    @property
+    def needs(self) -> tuple[bool, bool, int | None]:
+        return self.needs_device, self.needs_torch, self.device_first_top
 
 
 @dataclass
@@ -115,6 +133,7 @@ class PyContext:
     needs_full_parse: bool = False
     class_stack: list[str] = field(default_factory=list)
     todos: dict[int, list[str]] = field(default_factory=dict)
+    _todo_log: list[int] = field(default_factory=list)  # the statement of each TODO added, in order (roll-backs)
     # ids of original nodes, filled on the way down and read on the way up
     call_funcs: set[int] = field(default_factory=set)
     not_references: set[int] = field(default_factory=set)
@@ -143,6 +162,7 @@ class PyContext:
     _unpacked: dict[str, Unpacked] = field(default_factory=dict)
     ast_tree: ast.Module | None = None  # the stdlib parse of ``source`` when the engine has one
     imported_flows: Imported = field(default_factory=dict)
+    current_code: str | None = None  # the rule the running handler last reported or fixed under (internal errors)
 
     @classmethod
     def for_source(
@@ -313,6 +333,7 @@ class PyContext:
         A disabled rule reports nothing and fixes nothing. MANUAL rules never fix; UNSAFE rules fix only with
         ``unsafe_fixes``; ``fixable=False`` marks an occurrence this rule cannot rewrite (the message says why).
         """
+        self.current_code = code
         fixed = decide(self.options, self.rules, code, fixable)
         if fixed is None:
             return False
@@ -321,9 +342,16 @@ class PyContext:
         if fixable and not self.options.torch_allows(rule.since_torch):
             text += f" (not rewritten: needs torch >= {rule.since_torch}, --min-torch is {self.options.min_torch})"
         self.findings.append(PendingFinding(code, node, text, rule.safety, fixed, self.top_index))
-        if not fixed and self.options.annotate and self.stmt_stack:
-            self.todos.setdefault(id(self.stmt_stack[-1]), []).append(todo_comment(code, text))
+        if not fixed:
+            self._add_todo(code, text)
         return fixed
+
+    def _add_todo(self, code: str, text: str) -> None:
+        """With ``--annotate``, a TODO comment above the current statement."""
+        if self.options.annotate and self.stmt_stack:
+            key = id(self.stmt_stack[-1])
+            self.todos.setdefault(key, []).append(todo_comment(code, text))
+            self._todo_log.append(key)
 
     def fix(
         self,
@@ -339,6 +367,7 @@ class PyContext:
         """
         snapshot = (self.needs_device, self.needs_torch, self.device_first_top)
         uses_before = self._device_uses
+        self.current_code = code
         new = build()
         # the resolver line (torch.accelerator.current_accelerator) is itself an API with a minimum torch
         if self._device_uses != uses_before and not self.options.torch_allows(RESOLVER_SINCE_TORCH):
@@ -353,6 +382,29 @@ class PyContext:
             return new
         self.needs_device, self.needs_torch, self.device_first_top = snapshot
         return None
+
+    def mark(self) -> Mark:
+        """What a handler may change here, before it runs (:meth:`internal_error` restores it)."""
+        self.current_code = None
+        return Mark(len(self.findings), len(self._todo_log), self.needs_device, self.needs_torch, self.device_first_top)
+
+    def internal_error(self, mark: Mark, owner: str, node: cst.CSTNode, error: Exception) -> None:
+        """A handler raised at ``node`` (an original node): forget what it reported and asked for since
+        ``mark`` (its edit is dropped) and report the error under the rule it was working for (``owner``, its
+        family's first rule, when it had named none), with a request to report it."""
+        del self.findings[mark.findings :]
+        while len(self._todo_log) > mark.todos:
+            self.todos[self._todo_log.pop()].pop()
+        self.needs_device, self.needs_torch, self.device_first_top = mark.needs
+        code = self.current_code or owner
+        text = " ".join(str(error).split())[:200]
+        message = (
+            f"tpu-agent internal error in rule {code} ({type(error).__name__}: {text}): this occurrence was left as "
+            "it is and the rest of the file was migrated; please report it with this line to "
+            "https://github.com/tpu-agent/tpu-agent/issues"
+        )
+        self.findings.append(PendingFinding(code, node, message, self.rules[code].safety, False, self.top_index))
+        self._add_todo(code, message)
 
     # ---- builders ----------------------------------------------------------------------------------
     def torch_attr(self, path: str) -> cst.Name | cst.Attribute:

@@ -7,8 +7,9 @@ with the longest matching qualified-name prefix, so two families never both hand
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from tpu_agent.migrate.rules._base import Family, LeaveFn, RefFn, VisitFn
 
@@ -22,6 +23,9 @@ class Dispatch:
     leave: Mapping[type, tuple[LeaveFn, ...]]
     references: tuple[tuple[str, str, RefFn], ...]  # (prefix, prefix + ".", handler), longest first
     claimed_calls: frozenset[str] = frozenset()
+    # handler -> the code an internal error in it is reported under when it raised before naming a rule
+    # (its family's first rule): every finding needs a rule code
+    owners: Mapping[Callable[..., Any], str] = field(default_factory=dict)
 
     @classmethod
     def from_families(cls, families: list[Family]) -> Dispatch:
@@ -29,8 +33,15 @@ class Dispatch:
         leave: dict[type, list[LeaveFn]] = {}
         refs: list[tuple[str, str, RefFn]] = []
         claimed: set[str] = set()
+        owners: dict[Callable[..., Any], str] = {}
         for family in families:
             claimed.update(family.claims)
+            handlers: list[Callable[..., Any]] = [
+                *(vh.fn for vh in family.visit_handlers),
+                *(lh.fn for lh in family.leave_handlers),
+                *(rh.fn for rh in family.reference_handlers),
+            ]
+            owners.update(dict.fromkeys(handlers, family.rules[0].code))
             for vh in family.visit_handlers:
                 visit.setdefault(vh.node_type, []).append(vh.fn)
             for lh in family.leave_handlers:
@@ -42,6 +53,7 @@ class Dispatch:
             {k: tuple(v) for k, v in leave.items()},
             tuple(refs),
             frozenset(claimed),
+            owners,
         )
 
     def reference_handler(self, qualname: str) -> RefFn | None:

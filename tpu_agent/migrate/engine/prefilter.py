@@ -17,12 +17,18 @@ CUDA_TOKENS = re.compile(
     rb"device\s*=\s*(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\s*[,)]|"
     # device-agnostic code binding a rank's device or building it (TorchTPU binds one device per process)
     rb"set_device_i(?:ndex|dx)|current_accelerator\(\s*\)|"
+    # the per-process device count checked against a world size (TPU216: 1 in every rank under TorchTPU)
+    rb"accelerator\.device_count|"
     # dependency files: flash-attn, CUDA wheel builds and indexes
     rb"flash.attn|\+cu\d{2,3}|whl/cu\d|"
     # float16 casts (TPU304): bf16, not fp16, is the TPU's native type
     rb"(?<!b)float16|\.half\(\s*\)|halftensor|torch\.half\b|"
     # a device string built from a device type and a rank (``f"{device.type}:{args.gpu}"``: TPU107)
-    rb"\}:\{(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\}",
+    rb"\}:\{(?:\w+\.)*(?:local_?rank|rank|gpu|gpu_?id)\}|"
+    # porting pitfalls seen on TorchTPU (rules/field_pitfalls.py)
+    rb"tpu\.set_device|all_to_all|view_as_complex|polar|antialias|torchvision|is_torch_tpu_available|"
+    # Lightning's accelerator="gpu" (TPU109)
+    rb"accelerator\s*=\s*[\"']gpu[\"']",
     re.IGNORECASE,
 )
 

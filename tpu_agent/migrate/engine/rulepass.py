@@ -5,10 +5,14 @@ qualified names come from the file's own imports (:class:`~tpu_agent.migrate.eng
 and the structure the rules rely on (call functions, assignment targets, bare boolean positions) is
 recorded on the way down. On the way up it removes statements a rule emptied, keeping their comments,
 and records which top-level statements changed (:class:`Edits`) so the splicer regenerates only those.
+
+Every handler call is isolated (:meth:`RulePass._run`): an exception inside one rule at one node costs that
+one edit, reported at its line under the rule's code, never the rest of the file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +107,7 @@ class RulePass(cst.CSTTransformer):
         elif kind is cst.Import or kind is cst.ImportFrom:
             ctx.bind_import(node)
             for fn in self.dispatch.visit.get(kind, ()):
-                fn(ctx, node)
+                self._run(fn, node, None, node)
             return False
         elif kind is cst.Assign:
             for target in node.targets:
@@ -134,7 +138,7 @@ class RulePass(cst.CSTTransformer):
             if inner is not None:
                 ctx.bare_positions.add(id(inner))
         for fn in self.dispatch.visit.get(kind, ()):
-            fn(ctx, node)
+            self._run(fn, node, None, node)
         return True
 
     def on_leave(self, original: Any, updated: Any) -> Any:
@@ -142,7 +146,7 @@ class RulePass(cst.CSTTransformer):
         kind = type(original)
         result = updated
         for fn in self.dispatch.leave.get(kind, ()):
-            result = fn(ctx, original, result)
+            result = self._run(fn, original, result, original, result)
             if type(result) is not kind:
                 break
         if (
@@ -155,7 +159,7 @@ class RulePass(cst.CSTTransformer):
             if qualname is not None:
                 handler = self.dispatch.reference_handler(qualname)
                 if handler is not None:
-                    result = handler(ctx, original, result, qualname)
+                    result = self._run(handler, original, result, original, result, qualname)
         if kind is cst.FormattedString:
             ctx.fstring_quotes.pop()
         elif kind in _STATEMENTS:
@@ -186,6 +190,21 @@ class RulePass(cst.CSTTransformer):
         if result is not updated:
             self.edits.dirty.add(ctx.top_index)
         return result
+
+    def _run(self, fn: Callable[..., Any], original: cst.CSTNode, unchanged: Any, *args: Any) -> Any:
+        """``fn(ctx, *args)``, one rule handler at one node. An exception inside it drops this one edit: what
+        the handler reported or asked for (an import, the resolver) is rolled back, an internal finding at the
+        node names the rule and asks for a report, ``unchanged`` is returned and the pass goes on, so the rest
+        of the file is still migrated. Running out of stack or memory is the file's, not the rule's: re-raised."""
+        ctx = self.ctx
+        mark = ctx.mark()
+        try:
+            return fn(ctx, *args)
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as exc:  # a bug in one rule must cost one edit, never the file
+            ctx.internal_error(mark, self.dispatch.owners.get(fn, ""), original, exc)
+            return unchanged
 
     def _strip_removed(self, block: Any, footer_field: str, origins: list[int | None] | None = None) -> Any:
         """Drop statements a rule emptied, keeping the comments and blank lines that were above them.

@@ -51,6 +51,7 @@ def _applied(applied: ApplyResult) -> dict[str, Any]:
         "output_dir": str(applied.output_dir) if applied.output_dir is not None else None,
         "written": [str(p) for p in applied.written],
         "unchanged": len(applied.unchanged),
+        "copied_unchanged": len(applied.copied),
         "removed_temp_files": [str(p) for p in applied.removed_temp_files],
         "not_copied": list(applied.not_copied),
     }

@@ -49,8 +49,14 @@ def totals_line(totals: Totals) -> str:
 
 
 def applied_line(applied: ApplyResult) -> str:
-    where = f" into {applied.output_dir}" if applied.output_dir is not None else ""
-    line = f"Wrote {len(applied.written)} file(s){where}; {len(applied.unchanged)} left as they were."
+    if applied.output_dir is not None:
+        migrated = len(applied.written) - len(applied.copied)
+        line = (
+            f"Wrote {len(applied.written)} file(s) into {applied.output_dir}: {migrated} migrated, "
+            f"{len(applied.copied)} copied unchanged; {len(applied.unchanged)} already up to date there."
+        )
+    else:
+        line = f"Wrote {len(applied.written)} file(s); {len(applied.unchanged)} left as they were."
     if applied.removed_temp_files:
         names = ", ".join(str(p) for p in applied.removed_temp_files[:5])
         more = f" and {len(applied.removed_temp_files) - 5} more" if len(applied.removed_temp_files) > 5 else ""
@@ -58,6 +64,19 @@ def applied_line(applied: ApplyResult) -> str:
     if applied.not_copied:
         line += f" Not copied: {'; '.join(applied.not_copied)}."
     return line
+
+
+def skipped_lines(summary: Summary) -> list[Text]:
+    """``Skipped files:`` and one line per skipped file with its reason (which names the file and line), printed
+    in every mode, ``--diff`` and ``--report`` included: a file left out of a migration must never go unseen."""
+    if not summary.skipped:
+        return []
+    lines = [Text("Skipped files:", style="bold")]
+    for f in summary.skipped:
+        reason = f.result.skipped_reason or ""
+        path = f.result.display_path
+        lines.append(Text(f"  {reason}" if reason.startswith(path) else f"  {path}: {reason}"))
+    return lines
 
 
 def renderables(summary: Summary, applied: ApplyResult | None = None) -> list[RenderableType]:
@@ -81,8 +100,7 @@ def renderables(summary: Summary, applied: ApplyResult | None = None) -> list[Re
             )
         parts += [Text(), table]
     if summary.skipped:
-        parts += [Text(), Text("Skipped files:", style="bold")]
-        parts += [Text(f"  {f.result.display_path}: {f.result.skipped_reason}") for f in summary.skipped]
+        parts += [Text(), *skipped_lines(summary)]
     parts += [Text(), Text(totals_line(summary.totals), style="bold")]
     if applied is not None:
         parts.append(Text(applied_line(applied)))
@@ -103,4 +121,13 @@ def render(summary: Summary, applied: ApplyResult | None = None) -> str:
     return buffer.getvalue()
 
 
-__all__ = ["finding_line", "print_report", "render", "renderables", "totals_line", "applied_line", "percent_text"]
+__all__ = [
+    "applied_line",
+    "finding_line",
+    "percent_text",
+    "print_report",
+    "render",
+    "renderables",
+    "skipped_lines",
+    "totals_line",
+]

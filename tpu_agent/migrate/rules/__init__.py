@@ -20,13 +20,16 @@ from tpu_agent.migrate.rules import (
     cuda_api,
     cuda_classes,  # noqa: F401 - registers its rules and handlers with the cuda-api and backend-flags families
     dependencies,  # noqa: F401 - registers its rules and text fixes with the third-party family
+    device_count,  # noqa: F401 - registers its rules and handlers with the cuda-api family
     device_tests,  # noqa: F401 - registers its handlers with the devices family
     devices,
     distributed,
     env_vars,
+    field_pitfalls,  # noqa: F401 - registers porting pitfalls seen on TorchTPU with the cuda-api, distributed and third-party families
     half_precision,  # noqa: F401 - registers its rule and handlers with the amp family
     init_kwargs,  # noqa: F401 - registers its rule and handlers with the distributed family
     integer_devices,  # noqa: F401 - registers its rule and handlers with the devices family
+    library_devices,  # noqa: F401 - registers its rule and handlers with the devices family
     nvtx,  # noqa: F401 - registers its rule and handlers with the cuda-api family
     seeding,  # noqa: F401 - registers its handlers with the cuda-api family
     third_party,

@@ -89,6 +89,47 @@ def arg_position(call: cst.Call, arg: cst.Arg) -> int:
     raise ValueError("argument is not in the call")
 
 
+class LostArgument(LookupError):
+    """An argument of the original call that an earlier edit of the same call removed or moved out of reach."""
+
+
+def updated_index(original: cst.Call, updated: cst.Call, arg: cst.Arg) -> int:
+    """Where ``arg``, an argument of ``original``, is in ``updated``: the same call after the edits of the rules
+    that left it before (positions re-read, never carried over). Several rules edit one call
+    (``init_process_group(backend="cuda:nccl,cpu:gloo", device_id=device)``: TPU401 drops the backend, TPU407
+    rewrites the device id), so an index into ``original.args`` may point past the end of ``updated.args``.
+    A keyword is found by its name; otherwise, while the call has as many arguments as before, the argument is
+    where it was (an earlier edit may have made a keyword positional); a positional argument by its rank among
+    the positional ones while their number is unchanged. :class:`LostArgument` otherwise (the engine then drops
+    this one edit and says so)."""
+    if arg.keyword is not None:
+        name = arg.keyword.value
+        for i, candidate in enumerate(updated.args):
+            if candidate.keyword is not None and candidate.keyword.value == name:
+                return i
+    position = arg_position(original, arg)
+    if len(original.args) == len(updated.args):
+        return position
+    if arg.keyword is None and not arg.star:
+        before = [i for i, a in enumerate(original.args) if a.keyword is None and not a.star]
+        after = [i for i, a in enumerate(updated.args) if a.keyword is None and not a.star]
+        if len(before) == len(after):
+            return after[before.index(position)]
+    raise LostArgument(f"{arg_source(arg)} is no longer where it was: an earlier edit of the same call moved it")
+
+
+def replace_original_arg(original: cst.Call, updated: cst.Call, arg: cst.Arg, value: cst.BaseExpression) -> cst.Call:
+    """``updated`` with the value of the argument that was ``arg`` in ``original`` replaced (see
+    :func:`updated_index`)."""
+    return replace_arg_value(updated, updated_index(original, updated, arg), value)
+
+
+def drop_original_args(original: cst.Call, updated: cst.Call, dropped: Sequence[cst.Arg]) -> cst.Call:
+    """``updated`` without the arguments that were ``dropped`` in ``original`` (see :func:`updated_index`)."""
+    indexes = {updated_index(original, updated, arg) for arg in dropped}
+    return drop_args(updated, lambda i, a: i in indexes)
+
+
 def replace_arg_value(call: cst.Call, index: int, value: cst.BaseExpression) -> cst.Call:
     """``call`` with the value of its ``index``-th argument (an index into ``call.args``) replaced."""
     args = list(call.args)

@@ -15,7 +15,6 @@ from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import (
     append_args,
-    arg_position,
     call,
     keep_parens,
     keyword,
@@ -24,6 +23,7 @@ from tpu_agent.migrate.rules._cst import (
     prepend_args,
     refuse_unpacked,
     replace_arg_value,
+    replace_original_arg,
     source,
     string_value,
 )
@@ -198,12 +198,10 @@ def autocast_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.
         device = positional(original, 0) or keyword(original, "device_type")
         if device is None or not cuda_device_code(ctx, device.value) or refuse_unpacked(ctx, "TPU301", original):
             return updated
-        index = arg_position(original, device)
-
-        device_value = device.value
+        device_arg = device
 
         def build_generic() -> cst.Call:
-            new = replace_arg_value(updated, index, ctx.device_type(device_value))
+            new = replace_original_arg(original, updated, device_arg, ctx.device_type(device_arg.value))
             return _with_bf16(ctx, new)
 
         new = ctx.fix("TPU301", original, build_generic, lambda n: f"{source(original)} -> {source(n)}")

@@ -28,7 +28,7 @@ from tpu_agent.migrate.rules.devices import known_cuda_index
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
 
-_ONE_DEVICE = "# TorchTPU binds one device per process"
+ONE_DEVICE = "# TorchTPU binds one device per process"
 
 
 # Calls that bind the process to a device index. torch.cuda.set_device is renamed to set_device_index (TPU201's
@@ -64,16 +64,22 @@ def _binds_another_index(ctx: PyContext, call: cst.Call) -> bool:
     index = positional(call, 0) or keyword(call, "device")
     if index is None or (isinstance(index.value, cst.Integer) and index.value.evaluated_value == 0):
         return False
-    return not any(
-        isinstance(statement, cst.If) and id(statement) not in ctx.in_orelse and _tests_off_tpu(statement.test)
+    return not kept_off_tpu(ctx)
+
+
+def kept_off_tpu(ctx: PyContext) -> bool:
+    """Whether an enclosing ``if`` (not its ``else``) already keeps the statement being rewritten off TPU, so a
+    second pass of the rewrite adds no second guard."""
+    return any(
+        isinstance(statement, cst.If) and id(statement) not in ctx.in_orelse and tests_off_tpu(statement.test)
         for statement in ctx.stmt_stack
     )
 
 
-def _tests_off_tpu(test: cst.BaseExpression) -> bool:
+def tests_off_tpu(test: cst.BaseExpression) -> bool:
     """``... != "tpu"`` in the test or one of its ``and`` operands: the guard this family writes."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _tests_off_tpu(test.left) or _tests_off_tpu(test.right)
+        return tests_off_tpu(test.left) or tests_off_tpu(test.right)
     return isinstance(test, cst.Comparison) and any(
         isinstance(target.operator, cst.NotEqual) and string_value(target.comparator) == "tpu"
         for target in test.comparisons
@@ -96,21 +102,22 @@ def bind_statement(
     before, after = calls
     renamed = ctx.qualname(before) == "torch.cuda.set_device" and device_function(ctx, after.func) == "set_device_index"
     if renamed or (_checked(ctx, before) and _report_bind(ctx, cst.ensure_type(original.body[0], cst.Expr))):
-        return _bind_per_rank(ctx, original, updated)
+        return keep_off_tpu(ctx, original, updated)
     return updated
 
 
-def _bind_per_rank(
+def keep_off_tpu(
     ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
 ) -> cst.BaseStatement:
     """``set_device_index(i)`` binds rank i's GPU on CUDA, but TorchTPU binds one device per process and
-    rejects any other index: run it only off TPU, merging into an enclosing ``if`` that holds nothing else
+    rejects any other index (and a per-process device count checked against the world size, TPU216, fails on
+    it): run the statement only off TPU, merging into an enclosing ``if`` that holds nothing else
     rather than nesting."""
     parent = ctx.stmt_stack[-2] if len(ctx.stmt_stack) > 1 else None
     if _sole_statement(parent, original):
         _merge_into(ctx, parent)  # type: ignore[arg-type]
         return updated
-    return guarded_statement(off_tpu(ctx), updated, _ONE_DEVICE)
+    return guarded_statement(off_tpu(ctx), updated, ONE_DEVICE)
 
 
 def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
@@ -122,7 +129,7 @@ def _sole_statement(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
 
 
 def _merge_into(ctx: PyContext, statement: cst.If) -> None:
-    ctx.extra_tests[id(statement)] = (off_tpu(ctx), _ONE_DEVICE)
+    ctx.extra_tests[id(statement)] = (off_tpu(ctx), ONE_DEVICE)
 
 
 @FAMILY.visit(cst.Expr)

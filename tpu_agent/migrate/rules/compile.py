@@ -13,7 +13,13 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import arg_source, drop_args, replace_arg_value, string_like, string_value
+from tpu_agent.migrate.rules._cst import (
+    arg_source,
+    drop_original_args,
+    replace_original_arg,
+    string_like,
+    string_value,
+)
 from tpu_agent.migrate.rules.references import COMPILE, TORCH_TPU
 
 if TYPE_CHECKING:
@@ -104,8 +110,9 @@ def compile_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.B
     def build() -> cst.Call:
         new = updated
         if backend_index is not None:
-            new = replace_arg_value(new, backend_index, string_like(original.args[backend_index].value, "tpu"))
-        return drop_args(new, lambda i, a: i in drop)
+            backend = original.args[backend_index]
+            new = replace_original_arg(original, new, backend, string_like(backend.value, "tpu"))
+        return drop_original_args(original, new, [original.args[i] for i in sorted(drop)])
 
     message = f"torch.compile: removed {removed}" if removed else "torch.compile: backend -> 'tpu'"
     new = ctx.fix("TPU501", original, build, lambda n: message)

@@ -27,7 +27,15 @@ import libcst as cst
 from tpu_agent.migrate.analysis.valueflow import Verdict
 from tpu_agent.migrate.rules import devices
 from tpu_agent.migrate.rules._bound import key_of
-from tpu_agent.migrate.rules._cst import keep_parens, source, string_value
+from tpu_agent.migrate.rules._cst import (
+    keep_parens,
+    keyword,
+    positional,
+    replace_original_arg,
+    source,
+    string_value,
+    updated_index,
+)
 from tpu_agent.migrate.rules.devices import cuda_comparison, holds_cuda, is_device_variable, needs_room, on_accelerator
 
 if TYPE_CHECKING:
@@ -54,6 +62,10 @@ def _is_device_string(ctx: PyContext, node: cst.BaseExpression) -> bool:
         return False
     if is_device_variable(node):
         return True
+    if isinstance(node, cst.Subscript) and isinstance(node.value, (cst.Name, cst.Attribute)):
+        # devices[0] == "cuda" (detectron2's export): an element of a list named for devices
+        name = node.value.value if isinstance(node.value, cst.Name) else node.value.attr.value
+        return name.lower().endswith("devices")
     key = key_of(node)
     return key is not None and ctx.value_flow.flow(key[0]).verdict is Verdict.DEVICE
 
@@ -72,14 +84,16 @@ def _rewrite(
     subject: cst.BaseExpression,
     negated: bool,
     among: cst.BaseExpression | None = None,
+    code: str = "TPU101",
 ) -> cst.BaseExpression | None:
     """Report and build ``on_accelerator(subject)`` for the test ``original`` (``among``: the collection of a
-    membership test); None when not fixed."""
+    membership test); None when not fixed. ``code``: TPU104 for a tensor's device type."""
+    what = "a device string" if code == "TPU101" else "a device type"
     new = ctx.fix(
-        "TPU101",
+        code,
         original,
         lambda: on_accelerator(ctx, subject, negated, among),
-        lambda n: f"{source(original)} -> {source(n)} (a test on a device string: the accelerator in use, not the CPU)",
+        lambda n: f"{source(original)} -> {source(n)} (a test on {what}: the accelerator in use, not the CPU)",
     )
     if new is None:
         return None
@@ -87,6 +101,26 @@ def _rewrite(
     if (isinstance(original, cst.Call) and not ctx.is_bare(original)) or needs_room(ctx, original, new):
         new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return keep_parens(original, new)
+
+
+def _report_indexed_test(ctx: PyContext, original: cst.Comparison) -> None:
+    """``device == "cuda:0"`` tests for one CUDA device by its index: TorchTPU gives every process one device
+    (each rank's is tpu:0), and the device rules write the type without the index, so the test would silently
+    never hold. Which device the index stood for is the author's; reported with the type comparison to use."""
+    if len(original.comparisons) != 1 or not isinstance(original.comparisons[0].operator, _EQUALITY):
+        return
+    pair = (original.left, original.comparisons[0].comparator)
+    for literal, other in (pair, pair[::-1]):
+        text = string_value(literal) or ""
+        if text.startswith("cuda:") and devices.cuda_device_code(ctx, literal) and _is_device_string(ctx, other):
+            ctx.report(
+                "TPU101",
+                original,
+                f"{source(original)}: a test for one CUDA device by its index; TorchTPU runs one device per process: "
+                f'compare the device type ({source(_type_part(ctx, other))} == DEVICE.type != "cpu") if that is meant',
+                fixable=False,
+            )
+            return
 
 
 @devices.FAMILY.leave(cst.Comparison)
@@ -97,6 +131,7 @@ def device_string_comparison(ctx: PyContext, original: cst.Comparison, updated: 
         return updated
     sides = [original.left, *(c.comparator for c in original.comparisons)]
     if not any(holds_cuda(side) for side in sides):
+        _report_indexed_test(ctx, original)
         return updated
     if len(original.comparisons) != 1:
         if any(_is_device_string(ctx, s) for s in sides):
@@ -118,6 +153,11 @@ def device_string_comparison(ctx: PyContext, original: cst.Comparison, updated: 
         subject = after[1]
     elif isinstance(operator, _MEMBERSHIP) and string_value(left) == "cuda" and _is_device_string(ctx, right):
         subject = _type_part(ctx, after[1])
+    elif string_value(left) == "cuda" and isinstance(right, cst.Attribute) and right.attr.value == "type":
+        # "cuda" in device.type, "cuda" == x.device.type (yolov5's benchmarks): TPU104's test, written the other way
+        negated = isinstance(operator, (cst.NotEqual, cst.NotIn))
+        new = _rewrite(ctx, original, after[1], negated, code="TPU104")
+        return new if new is not None else updated
     if subject is None:
         return updated
     negated = isinstance(operator, (cst.NotEqual, cst.NotIn))
@@ -141,3 +181,57 @@ def device_string_prefix(ctx: PyContext, original: cst.Call, updated: cst.Call) 
         return updated
     new = _rewrite(ctx, original, _type_part(ctx, updated.func.value), negated=False)
     return new if new is not None else updated
+
+
+@devices.FAMILY.leave(cst.Call)
+def device_parametrization(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    """``@pytest.mark.parametrize("device", ["cpu", "cuda"])`` and ``("device,dtype", [("cuda", ...), ...])``: the
+    parameter's name says device, so its "cuda" cases are the accelerator's (``DEVICE.type``, ``"tpu"``) as in a
+    ``device = "cuda"`` definition; the test's own comparisons with "cuda" follow (the rules above)."""
+    if type(updated) is not cst.Call or ctx.qualname(original) != "pytest.mark.parametrize":
+        return updated
+    names = positional(original, 0) or keyword(original, "argnames")
+    cases = positional(original, 1) or keyword(original, "argvalues")
+    if names is None or cases is None or not isinstance(cases.value, (cst.List, cst.Tuple)):
+        return updated
+    text = string_value(names.value)
+    if text is not None:
+        argnames = [name.strip() for name in text.split(",")]
+    elif isinstance(names.value, (cst.List, cst.Tuple)):
+        argnames = [string_value(e.value) or "" for e in names.value.elements]
+    else:
+        return updated
+    at = next(
+        (i for i, name in enumerate(argnames) if name.isidentifier() and is_device_variable(cst.Name(name))), None
+    )
+    current = updated.args[updated_index(original, updated, cases)].value
+    if at is None or not isinstance(current, (cst.List, cst.Tuple)):
+        return updated
+    elements = list(current.elements)
+    changed = False
+    for i, case in enumerate(cases.value.elements):
+        new = _case_device(ctx, case.value, elements[i].value, at if len(argnames) > 1 else None)
+        if new is not None:
+            elements[i] = elements[i].with_changes(value=new)
+            changed = True
+    if not changed:
+        return updated
+    return replace_original_arg(original, updated, cases, current.with_changes(elements=elements))
+
+
+def _case_device(
+    ctx: PyContext, case: cst.BaseExpression, current: cst.BaseExpression, at: int | None
+) -> cst.BaseExpression | None:
+    """One parametrize case with its CUDA device (the whole case, or its ``at``-th value) as the accelerator's."""
+    if at is None:
+        return devices.rewrite_device(ctx, case, "type", updated=current)
+    if not isinstance(case, (cst.Tuple, cst.List)) or not isinstance(current, (cst.Tuple, cst.List)):
+        return None
+    if len(case.elements) <= at or len(current.elements) != len(case.elements):
+        return None
+    value = devices.rewrite_device(ctx, case.elements[at].value, "type", updated=current.elements[at].value)
+    if value is None:
+        return None
+    items = list(current.elements)
+    items[at] = items[at].with_changes(value=value)
+    return current.with_changes(elements=items)

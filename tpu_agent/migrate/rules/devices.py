@@ -22,16 +22,17 @@ from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._bound import bound_earlier
 from tpu_agent.migrate.rules._cst import (
-    arg_position,
     arg_source,
-    drop_args,
+    drop_original_args,
     keep_parens,
     keyword,
     positional,
     prepend_args,
     replace_arg_value,
+    replace_original_arg,
     source,
     string_value,
+    updated_index,
 )
 from tpu_agent.migrate.rules._rank import (
     in_place,
@@ -234,7 +235,17 @@ def cuda_device_index(ctx: PyContext, node: cst.BaseExpression) -> cst.BaseExpre
             index = position.value
     if index is None or _refers_to_cuda(ctx, index):
         return None
+    if _environment_text(ctx, index):  # f"cuda:{os.environ['LOCAL_RANK']}": an index must be an int
+        return cst.Call(func=cst.Name("int"), args=[cst.Arg(index)])
     return index
+
+
+def _environment_text(ctx: PyContext, node: cst.BaseExpression) -> bool:
+    """``os.environ["LOCAL_RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("RANK")``: text, which a device
+    string takes but torch.device(type, index) and set_device_index refuse."""
+    if isinstance(node, cst.Subscript):
+        return ctx.qualname(node.value) == "os.environ"
+    return isinstance(node, cst.Call) and ctx.qualname(node) in ("os.environ.get", "os.getenv")
 
 
 def known_cuda_index(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -342,7 +353,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
         arg = positional(original, 0) or keyword(original, "type")
         if arg is None or ctx.is_claimed(original):  # claimed: a device_id entry (TPU407) needs its index
             return updated
-        index = arg_position(original, arg)
+        index = updated_index(original, updated, arg)
         if isinstance(arg.value, cst.IfExp) and not is_availability_fallback(ctx, arg.value):
             branch = rewrite_device(ctx, arg.value, "type", updated=updated.args[index].value)
             return replace_arg_value(updated, index, branch) if branch is not None else updated
@@ -362,7 +373,7 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
                 and cuda_device_code(ctx, arg.value)
                 and ctx.report("TPU105", original, f".{method}({source(arg.value)}) -> .{method}()")
             ):
-                return drop_args(updated, lambda i, a: original.args[i] is arg)
+                return drop_original_args(original, updated, [arg])
             return updated
         if method == "add_argument":
             return _argparse_default(ctx, original, updated)
@@ -385,13 +396,14 @@ def device_arguments(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             form = "type"
         elif name == "pin_memory_device":
             if cuda_device_code(ctx, arg.value) and ctx.report("TPU105", arg, f"{arg_source(arg)} removed"):
-                return drop_args(updated, lambda j, a: j == i)  # noqa: B023 - called before the loop moves on
+                return drop_original_args(original, updated, [arg])
             continue
         else:
             continue
-        new = rewrite_device(ctx, arg.value, form, updated=args[i].value)
+        j = updated_index(original, updated, arg)
+        new = rewrite_device(ctx, arg.value, form, updated=args[j].value)
         if new is not None:
-            args[i] = args[i].with_changes(value=new)
+            args[j] = args[j].with_changes(value=new)
             changed = True
     return updated.with_changes(args=args) if changed else updated
 
@@ -412,7 +424,7 @@ def _cuda_method(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.B
     device = ctx.fix("TPU103", original, build, lambda d: f".cuda({shown}) -> .to({source(d)})")
     if device is None:
         return updated
-    call = drop_args(updated, lambda i, a: original.args[i] is index) if index is not None else updated
+    call = drop_original_args(original, updated, [index]) if index is not None else updated
     call = call.with_changes(func=call.func.with_changes(attr=cst.Name("to")))
     return prepend_args(call, [cst.Arg(device)])
 
@@ -421,13 +433,13 @@ def _argparse_default(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
     flags = [string_value(arg.value) or "" for arg in original.args if arg.keyword is None]
     if not any("device" in flag for flag in flags):
         return updated
-    for i, arg in enumerate(original.args):
-        if arg.keyword is not None and arg.keyword.value == "default":
-            new = rewrite_device(ctx, arg.value, "type", updated=updated.args[i].value)
-            if new is not None:
-                args = list(updated.args)
-                args[i] = args[i].with_changes(value=new)
-                return updated.with_changes(args=args)
+    default = keyword(original, "default")
+    if default is not None:
+        new = rewrite_device(
+            ctx, default.value, "type", updated=updated.args[updated_index(original, updated, default)].value
+        )
+        if new is not None:
+            return replace_original_arg(original, updated, default, new)
     return updated
 
 

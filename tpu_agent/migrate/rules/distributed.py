@@ -14,18 +14,28 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.rules._backend import (
+    BACKEND_NCCL,
+    NCCL_AVAILABLE,
+    check_branches,
+    check_call,
+    fix_backend,
+    fix_backend_value,
+    is_nccl,
+    is_nccl_backend,
+)
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import (
-    arg_position,
     arg_source,
-    drop_args,
+    drop_original_args,
     keyword,
     positional,
-    replace_arg_value,
+    replace_original_arg,
     source,
     string_value,
+    updated_index,
 )
-from tpu_agent.migrate.rules.devices import is_availability_fallback, rewrite_device
+from tpu_agent.migrate.rules.devices import rewrite_device
 from tpu_agent.migrate.rules.references import DDP, DEVICE_MESH, DISTRIBUTED, TORCH_TPU
 
 if TYPE_CHECKING:
@@ -38,7 +48,8 @@ FAMILY.rule(
     name="nccl-backend",
     safety=Safety.SAFE,
     summary='The NCCL backend where a process group is created: init_process_group("nccl"), "cpu:gloo,cuda:nccl", '
-    "Backend.NCCL, a --backend default, a backend variable, a mapping unpacked into init_process_group, a "
+    'Backend.NCCL, "nccl" if dist.is_nccl_available() else "gloo", os.environ.get("BACKEND", "nccl"), a --backend '
+    "default, a backend variable or config field, a mapping unpacked into init_process_group, a "
     'device-type table {"cuda": "nccl", ...}.',
     rationale="NCCL is CUDA-only; TorchTPU's backend is tpu_dist. "
     "torch.distributed.get_default_backend_for_device(DEVICE) picks nccl, tpu_dist or gloo for the device in use; "
@@ -162,38 +173,8 @@ _MESHES = frozenset(
     }
 )
 _BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"})
-_NCCL_AVAILABLE = frozenset(
-    {"torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available"}
-)
-_BACKEND_NCCL = ("torch.distributed.Backend.NCCL", "torch.distributed.distributed_c10d.Backend.NCCL")
 FAMILY.claim(*INITS, *_DDPS, *_MESHES, *_BARRIERS)
-_MIXED_RE = re.compile(r"(?:\w+:\w+,)*cuda:nccl(?:,\w+:\w+)*")
 _BACKEND_NAME_RE = re.compile(r"backend$", re.IGNORECASE)
-
-
-def _is_nccl(ctx: PyContext, node: cst.CSTNode) -> bool:
-    return string_value(node) == "nccl" or ctx.qualname(node) in _BACKEND_NCCL
-
-
-def is_nccl_backend(ctx: PyContext, node: cst.BaseExpression) -> bool:
-    """A backend expression TPU401 rewrites: "nccl", Backend.NCCL, ``"nccl" if <available> else "gloo"``, or a
-    mixed string with cuda:nccl."""
-    value = string_value(node)
-    nccl_or_gloo = is_availability_fallback(ctx, node, "gloo") and _is_nccl(ctx, node.body)  # type: ignore[attr-defined]
-    return _is_nccl(ctx, node) or nccl_or_gloo or (value is not None and _MIXED_RE.fullmatch(value) is not None)
-
-
-def backend_value(ctx: PyContext, original: cst.BaseExpression) -> tuple[cst.BaseExpression | None, str] | None:
-    """For a backend expression: (replacement, or None meaning 'omit the argument'), and a note; else None."""
-    if _is_nccl(ctx, original) or (is_availability_fallback(ctx, original, "gloo") and _is_nccl(ctx, original.body)):  # type: ignore[attr-defined]
-        return ctx.default_backend(original if isinstance(original, cst.SimpleString) else None), ""
-    value = string_value(original)
-    if value is not None and _MIXED_RE.fullmatch(value):
-        if ctx.target.value == "tpu":
-            mixed = value.replace("cuda:nccl", "tpu:tpu_dist")
-            return cst.SimpleString(f"{original.quote}{mixed}{original.quote}"), ""  # type: ignore[attr-defined]
-        return None, " (omitted: torch then creates cpu:gloo plus the accelerator's default backend)"
-    return None
 
 
 @FAMILY.visit(cst.Call)
@@ -202,8 +183,14 @@ def _claim_init_backend(ctx: PyContext, node: cst.Call) -> None:
         backend = positional(node, 0) or keyword(node, "backend")
         if backend is not None:
             ctx.claim(backend.value)
-            if is_availability_fallback(ctx, backend.value, "gloo"):
-                ctx.claim(backend.value.test.func)  # type: ignore[attr-defined]
+
+
+@FAMILY.visit(cst.IfExp)
+def _claim_backend_check(ctx: PyContext, node: cst.IfExp) -> None:
+    # "nccl" if dist.is_nccl_available() else "gloo" is one backend expression: its check is not reported apart
+    if is_nccl_backend(ctx, node) and check_branches(ctx, node) is not None:
+        ctx.claim(check_call(node))
+        ctx.claim(check_call(node).func)
 
 
 @FAMILY.leave(cst.Call)
@@ -222,21 +209,21 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
             or (arg.keyword is None and not arg.star and i in (1, 2))
         ]
         if dropped and ctx.report("TPU403", original, f"removed {', '.join(arg_source(a) for a in dropped)}"):
-            return drop_args(updated, lambda i, a: original.args[i] in dropped)
+            return drop_original_args(original, updated, dropped)
         return updated
     if qualname in _BARRIERS:
         ids = keyword(original, "device_ids")
         if ids is not None and ctx.report("TPU405", original, f"removed {arg_source(ids)}"):
-            return drop_args(updated, lambda i, a: original.args[i] is ids)
+            return drop_original_args(original, updated, [ids])
         return updated
     if qualname in _MESHES:
         device = positional(original, 0) or keyword(original, "device_type")
         if device is not None:
             new = rewrite_device(ctx, device.value, "type", code="TPU404")
             if new is not None:
-                return replace_arg_value(updated, arg_position(original, device), new)
+                return replace_original_arg(original, updated, device, new)
         return updated
-    if qualname in _NCCL_AVAILABLE and not ctx.is_claimed(original):
+    if qualname in NCCL_AVAILABLE and not ctx.is_claimed(original):
         new = ctx.fix(
             "TPU402",
             original,
@@ -254,17 +241,12 @@ def distributed_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> c
 def _replace_backend(ctx: PyContext, original: cst.Call, updated: cst.Call, backend: cst.Arg) -> cst.Call | None:
     if not is_nccl_backend(ctx, backend.value):
         return None
-    index = arg_position(original, backend)
-    shown: list[str] = []
-
-    def build() -> cst.Call:
-        new_value, note = backend_value(ctx, backend.value)  # type: ignore[misc]
-        shown.append((source(new_value) if new_value is not None else "the default") + note)
-        if new_value is None:
-            return drop_args(updated, lambda i, a: i == index)
-        return replace_arg_value(updated, index, new_value)
-
-    return ctx.fix("TPU401", backend.value, build, lambda n: f"backend {source(backend.value)} -> {shown[0]}")
+    new = fix_backend(ctx, backend.value, updated.args[updated_index(original, updated, backend)].value)
+    if new is None:
+        return None
+    if new.value is None:
+        return drop_original_args(original, updated, [backend])
+    return replace_original_arg(original, updated, backend, new.value)
 
 
 def _argparse_backend(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.Call:
@@ -272,12 +254,10 @@ def _argparse_backend(ctx: PyContext, original: cst.Call, updated: cst.Call) -> 
     if not any("backend" in flag for flag in flags):
         return updated
     default = keyword(original, "default")
-    if default is None or not _is_nccl(ctx, default.value):
+    if default is None or not is_nccl_backend(ctx, default.value):
         return updated
-    new = ctx.fix(
-        "TPU401", default.value, lambda: ctx.default_backend(default.value), lambda n: f'default "nccl" -> {source(n)}'
-    )
-    return replace_arg_value(updated, arg_position(original, default), new) if new is not None else updated
+    new = fix_backend_value(ctx, default.value, updated.args[updated_index(original, updated, default)].value)
+    return replace_original_arg(original, updated, default, new) if new is not None else updated
 
 
 @FAMILY.leave(cst.Assign)
@@ -285,14 +265,9 @@ def backend_variable(ctx: PyContext, original: cst.Assign, updated: cst.Assign) 
     names = [t.target for t in original.targets]
     if not all(isinstance(n, cst.Name) and _BACKEND_NAME_RE.search(n.value) for n in names):
         return updated
-    if string_value(original.value) != "nccl":
+    if not is_nccl_backend(ctx, original.value):
         return updated
-    new = ctx.fix(
-        "TPU401",
-        original.value,
-        lambda: ctx.default_backend(original.value),
-        lambda n: f'backend "nccl" -> {source(n)}',
-    )
+    new = fix_backend_value(ctx, original.value, updated.value)
     return updated.with_changes(value=new) if new is not None else updated
 
 
@@ -316,7 +291,7 @@ def backend_table_entry(ctx: PyContext, original: cst.Dict, updated: cst.Dict) -
         return updated
     at = keys.index("cuda")
     cuda = original.elements[at]
-    if not isinstance(cuda, cst.DictElement) or not _is_nccl(ctx, cuda.value):
+    if not isinstance(cuda, cst.DictElement) or not is_nccl(ctx, cuda.value):
         return updated
 
     def build() -> cst.Dict:
@@ -336,7 +311,7 @@ def backend_table_entry(ctx: PyContext, original: cst.Dict, updated: cst.Dict) -
 @FAMILY.visit(cst.Comparison)
 def _claim_compared_backend(ctx: PyContext, node: cst.Comparison) -> None:
     for comparison in node.comparisons:
-        if ctx.qualname(comparison.comparator) in _BACKEND_NCCL:
+        if ctx.qualname(comparison.comparator) in BACKEND_NCCL:
             ctx.claim(comparison.comparator)
 
 
@@ -350,8 +325,8 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
             continue
         value = comparison.comparator
         other = sides[i]
-        if _is_nccl(ctx, value) or (
-            isinstance(value, (cst.List, cst.Tuple, cst.Set)) and any(_is_nccl(ctx, e.value) for e in value.elements)
+        if is_nccl(ctx, value) or (
+            isinstance(value, (cst.List, cst.Tuple, cst.Set)) and any(is_nccl(ctx, e.value) for e in value.elements)
         ):
             if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
                 elements = list(targets[i].comparator.elements)  # type: ignore[attr-defined]
@@ -360,7 +335,7 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
                     elements: list[cst.BaseElement] = elements, value: cst.BaseExpression = value
                 ) -> cst.BaseExpression:
                     out = [
-                        el.with_changes(value=ctx.default_backend(el.value)) if _is_nccl(ctx, orig.value) else el
+                        el.with_changes(value=ctx.default_backend(el.value)) if is_nccl(ctx, orig.value) else el
                         for el, orig in zip(elements, value.elements, strict=True)  # type: ignore[attr-defined]
                     ]
                     return targets[i].comparator.with_changes(elements=out)  # noqa: B023 - ctx.fix calls it at once
@@ -376,7 +351,7 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
             if new is not None:
                 targets[i] = targets[i].with_changes(comparator=new)
                 changed = True
-        elif _is_nccl(ctx, other) and i == 0:
+        elif is_nccl(ctx, other) and i == 0:
             new = ctx.fix(
                 "TPU402",
                 other,
@@ -388,7 +363,7 @@ def backend_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Co
     return updated.with_changes(comparisons=targets) if changed else updated
 
 
-@FAMILY.reference(*_BACKEND_NCCL)
+@FAMILY.reference(*BACKEND_NCCL)
 def backend_nccl_reference(
     ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
 ) -> cst.BaseExpression:

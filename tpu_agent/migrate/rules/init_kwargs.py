@@ -15,10 +15,18 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety
-from tpu_agent.migrate.rules._cst import arg_position, keyword, replace_arg_value, source, string_value
+from tpu_agent.migrate.rules._backend import fix_backend_value, is_nccl_backend
+from tpu_agent.migrate.rules._cst import (
+    keyword,
+    replace_arg_value,
+    replace_original_arg,
+    source,
+    string_value,
+    updated_index,
+)
 from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call, not_tpu
 from tpu_agent.migrate.rules.devices import known_cuda_index
-from tpu_agent.migrate.rules.distributed import FAMILY, INITS, backend_value, is_nccl_backend
+from tpu_agent.migrate.rules.distributed import FAMILY, INITS
 from tpu_agent.migrate.rules.references import DISTRIBUTED
 
 if TYPE_CHECKING:
@@ -156,19 +164,6 @@ def _with_entries(mapping: cst.BaseExpression, values: list[cst.BaseExpression |
     )
 
 
-def _fix_backend(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpression | None:
-    """TPU401 for a backend entry; where the argument would be omitted (a mixed string on the accelerator
-    target) the entry becomes None, which is what the parameter's default is."""
-    shown: list[str] = []
-
-    def build() -> cst.BaseExpression:
-        new, note = backend_value(ctx, value) or (None, "")
-        shown.append((source(new) if new is not None else "None") + note)
-        return new if new is not None else cst.Name("None")
-
-    return ctx.fix("TPU401", value, build, lambda n: f"backend {source(value)} -> {shown[0]}")
-
-
 def _fix_entry(
     ctx: PyContext, key: str, value: cst.BaseExpression, via: str, reason: str | None
 ) -> cst.BaseExpression | None:
@@ -186,7 +181,7 @@ def _fix_entry(
         message = f"{key}={source(value)} reaches init_process_group through {via}, but {reason}: {what} by hand"
         ctx.report(code, value, message, fixable=False)
         return None
-    return _fix_backend(ctx, value) if key == _BACKEND else _fix_device_id(ctx, value)
+    return fix_backend_value(ctx, value, entry=True) if key == _BACKEND else _fix_device_id(ctx, value)
 
 
 def _bound_entries(
@@ -263,15 +258,16 @@ def device_id_index(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
     if device_id is not None and _needs_index(ctx, device_id.value):
         new = _fix_device_id(ctx, device_id.value)
         if new is not None:
-            updated = replace_arg_value(updated, arg_position(original, device_id), new)
-    for i, arg in enumerate(original.args):
+            updated = replace_original_arg(original, updated, device_id, new)
+    for arg in original.args:
         if arg.star != "**":
             continue
         entries = _entries(arg.value)
         if entries:  # **{"device_id": ...}, **dict(backend=...)
             fixes = [_fix_entry(ctx, key, value, "**{...}", None) for key, value in entries]
             if any(fixes):
-                updated = replace_arg_value(updated, i, _with_entries(updated.args[i].value, fixes))
+                position = updated_index(original, updated, arg)
+                updated = replace_arg_value(updated, position, _with_entries(updated.args[position].value, fixes))
             continue
         reason = (
             ctx.unpacked(_INIT_FUNCTION).reason(ctx.scope_path, arg.value.value)

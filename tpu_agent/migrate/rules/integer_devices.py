@@ -22,11 +22,11 @@ from tpu_agent.migrate.analysis.valueflow import Verdict, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._bound import always_bound_to_call, bound_earlier
 from tpu_agent.migrate.rules._cst import (
-    arg_position,
     drop_args,
     keyword,
     positional,
     replace_arg_value,
+    replace_original_arg,
     source,
 )
 from tpu_agent.migrate.rules._rank import (
@@ -161,7 +161,7 @@ def integer_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst
     if device is not None and index is not None:
         new = _integer_device(ctx, device.value, index, "value")
         if new is not None:
-            return replace_arg_value(updated, arg_position(original, device), new)
+            return replace_original_arg(original, updated, device, new)
     return updated
 
 

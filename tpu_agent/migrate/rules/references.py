@@ -30,6 +30,14 @@ SDPA = f"{_PYTORCH}/generated/torch.nn.functional.scaled_dot_product_attention.h
 ENV_VARS = f"{_PYTORCH}/torch_environment_variables.html"
 DETERMINISM = f"{_PYTORCH}/notes/randomness.html"
 TORCH_TPU = "https://github.com/google-pytorch/torch_tpu"
+TORCH_TPU_GUIDE = "https://torchtpu.readthedocs.io"  # TorchTPU's user guide, rendered from its notebooks
+
+
+def torch_tpu_notebook(name: str) -> str:
+    """One of TorchTPU's guide notebooks (``docs/notebooks/<name>.py``), e.g. ``torch_tpu_notebook("eager_mode")``."""
+    return f"{TORCH_TPU}/blob/main/docs/notebooks/{name}.py"
+
+
 CLOUD_TPU_PYTORCH = "https://docs.cloud.google.com/tpu/docs/pytorch-on-tpu"
 
 

@@ -23,9 +23,17 @@ from tpu_agent.migrate.analysis.crossmodule import merged
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
+from tpu_agent.migrate.rules._backend import fix_backend_value, is_nccl_backend
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._bound import key_of
-from tpu_agent.migrate.rules._cst import keep_parens, keyword, replace_arg_value, source, string_value
+from tpu_agent.migrate.rules._cst import (
+    keep_parens,
+    keyword,
+    replace_arg_value,
+    source,
+    string_value,
+    updated_index,
+)
 from tpu_agent.migrate.rules.devices import DEVICE_VAR_RE, cuda_device_code, rewrite_device
 from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED
 
@@ -65,14 +73,6 @@ distributed.FAMILY.rule(
 )
 
 _NAMED_BACKEND_RE = re.compile(r"backend$", re.IGNORECASE)
-_BACKEND_CHECKS = frozenset(
-    {
-        "torch.cuda.is_available",
-        "torch.accelerator.is_available",
-        "torch.distributed.is_nccl_available",
-        "torch.distributed.distributed_c10d.is_nccl_available",
-    }
-)
 
 
 DefinitionRewrite = Callable[
@@ -159,49 +159,6 @@ _register_definition(devices.FAMILY, _device_definition)
 
 
 # ---- backends -----------------------------------------------------------------------------------------
-def _check_name(ctx: PyContext, test: cst.BaseExpression) -> tuple[str | None, bool]:
-    """(qualified name of an availability check, negated?) for ``torch.cuda.is_available()`` / ``not ...``."""
-    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
-    inner = test.expression if negated else test  # type: ignore[attr-defined]
-    if isinstance(inner, cst.Call) and not inner.args:
-        return ctx.qualname(inner), negated
-    return None, negated
-
-
-def _is_backend_expression(ctx: PyContext, node: cst.BaseExpression) -> bool:
-    """``"nccl"``, or a conditional expression with a ``"nccl"`` branch: what :func:`backend_replacement` takes."""
-    if string_value(node) == "nccl":
-        return True
-    return isinstance(node, cst.IfExp) and "nccl" in (string_value(node.body), string_value(node.orelse))
-
-
-def backend_replacement(
-    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression
-) -> cst.BaseExpression:
-    """The rewrite of a backend expression (one :func:`_is_backend_expression` accepts): ``"nccl"``,
-    ``"nccl" if <nccl or CUDA available> else "gloo"`` (either way round: the whole expression becomes the
-    default backend), or a user's ``"nccl" if flag else ...`` (only the NCCL branch changes)."""
-    if not isinstance(original, cst.IfExp) or not isinstance(updated, cst.IfExp):
-        return ctx.default_backend(original)
-    values = (string_value(original.body), string_value(original.orelse))
-    check, negated = _check_name(ctx, original.test)
-    if check in _BACKEND_CHECKS and values == (("gloo", "nccl") if negated else ("nccl", "gloo")):
-        return ctx.default_backend()
-    if values[0] == "nccl":
-        return updated.with_changes(body=ctx.default_backend(original.body))
-    return updated.with_changes(orelse=ctx.default_backend(original.orelse))
-
-
-@distributed.FAMILY.visit(cst.IfExp)
-def _claim_backend_check(ctx: PyContext, node: cst.IfExp) -> None:
-    # "nccl" if dist.is_nccl_available() else "gloo" is one backend expression: its check is not reported apart
-    check, _ = _check_name(ctx, node.test)
-    if check in _BACKEND_CHECKS and {string_value(node.body), string_value(node.orelse)} == {"nccl", "gloo"}:
-        inner = node.test.expression if isinstance(node.test, cst.UnaryOperation) else node.test
-        ctx.claim(inner)
-        ctx.claim(inner.func)  # type: ignore[attr-defined]
-
-
 def _backend_definition(
     ctx: PyContext, target: cst.BaseExpression, original: cst.BaseExpression, updated: cst.BaseExpression
 ) -> cst.BaseExpression | None:
@@ -216,14 +173,9 @@ def _backend_definition(
         return None
     if verdict is not Verdict.BACKEND and not _NAMED_BACKEND_RE.search(key[1]):
         return None
-    if not _is_backend_expression(ctx, original):
+    if not is_nccl_backend(ctx, original):
         return None
-    return ctx.fix(
-        "TPU401",
-        original,
-        lambda: backend_replacement(ctx, original, updated),
-        lambda n: f"backend {source(original)} -> {source(n)}",
-    )
+    return fix_backend_value(ctx, original, updated)
 
 
 _register_definition(distributed.FAMILY, _backend_definition)
@@ -257,7 +209,7 @@ def backend_table(ctx: PyContext, original: cst.Subscript, updated: cst.Subscrip
 
 
 def _is_device_or_backend(ctx: PyContext, node: cst.BaseExpression) -> bool:
-    return cuda_device_code(ctx, node) is not None or _is_backend_expression(ctx, node)
+    return cuda_device_code(ctx, node) is not None or is_nccl_backend(ctx, node)
 
 
 # ---- argparse options ---------------------------------------------------------------------------------
@@ -282,7 +234,7 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
     verdict = ctx.value_flow.flow(attr_key(dest)).verdict
     named_device = any("device" in f for f in flags)
     result = updated
-    position = original.args.index(default) if default is not None else -1
+    position = updated_index(original, updated, default) if default is not None else -1
     if default is not None and not named_device and cuda_device_code(ctx, default.value):
         if verdict is Verdict.DEVICE:
             new = rewrite_device(ctx, default.value, "type", updated=updated.args[position].value)
@@ -295,7 +247,7 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
                 f"--{dest} default {source(default.value)} is used as a device and by "
                 f"{_lines(ctx.value_flow.flow(attr_key(dest)))}",
             )
-    if default is not None and not any("backend" in f for f in flags) and _is_backend_expression(ctx, default.value):
+    if default is not None and not any("backend" in f for f in flags) and is_nccl_backend(ctx, default.value):
         new = _backend_definition(
             ctx, cst.Attribute(value=cst.Name("args"), attr=cst.Name(dest)), default.value, updated.args[position].value
         )
@@ -312,7 +264,7 @@ def argparse_option(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cs
 
 def _device_choices(ctx: PyContext, original: cst.Call, updated: cst.Call, choices: cst.Arg) -> cst.Call:
     # choices=["cpu", "cuda"] -> ["cpu", DEVICE.type]: the default the device rules wrote stays a valid choice
-    position = original.args.index(choices)
+    position = updated_index(original, updated, choices)
     elements = list(updated.args[position].value.elements)  # type: ignore[attr-defined]
     if any(string_value(el.value) == ("tpu" if ctx.target.value == "tpu" else "") for el in elements):
         return updated

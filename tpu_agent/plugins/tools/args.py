@@ -73,7 +73,13 @@ BackendArg = Annotated[
     Field(description="auto: real torch_tpu when it sees a TPU, else the CPU emulation of the tpu device."),
 ]
 ChipSpec = Annotated[str, Field(min_length=1, max_length=MAX_CHIP_CHARS), AfterValidator(_canonical_chip)]
-ChipArg = Annotated[ChipSpec, Field(description=f"TPU the emulation presents: {TARGET_EXAMPLES}.")]
+ChipArg = Annotated[
+    ChipSpec | None,
+    Field(
+        description=f"TPU the emulation presents: {TARGET_EXAMPLES}. Unnamed: the command's default; a named "
+        "chip also refuses an nproc its TorchTPU hosts do not run (a v6e host: 1, 4 or 8)."
+    ),
+]
 EstimateChipArg = Annotated[
     ChipSpec | None,
     Field(description=f"Estimate for this TPU instead of the one the capture was made for: {TARGET_EXAMPLES}."),

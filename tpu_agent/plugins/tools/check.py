@@ -137,7 +137,7 @@ async def tpu_check(
     task: TaskArg = None,
     modes: ModesArg = None,
     backend: BackendArg = "auto",
-    chip: ChipArg | None = None,
+    chip: ChipArg = None,
     compiler: CompilerArg = None,
     localise: Annotated[bool, Field(description="On a divergence, find the first diverging submodule and op.")] = True,
     timeout_s: TimeoutArg = 1800,

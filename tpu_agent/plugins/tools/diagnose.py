@@ -22,6 +22,7 @@ from tpu_agent.plugins import models
 from tpu_agent.plugins.tools.args import EstimateChipArg, JobIdArg, LogdirArg, WorkspaceArg
 from tpu_agent.plugins.tools.common import ServerState, ToolSpec, in_thread, server_state, tool_hints
 from tpu_agent.plugins.workspace import Workspace
+from tpu_agent.profile.report._common import verification_text
 
 
 def _real_directory(path: Path) -> bool:
@@ -93,6 +94,8 @@ def _item_from_finding(data: dict[str, Any], ws: Workspace) -> models.Diagnostic
         suggested_change=data["suggestion"],
         agent_change=change.get("description"),
         agent_diff=change.get("diff"),
+        diff_verified=bool(change.get("verified")),
+        verification=verification_text(change) or None,
         locations=[f"{ws.relative(Path(loc['file']))}:{loc['line']}" for loc in data["locations"]],
         estimated_saving_pct=data["estimated_saving_pct"],
         detail=data,
@@ -126,7 +129,8 @@ async def tpu_diagnose(
         truncated=len(items) > max_items,
         report=profile_api.render(diagnosis, "markdown")[:60_000],
         next_action=(
-            "Apply each finding's suggested_change to the code, then tpu_profile again and compare."
+            "Apply each finding's agent_diff where diff_verified is true (profile ran it on a copy); make the other "
+            "changes by hand from suggested_change, then tpu_profile again and compare."
             if items
             else "No findings: the step is not limited by anything the rules detect."
         ),

@@ -19,7 +19,6 @@ import anyio
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from tpu_agent.chips import DEFAULT_CHIP
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.plugins import models
 from tpu_agent.plugins.jobs import Job, JobManager, JobState, new_job_id
@@ -156,7 +155,7 @@ async def _start_job(
     entrypoint: str,
     args: list[str],
     nproc: int | None,
-    chip: str,
+    chip: str | None,
     eager_mode: str | None,
     compiler: str | None,
     timeout_s: int,
@@ -180,7 +179,9 @@ async def _start_job(
     ws = await state.workspace(ctx, workspace)
     script = _entrypoint(ws, entrypoint)
     job_id = new_job_id(kind)
-    argv = [sys.executable, "-m", "tpu_agent", kind, *command_options, "--chip", chip]
+    argv = [sys.executable, "-m", "tpu_agent", kind, *command_options]
+    if chip:  # unnamed: the command's default chip, whose hosts take any nproc (a named one is checked)
+        argv += ["--chip", chip]
     if nproc is not None:
         argv += ["--nproc", str(nproc)]
     if eager_mode:
@@ -219,7 +220,7 @@ async def tpu_run(
     args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
     nproc: NprocArg = 1,
     backend: BackendArg = "auto",
-    chip: ChipArg = DEFAULT_CHIP,
+    chip: ChipArg = None,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     compiler: CompilerArg = None,
     timeout_s: TimeoutArg = 1800,
@@ -243,15 +244,25 @@ async def tpu_profile(
     warmup: Annotated[
         int, Field(ge=0, le=MAX_WARMUP, description="Steps run before measuring (compiles).")
     ] = DEFAULT_WARMUP,
-    chip: ChipArg = DEFAULT_CHIP,
+    chip: ChipArg = None,
     eager_mode: EagerModeArg = None,  # type: ignore[valid-type]  # a Literal built at run time (see args)
     compiler: CompilerArg = None,
+    verify: Annotated[
+        bool | None,
+        Field(
+            description="Check each finding's diff on a copy of the workspace script before offering it (one short "
+            "run per diff); false leaves the diffs marked unverified; default: the server's (verify unless "
+            "TPU_AGENT_PROFILE_VERIFY=0)."
+        ),
+    ] = None,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
 ) -> models.JobResult:
+    options = ["--steps", str(steps), "--warmup", str(warmup)]
+    options += [] if verify is None else ["--verify" if verify else "--no-verify"]
     return await _start_job(
-        ctx, "profile", ["--steps", str(steps), "--warmup", str(warmup)], entrypoint=entrypoint, args=args,
+        ctx, "profile", options, entrypoint=entrypoint, args=args,
         nproc=nproc, chip=chip, eager_mode=eager_mode, compiler=compiler, timeout_s=timeout_s, wait_s=wait_s,
         workspace=workspace,
     )  # fmt: skip
@@ -273,7 +284,14 @@ async def tpu_estimate(
         bool,
         Field(
             description="Record the step's shapes without computing them (host reads return placeholders), for "
-            "models bigger than this machine; the model must be created on the tpu device (or meta)."
+            "models bigger than this machine (estimate also switches to it by itself past its host-memory bound)."
+        ),
+    ] = False,
+    allow_partial: Annotated[
+        bool,
+        Field(
+            description="When a graph of the step cannot be compiled, still report the rest, each figure marked "
+            "with the share of the step's ops it covers (default: no verdict from part of a step)."
         ),
     ] = False,
     timeout_s: TimeoutArg = 1800,
@@ -282,6 +300,7 @@ async def tpu_estimate(
 ) -> models.JobResult:
     options = ["--steps", str(steps)] + (["--strategy", strategy] if strategy else [])
     options += ["--capture-only"] if capture_only else []
+    options += ["--allow-partial"] if allow_partial else []
     return await _start_job(
         ctx, "estimate", options, entrypoint=entrypoint, args=args, nproc=None, chip=chip,
         eager_mode=None, compiler=None, timeout_s=timeout_s, wait_s=wait_s, workspace=workspace,

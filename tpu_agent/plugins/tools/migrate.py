@@ -207,7 +207,9 @@ async def tpu_explain_rule(code: RuleCodeArg) -> models.RuleExplanation:
 
 
 async def tpu_lookup_api(
-    query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="A CUDA API or idiom.")],
+    query: Annotated[
+        str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="A CUDA API or idiom, or a TorchTPU API.")
+    ],
     limit: Annotated[int, Field(ge=1, le=20)] = 5,
 ) -> models.ApiLookupResult:
     legend, _ = api_lookup.load_table()
@@ -265,7 +267,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "tpu_lookup_api",
         "Look up the TorchTPU equivalent of a CUDA PyTorch API (e.g. 'torch.cuda.synchronize', 'GradScaler', "
         "'nccl') in the migration rules, with its status (rewrite: migrate rewrites it by default; "
-        "unsafe-rewrite: only with unsafe fixes; manual: a person ports it) and a note.",
+        "unsafe-rewrite: only with unsafe fixes; manual: a person ports it) and a note; or a TorchTPU API "
+        "(e.g. 'OpTracer', 'set_eager_mode', 'tpu_device'): status emulated, with its guide page.",
         tool_hints("CUDA -> TorchTPU API lookup", read_only=True),
     ),
 )

@@ -19,6 +19,21 @@ def where(location: dict[str, Any], show: Callable[[str], str] = str) -> str:
     return f"{show(location['file'])}:{location['line']} ({location['function']})"
 
 
+def verification_text(change: dict[str, Any]) -> str:
+    """One sentence on whether the change's diff was checked (:mod:`tpu_agent.profile.verify`); empty when the
+    change never had a diff."""
+    verification = change.get("verification")
+    if not verification:
+        return ""
+    status, reason = verification["status"], verification["reason"]
+    if status == "verified":
+        measure = f"{verification['metric']} {verification['before']:g} -> {verification['after']:g}"
+        return f"Verified ({measure}): {reason}."
+    if status == "failed":
+        return f"Not offered as a diff: it could not be verified ({reason})."
+    return f"Unverified diff: {reason}."
+
+
 def location_text(finding: dict[str, Any]) -> str:
     locations = finding.get("locations") or []
     return where(locations[0]) if locations else "-"

@@ -6,6 +6,7 @@ statistics, the op table, memory, the estimate, findings and per-rule outcomes.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -95,47 +96,63 @@ def build_document(diagnosis: Diagnosis) -> dict[str, Any]:
     config = model.config
     window = model.primary.steps_in_window()
     counts = {s.value: sum(1 for f in diagnosis.findings if f.severity == s) for s in Severity}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "tpu-agent", "version": __version__},
-        "capture": {
-            "logdir": str(diagnosis.logdir),
-            "source": config.source,
-            "script": config.script,
-            "exit_code": diagnosis.exit_code,
-            "chip": config.chip.key,
-            "eager_mode": config.eager_mode,
-            "backend": config.backend,
-            "world_size": config.world_size,
-            "ranks": sorted(model.ranks),
-            "requested_steps": config.requested_steps,
-            "requested_warmup": config.requested_warmup,
-            "window": {"first_step": window[0].index, "last_step": window[-1].index} if window else None,
-            "xplane_files": [str(p) for p in diagnosis.xplane_paths],
-            "warnings": sorted({w for r in model.ranks.values() for w in r.warnings}),
-        },
-        "step_time": step_stats(model),
-        "steps": [
-            {
-                "rank": r.rank,
-                "index": s.index,
-                "start_ns": s.start_ns,
-                "duration_ms": _ms(s.duration_ns),
-                "in_window": s in r.steps_in_window(),
-                "peak_bytes": r.step_peaks.get(s.index),
-            }
-            for r in model.ranks.values()
-            for s in r.steps
-        ],
-        "ops": op_table(model),
-        "memory": memory_stats(model),
-        "estimate": diagnosis.estimate.to_dict(),
-        "summary": {
-            "errors": counts["error"],
-            "warnings": counts["warning"],
-            "infos": counts["info"],
-            "insufficient_data": sum(1 for o in diagnosis.outcomes if o.status == Status.insufficient_data),
-        },
-        "findings": [f.to_dict() for f in diagnosis.findings],
-        "rules": [o.to_dict() for o in diagnosis.outcomes],
-    }
+    return _json_safe(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "tpu-agent", "version": __version__},
+            "capture": {
+                "logdir": str(diagnosis.logdir),
+                "source": config.source,
+                "script": config.script,
+                "exit_code": diagnosis.exit_code,
+                "chip": config.chip.key,
+                "eager_mode": config.eager_mode,
+                "backend": config.backend,
+                "world_size": config.world_size,
+                "ranks": sorted(model.ranks),
+                "requested_steps": config.requested_steps,
+                "requested_warmup": config.requested_warmup,
+                "window": {"first_step": window[0].index, "last_step": window[-1].index} if window else None,
+                "xplane_files": [str(p) for p in diagnosis.xplane_paths],
+                "warnings": sorted({w for r in model.ranks.values() for w in r.warnings}),
+                "losses": list(model.primary.losses),
+            },
+            "verification": diagnosis.verification,
+            "step_time": step_stats(model),
+            "steps": [
+                {
+                    "rank": r.rank,
+                    "index": s.index,
+                    "start_ns": s.start_ns,
+                    "duration_ms": _ms(s.duration_ns),
+                    "in_window": s in r.steps_in_window(),
+                    "peak_bytes": r.step_peaks.get(s.index),
+                }
+                for r in model.ranks.values()
+                for s in r.steps
+            ],
+            "ops": op_table(model),
+            "memory": memory_stats(model),
+            "estimate": diagnosis.estimate.to_dict(),
+            "summary": {
+                "errors": counts["error"],
+                "warnings": counts["warning"],
+                "infos": counts["info"],
+                "insufficient_data": sum(1 for o in diagnosis.outcomes if o.status == Status.insufficient_data),
+            },
+            "findings": [f.to_dict() for f in diagnosis.findings],
+            "rules": [o.to_dict() for o in diagnosis.outcomes],
+        }
+    )
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity made ``None``: JSON has no such numbers (``json.dumps`` writes a bare
+    ``NaN`` that other parsers reject), and a script's loss can be one."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value

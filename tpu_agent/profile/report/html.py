@@ -9,7 +9,14 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, location_text
+from tpu_agent.profile.report._common import (
+    capture_warnings,
+    estimate_lines,
+    headline,
+    human_bytes,
+    location_text,
+    verification_text,
+)
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#1d1d1f;padding:0 1em}
@@ -131,6 +138,8 @@ def _finding_html(f: dict[str, Any]) -> str:
     ]
     if change:
         parts.append(f"<p><b>Change:</b> {escape(change['description'])}</p>")
+        if verification_text(change):
+            parts.append(f"<p><i>{escape(verification_text(change))}</i></p>")
         if change.get("diff"):
             parts.append(f'<pre class="diff">{escape(change["diff"])}</pre>')
     parts.append("</div>")

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, location_text
+from tpu_agent.profile.report._common import (
+    capture_warnings,
+    estimate_lines,
+    headline,
+    human_bytes,
+    location_text,
+    verification_text,
+)
 
 
 def _cell(text: str) -> str:
@@ -32,6 +39,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         change = f.get("agent_change") or {}
         if change:
             out += [f"Change: {change['description']}", ""]
+            if verification_text(change):
+                out += [verification_text(change), ""]
             if change.get("diff"):
                 out += ["```diff", change["diff"].rstrip("\n"), "```", ""]
     steps = data["step_time"]

@@ -17,7 +17,14 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_agent.profile.patches import display_path
-from tpu_agent.profile.report._common import capture_warnings, estimate_lines, headline, human_bytes, where
+from tpu_agent.profile.report._common import (
+    capture_warnings,
+    estimate_lines,
+    headline,
+    human_bytes,
+    verification_text,
+    where,
+)
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -89,6 +96,9 @@ def _fix(number: int, f: dict[str, Any]) -> Group:
         parts.append(Text("Change: " + change["description"]))
     if len(f["locations"]) > 1:
         parts.append(Text("Also at: " + "; ".join(_where(loc) for loc in f["locations"][1:]), style="dim"))
+    checked = verification_text(change)
+    if checked:
+        parts.append(Text(checked, style="green" if change.get("verified") else "yellow"))
     if change.get("diff"):
         parts.append(DiffBlock(change["diff"]))
     return Group(*parts, Text(""))

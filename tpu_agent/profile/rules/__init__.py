@@ -35,6 +35,7 @@ _MODULES = (
     "pr_upcasts",
     "ip_input_bound",
     "sd_memory_fit",
+    "sd_memory_growth",
     "sd_collective_bound",
     "sd_compiled_hbm",
     "sd_compiled_collectives",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tpu_agent.profile import patches
+import ast
+
+from tpu_agent.profile import patches, sources
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
 from tpu_agent.profile.rules._base import DiagnosticRule, Insufficient, by_site, in_window, step_ns, window_steps
 from tpu_agent.runtime import events as ev
@@ -27,6 +29,54 @@ def accumulation_fix(site: ev.Site) -> AgentChange | None:
     )
 
 
+EVERY_N_STEPS = 10
+
+
+def _loop_counter(path: str, line: int) -> str | None:
+    """The step counter of the loop around ``line``: ``step`` in ``for step in range(...)`` or ``for step, batch in
+    enumerate(...)``; ``None`` without one (a ``for batch in loader`` has no counter to test)."""
+    tree = sources.parse_source(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and node.lineno < line <= (node.end_lineno or node.lineno):
+            if found is None or node.lineno > found.lineno:
+                found = node
+    if found is None or not isinstance(found.iter, ast.Call):
+        return None
+    callee = sources.dotted_name(found.iter.func)
+    target = found.target
+    if callee == "range" and isinstance(target, ast.Name):
+        return target.id
+    if callee == "enumerate" and isinstance(target, ast.Tuple) and isinstance(target.elts[0], ast.Name):
+        return target.elts[0].id
+    return None
+
+
+def periodic_fix(site: ev.Site, kinds: list[str]) -> AgentChange | None:
+    """A read whose value is only shown or logged (an expression statement: ``print(loss)``,
+    ``history.append(loss.cpu())``) runs every :data:`EVERY_N_STEPS` steps: ``if step % 10 == 0:`` around it.
+    An assignment is left alone: a value used later must not go stale."""
+    tree = sources.parse_source(site.file)
+    counter = _loop_counter(site.file, site.line)
+    if tree is None or counter is None:
+        return None
+    statement = next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == site.line == n.end_lineno), None
+    )
+    if not isinstance(statement, ast.Expr):
+        return None
+    diff = patches.wrap_line(site.file, site.line, f"if {counter} % {EVERY_N_STEPS} == 0:")
+    if diff is None:
+        return None
+    return AgentChange(
+        f"Run the `{'/'.join(kinds)}` read at line {site.line} every {EVERY_N_STEPS} steps instead of every step "
+        "(the value stays on the device in between).",
+        diff,
+    )
+
+
 def sync_findings(rule: DiagnosticRule, model: ProfileModel, ops: frozenset[str], what: str) -> list[Finding]:
     rank = model.primary
     steps = window_steps(rank)
@@ -42,6 +92,7 @@ def sync_findings(rule: DiagnosticRule, model: ProfileModel, ops: frozenset[str]
         saving = min(per_step * SYNC_COST_NS / median * 100, 60.0)
         kinds = sorted({e.op for e in events})
         change = accumulation_fix(site) if "item" in kinds else None
+        change = change or periodic_fix(site, kinds)
         if change is None:
             change = AgentChange(
                 f"Move the `{'/'.join(kinds)}` call at {patches.display_path(site.file)}:{site.line} out of the step, "

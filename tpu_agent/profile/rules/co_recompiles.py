@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
-from tpu_agent.profile import sources
+from tpu_agent.profile import patches, sources
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
 from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, by_site, window_steps
 from tpu_agent.runtime import events as ev
@@ -32,7 +33,7 @@ def _shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentCh
         guard = sources.parse_guard(event.reason)
         if guard is None or event.site is None:
             continue
-        origin = sources.origin_of_argument(event.site.file, event.function, guard.argument)
+        origin = sources.origin_of_argument(event.site.file, event.function, guard.argument, event.site.line)
         if origin is None:
             continue
         sizes = sorted(
@@ -43,18 +44,44 @@ def _shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentCh
                 for size in g.sizes
             }
         )
-        created = Location(event.site.file, origin.line, sources.function_at(event.site.file, origin.line))
-        what = f"`{origin.variable}`" if origin.variable else f"the {guard.argument!r} argument"
-        diff = sources.padding_diff(event.site.file, origin, guard.dim, sizes)
-        change = AgentChange(
-            f"{what} (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim {guard.dim}: "
-            "pad that dim "
-            f"to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the "
-            "loss), or "
-            "bucket the data to a few fixed sizes, so the compiled function sees one shape.",
+        return sources.shape_change(event.site.file, origin, guard.dim, sizes, what=f"the {guard.argument!r} argument")
+    return [], None
+
+
+_CONSTANT_GUARD = re.compile(r"(?:L\['(?P<quoted>[A-Za-z_]\w*)'\]|\b(?P<name>[A-Za-z_]\w*)) == [-+.\w]+")
+
+
+def _scalar_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentChange | None]:
+    """A Python number passed to the compiled function that changes each call (Dynamo guards ``scale == 0.05``):
+    the call that passes it, and the edit that passes it as a 0-d tensor on the device of the call's tensor
+    argument, which the compiled graph takes as an input instead of a constant."""
+    for event in recompiles:
+        match = _CONSTANT_GUARD.search(event.reason)
+        if match is None or event.site is None:
+            continue
+        argument = match["quoted"] or match["name"]
+        passed = sources.scalar_argument(event.site.file, event.function, argument, event.site.line)
+        if passed is None:
+            continue
+        where = Location(event.site.file, passed.line, sources.function_at(event.site.file, passed.line))
+        tensor = f"torch.tensor({passed.expression}, device={passed.tensor}.device)" if passed.tensor else None
+        diff = (
+            patches.replace_on_line(  # at the expression's column: `s` in `loss = step(x, s)` is not the s of loss
+                event.site.file,
+                passed.line,
+                f"^(.{{{passed.column}}}){re.escape(passed.expression)}",
+                "\\g<1>" + tensor.replace("\\", "\\\\"),
+            )
+            if tensor and "torch" in (sources.read_source(event.site.file) or "")
+            else None
+        )
+        return [where], AgentChange(
+            f"`{passed.expression}` (passed as {argument!r} at line {passed.line}) is a Python number that changes "
+            "every call: each value is a new compile. Pass it as a tensor"
+            + (f" (`{tensor}`)" if tensor else "")
+            + " so the compiled graph takes it as an input.",
             diff,
         )
-        return [created], change
     return [], None
 
 
@@ -73,6 +100,8 @@ def _check(model: ProfileModel) -> list[Finding]:
     sites = by_site(recompiles)
     functions = sorted({e.function for e in recompiles})
     created, padding = _shape_change(recompiles)
+    if padding is None:
+        created, padding = _scalar_change(recompiles)
     locations = created + [Location.from_site(site) for site in list(sites)[:3]]
     return [
         RULE.finding(
@@ -86,7 +115,7 @@ def _check(model: ProfileModel) -> list[Finding]:
             ),
             locations,
             _advice(top_reason)
-            + (f" The changing tensor is created at line {created[0].line}." if created else "")
+            + (f" The changing value is made at line {created[0].line}." if created else "")
             + " Each recompile costs seconds to minutes on a TPU.",
             severity=Severity.error if per_step >= PER_STEP_ERROR else Severity.warning,
             agent_change=padding or AgentChange(_advice(top_reason)),

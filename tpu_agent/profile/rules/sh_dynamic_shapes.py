@@ -32,7 +32,9 @@ def _varying_dims(first_ops: dict[int, Op]) -> list[str]:
 
 def _first_varying_input(per_step: dict[int, list[Op]]) -> tuple[int, int, list[int]] | None:
     """The first op of the step (in time order) whose input shape varies across steps: the tensor the step
-    received is usually its first input. Returns (rank, dim, sizes) of that input."""
+    received is usually its first input. Returns (rank, dim, sizes) of that input. A batch has two or more
+    dimensions: a 1-D input that varies first (the lengths a ``pad_sequence`` collate concatenates) is taken only
+    when no batched one varies."""
     firsts: dict[str, dict[int, Op]] = {}
     order: list[str] = []
     for index, ops in per_step.items():
@@ -41,6 +43,7 @@ def _first_varying_input(per_step: dict[int, list[Op]]) -> tuple[int, int, list[
                 firsts[op.name] = {}
                 order.append(op.name)
             firsts[op.name].setdefault(index, op)
+    flat: tuple[int, int, list[int]] | None = None
     for name in order:
         ops = list(firsts[name].values())
         for i, shape in enumerate(ops[0].input_shapes):
@@ -49,9 +52,11 @@ def _first_varying_input(per_step: dict[int, list[Op]]) -> tuple[int, int, list[
             ]
             for d in range(len(shape)):
                 sizes = sorted({s[d] for s in same_rank})
-                if len(sizes) > 1:
+                if len(sizes) > 1 and len(shape) >= 2:
                     return len(shape), d, sizes
-    return None
+                if len(sizes) > 1 and flat is None:
+                    flat = (len(shape), d, sizes)
+    return flat
 
 
 def _padding_change(
@@ -59,24 +64,16 @@ def _padding_change(
 ) -> tuple[list[Location], AgentChange | None]:
     """The line creating the model's changing input (before the forward call) and the edit padding it."""
     site = rank_profile.forward_site
-    varying = _first_varying_input(per_step)
-    if site is None or varying is None:
+    if site is None:
         return [], None
     origin = sources.origin_of_call_inputs(site.file, site.line)
     if origin is None or origin.line == site.line:
         return [], None
+    varying = _first_varying_input(per_step)
+    if varying is None:  # a compiled region hides the input's shape: the line is known, the dimension is not
+        return sources.origin_locations(site.file, origin), None
     rank, dim, sizes = varying
-    created = Location(site.file, origin.line, sources.function_at(site.file, origin.line))
-    diff = sources.padding_diff(site.file, origin, dim, sizes, rank)
-    change = AgentChange(
-        f"`{origin.variable}` (created at line {origin.line}) takes sizes {', '.join(map(str, sizes[:8]))} in dim "
-        f"{dim}: pad that "
-        f"dim to a multiple of {sources.bucket_for(sizes)} right after it is created (and mask the padding in the "
-        "loss), or "
-        "bucket the data to a few fixed lengths.",
-        diff,
-    )
-    return [created], change
+    return sources.shape_change(site.file, origin, dim, sizes, rank)
 
 
 def _check(model: ProfileModel) -> list[Finding]:

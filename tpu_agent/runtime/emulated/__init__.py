@@ -28,8 +28,9 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     """Register the emulated ``tpu`` device for this process (idempotent).
 
     ``chip`` (a generation, ``v6e``, or a slice, ``v6e-4``) picks what ``torch.tpu.get_device_name`` and
-    ``get_device_properties`` report and the host's device count (``torch.accelerator.device_count()``: the
-    slice's host, or the smallest host that holds this run's ``LOCAL_WORLD_SIZE`` ranks); ``eager_mode``
+    ``get_device_properties`` report and the host's device count (the slice's host, or the smallest host that
+    holds this run's ``LOCAL_WORLD_SIZE`` ranks), of which the process sees one when it is one of several
+    (``torch.accelerator.device_count()``, :func:`state.visible_device_count`); ``eager_mode``
     (strict, debug, defer_and_fuse, or a TorchTPU enum name) overrides the TORCH_TPU_* environment default.
     Raises TpuAgentError when another PrivateUse1 backend owns the process.
     """
@@ -38,6 +39,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     chosen = target.chip
     mode = state.parse_eager_mode(eager_mode) if eager_mode is not None else None
     state.host_devices = host_devices(target, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    state.visible_devices = state.visible_device_count(state.host_devices, os.environ)
     if _active:
         state.chip = chosen
         if mode is not None:
@@ -52,6 +54,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
         device,
         lone_rank,
         modes,
+        module_conversion,
         mxu,
         process_sharing,
         telemetry,
@@ -64,6 +67,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     compile.install()
     telemetry.install()
     lone_rank.install()
+    module_conversion.install()
     mxu.install()
     process_sharing.install()
     modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())

@@ -6,7 +6,7 @@
 * ``torch.compile`` is wrapped as TorchTPU wraps it: no ``backend=`` means "tpu" when an input is a tpu
   tensor (otherwise the usual CPU default); TPU backends get ``dynamic=False`` unless told otherwise;
   ``dynamic=True``, ``mode=`` and unknown options are refused with TorchTPU's messages; ``backend="inductor"``
-  with tpu inputs is refused.
+  with tpu inputs is refused, and so is a graph traced under ``torch.inference_mode`` (``torch.no_grad()`` is the way).
 * Every compile and recompile (with the guard that failed) and every graph break goes to the event log.
 
 Dynamo is imported on the first ``torch.compile`` call, so activating the device stays cheap.
@@ -15,6 +15,7 @@ Dynamo is imported on the first ``torch.compile`` call, so activating the device
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ import torch
 
 from tpu_agent.runtime import events
 from tpu_agent.runtime.compile_options import OPTION_KEYS
-from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated import compile_cache, state
 
 # TorchTPU's backend raises NotImplementedError with this text for dynamic=True (reference §3.3); we mirror it.
 DYNAMIC_MESSAGE = (
@@ -35,6 +36,15 @@ INDUCTOR_MESSAGE = (
     "torch.compile(..., backend='inductor') on TPU is experimental and does not yet have full TPU support. "
     "Pass backend='tpu' or do not specify `backend` to use the TPU backend. To bypass this check, pass "
     "options={'tpu_backend': 'pallas'}."
+)
+
+
+# TorchTPU's error glossary: inference_mode inside a compiled function is not supported on TPU (it leaves the
+# dispatcher's state corrupt); torch.no_grad() gives the same inference without autograd.
+INFERENCE_MODE_MESSAGE = (
+    "torch.inference_mode() is not supported in or around a function compiled with torch.compile(backend='tpu'): "
+    "use torch.no_grad() instead (decorate the function with @torch.no_grad() or wrap the call in "
+    "`with torch.no_grad():`)."
 )
 
 
@@ -59,6 +69,16 @@ def validate_options(options: dict[str, Any] | None) -> None:
 
 def _has_tpu_input(inputs: Any) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in inputs)
+
+
+def _enters_inference_mode(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph was traced under ``torch.inference_mode`` (Dynamo records entering it as a graph node, for
+    the decorator and the context manager alike) or is being compiled for a call made under it."""
+    from torch.autograd.grad_mode import _enter_inference_mode
+
+    if torch.is_inference_mode_enabled():
+        return True
+    return any(node.op == "call_function" and node.target is _enter_inference_mode for node in gm.graph.nodes)
 
 
 class _CompileLog:
@@ -105,25 +125,42 @@ def _run_materialised(forward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(forward)
     def compiled(*args: Any) -> Any:
-        if state.eager_mode is EagerMode.DEFER_AND_FUSE:
+        if state.eager_mode in state.DEFERRING_MODES:
             deferred.flush("compile")
-            with modes.set_eager_mode(EagerMode.DEFER_NEVER):
+            with modes.set_eager_mode(EagerMode.DEFER_NEVER), compile_cache.graph_running():
                 return forward(*args)
-        return forward(*args)
+        with compile_cache.graph_running():
+            return forward(*args)
 
     return compiled
 
 
+_graph_serials = itertools.count()
+
+
 def _graph_callable(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None
+    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, site: events.Site | None, start: int
 ) -> Callable[..., Any]:
     from tpu_agent.runtime.xla import settings
 
     if settings.uses_xla():
         from tpu_agent.runtime.xla import dynamo
 
-        return dynamo.compile_dynamo_graph(gm, example_inputs, name, site)
-    return gm.forward
+        return dynamo.compile_dynamo_graph(gm, example_inputs, name, site)  # its executables count their requests
+    return _counted(gm.forward, time.perf_counter_ns() - start)
+
+
+def _counted(forward: Callable[..., Any], compile_ns: int) -> Callable[..., Any]:
+    """``forward``, one cache request per call (``torch.tpu._get_cache_stats``): the first a miss that took
+    ``compile_ns`` to build, the rest hits. Each Dynamo graph is one executable (new shapes make a new graph)."""
+    key = ("compiled graph", next(_graph_serials))
+
+    @functools.wraps(forward)
+    def run(*args: Any) -> Any:
+        compile_cache.request(key, compile_ns)
+        return forward(*args)
+
+    return run
 
 
 class TpuBackend:
@@ -139,6 +176,8 @@ class TpuBackend:
         validate_options(options)
         if not torch._dynamo.config.assume_static_by_default:
             raise NotImplementedError(DYNAMIC_MESSAGE)
+        if _enters_inference_mode(gm):
+            raise RuntimeError(INFERENCE_MODE_MESSAGE)
         start = time.perf_counter_ns()
         code = _current_code()
         graph_id, is_recompile, reason = _log.record(code)
@@ -148,7 +187,7 @@ class TpuBackend:
             else events.user_call_site(2)
         )
         name = code.co_name if code is not None else gm.__class__.__name__
-        compiled = _run_materialised(_graph_callable(gm, example_inputs, name, site))
+        compiled = _run_materialised(_graph_callable(gm, example_inputs, name, site, start))
         if state.log_enabled:
             events.emit(
                 events.Compile,
@@ -201,7 +240,7 @@ def _is_tpu_backend(backend: Any) -> bool:
 _registered = False
 _EMULATION_MODULES = (
     "tensor", "mxu", "kernels", "cpu_gaps", "deferred", "debug", "telemetry", "memory", "unsupported", "autocast", "device",
-    "modes", "device_guard",
+    "modes", "device_guard", "autograd_queue", "compile_cache",
 )  # fmt: skip
 
 

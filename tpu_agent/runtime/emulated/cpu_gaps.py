@@ -115,6 +115,23 @@ def _cuda_only(name: str, op: Any, compute: Callable[[Any, list, dict], Any]) ->
     )
 
 
+def _matmul_out_dtype(func: Any, cargs: list, ckwargs: dict) -> Any:
+    """``mm/bmm/addmm/baddbmm.dtype``: the product of (b)f16 operands accumulated in f32 and returned in
+    ``out_dtype``, as the MXU does (bf16 multiplies, f32 accumulation). Widening the operands to f32 is exact,
+    so the op's default overload on them is that product."""
+    names = [argument.name for argument in func._schema.arguments]
+    at = names.index("out_dtype")
+    kwargs = dict(ckwargs)
+    out_dtype = cargs[at] if len(cargs) > at else kwargs.pop("out_dtype")
+    operands = [t.float() if t.is_floating_point() else t for t in cargs[:at]]
+    return func.overloadpacket.default(*operands, *cargs[at + 1 :], **kwargs).to(out_dtype)
+
+
+# The out_dtype matmuls (torch.bmm(a, b, out_dtype=torch.float32)) that this torch has: CUDA kernels only.
+_OUT_DTYPE_MATMULS = tuple(
+    getattr(aten, name).dtype for name in ("mm", "bmm", "addmm", "baddbmm") if hasattr(getattr(aten, name), "dtype")
+)
+
 GAPS: tuple[CpuGap, ...] = (
     CpuGap(
         name="histc-integer",
@@ -132,6 +149,15 @@ GAPS: tuple[CpuGap, ...] = (
         compute=_upcast_and_back(torch.float64),
         cpu_error="\"upsample_nearest2d_channels_last\" not implemented for 'Int'",
         rationale="nearest-neighbour resizing only copies values, so a float64 round trip is exact for integers",
+    ),
+    CpuGap(
+        name="matmul-out-dtype",
+        ops=_OUT_DTYPE_MATMULS,
+        refused_dtypes=FLOAT_DTYPES,
+        compute=_matmul_out_dtype,
+        cpu_error="Could not run 'aten::bmm.dtype' with arguments from the 'CPU' backend",
+        rationale="TorchTPU's precision guide forces a wider output with out_dtype (bf16 inputs, f32 result); torch "
+        "has only CUDA kernels for these overloads, and f32 operands give the same f32-accumulated product",
     ),
     _cuda_only("lstm-cell", aten._thnn_fused_lstm_cell.default, _lstm_cell),
     _cuda_only("lstm-cell-backward", aten._thnn_fused_lstm_cell_backward_impl.default, _lstm_cell_backward),

@@ -16,6 +16,7 @@ Errors in recorded ops therefore surface at the flush, naming the op and the use
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import sys
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import kernels, ops, shape_cache, state, telemetry
+from tpu_agent.runtime.emulated import compile_cache, kernels, ops, shape_cache, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
 
 MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
@@ -88,8 +89,9 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    @property
+    @functools.cached_property
     def hash(self) -> str:
+        """Read once the graph is complete (at its flush): computed once, for the flush record and the executor."""
         text = "".join([node.signature + ";" for node in self.nodes])
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -106,6 +108,7 @@ class CpuExecutor:
     """Runs a captured graph node by node on the CPU, with the same op semantics as Strict mode."""
 
     def run(self, graph: Graph, cause: str) -> None:
+        compile_cache.request(("deferred graph", graph.hash))  # op by op: nothing to compile
         for node in graph.nodes:
             func = node.func
             try:
@@ -158,26 +161,6 @@ def _in_recorded_layout(wrapped: torch.Tensor, out: torch.Tensor) -> torch.Tenso
         return out
 
 
-class CompileCache:
-    """Emulates TorchTPU's executable cache: one entry per distinct graph hash (``torch.tpu._get_cache_stats``)."""
-
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-        self.requests = 0
-        self.hits = 0
-
-    def lookup(self, graph_hash: str) -> None:
-        self.requests += 1
-        if graph_hash in self.seen:
-            self.hits += 1
-        else:
-            self.seen.add(graph_hash)
-
-    def clear(self) -> None:
-        self.seen.clear()
-
-
-cache = CompileCache()
 executor: Executor | None = None  # made by executor_factory at the first flush
 # What runs captured graphs. The runtime's activation installs the XLA executor here under --compiler xla; the
 # compiler stack sits above this module, so it is handed in rather than imported (no import circle).
@@ -192,6 +175,8 @@ def _select_executor() -> Executor:
 
 _pending = Graph()
 _lock = threading.RLock()
+# Called with each graph flushed, before it runs (``tpu-agent estimate`` counts a step's ops, compiled or not)
+flush_observers: list[Callable[[Graph], None]] = []
 
 
 def flush(cause: str, site: events.Site | None = None) -> None:
@@ -204,7 +189,8 @@ def flush(cause: str, site: events.Site | None = None) -> None:
         _pending = Graph()
         _last_site = (None, None)
         graph_hash = graph.hash
-        cache.lookup(graph_hash)
+        for observe in flush_observers:
+            observe(graph)
         start = time.perf_counter_ns()
         try:
             # The program's ops were recorded as they were issued; their execution here is the emulator's.
@@ -276,9 +262,7 @@ def touches(elem: torch.Tensor) -> bool:
 def _snapshot_host(x: Any) -> Any:
     """Host tensors an op reads are captured at record time, so later host-side writes cannot leak in
     (0-dim ones too: ``b = a * s; s += 1`` and uploads of a host scalar tensor must see ``s`` as it was)."""
-    if type(x) is torch.Tensor:
-        return x.clone()
-    return x
+    return x.clone() if type(x) is torch.Tensor else x
 
 
 def _signature(func: Any, margs: Any) -> str:
@@ -299,8 +283,7 @@ def _eager(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
 
 def _is_host_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
     if func is torch.ops.aten._to_copy.default:
-        device = kwargs.get("device")
-        return device is not None and torch.device(device).type == "cpu"
+        return kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu"
     if func is torch.ops.aten.copy_.default:
         return type(args[0]) is not tt.TpuTensor
     return False

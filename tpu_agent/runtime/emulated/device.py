@@ -13,6 +13,7 @@ is remapped as TorchTPU does (reference §6.2).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import (
     autograd_queue,
+    backends_tpu,
+    compile_cache,
     deferred,
     device_guard,
     fsdp1_offload,
@@ -30,6 +33,7 @@ from tpu_agent.runtime.emulated import (
     host_memory,
     memory,
     modes,
+    shape_cache,
     state,
     storage,
     streams,
@@ -93,7 +97,10 @@ def _factory(op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         _placed(kwargs.get("device"))
         kwargs["device"] = tensor.DATA_DEVICE
-        return tensor.wrap(op(*args, **kwargs))
+        made = op(*args, **kwargs)
+        if made.is_meta and tensor.data_device_for(made.numel(), made.dtype).type == "cpu":
+            made = op(*args, **{**kwargs, "device": tensor.data_device_for(made.numel(), made.dtype)})
+        return tensor.wrap(made)
 
     return kernel
 
@@ -108,14 +115,16 @@ def _empty_memory_format(
 ) -> Any:
     _placed(device)
     memory_format = memory_format or torch.contiguous_format
-    return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format, device=tensor.DATA_DEVICE))
+    device = tensor.data_device_for(math.prod(size), dtype)
+    return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format, device=device))
 
 
 def _empty_strided(
     size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
 ) -> Any:
     _placed(device)
-    return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype, device=tensor.DATA_DEVICE))
+    device = tensor.data_device_for(math.prod(size), dtype)
+    return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype, device=device))
 
 
 def _zeros(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
@@ -274,3 +283,5 @@ def register() -> None:
     unsupported.install_ddp()
     host_memory.install()
     autograd_queue.install()
+    backends_tpu.install()
+    compile_cache.op_key = shape_cache.key_of

@@ -2,10 +2,11 @@
 
 Given no ``device_mesh`` and no ``process_group`` pair, FSDP1 makes its own groups: it shards within each host
 over ``torch.accelerator.device_count()`` consecutive ranks and replicates across hosts, which assumes one
-process per device on every host. A run with fewer ranks than its host has devices (two ranks on a v6e host
-of four chips, as on a GPU host) breaks that assumption, and torch says only "The arg 'group_size' (4) must
-not exceed the world size (2)" (or, for six ranks, that 6 is not divisible by 4). TorchTPU shares the cause (the host has the devices it has), so the emulation keeps the
-refusal, a ``ValueError`` as torch's, and says why and what to pass instead. With a ``device_mesh`` (or a
+process per device on every host. In a multi-process run each TorchTPU process sees its one chip, so the groups
+are single ranks and nothing is refused; a process that sees several devices (a lone process on a v6e-4 host, or
+``TPU_VISIBLE_DEVICES`` naming several) with fewer ranks than that breaks the assumption, and torch says only "The
+arg 'group_size' (4) must not exceed the world size (1)". The emulation refuses it with a ``ValueError``, as
+torch's, saying why and what to pass instead. With a ``device_mesh`` (or a
 pair of groups) the hybrid strategies train as on a device, and this check is not reached.
 
 Patched with :mod:`fsdp1_offload`'s import hook, when the program imports ``torch.distributed.fsdp``.

@@ -8,6 +8,7 @@ another's rules.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 
 from tpu_agent.runtime.emulated import state
@@ -18,12 +19,37 @@ def apply_mode(mode: EagerMode) -> None:
     """Make ``mode`` the process-wide eager mode."""
     from tpu_agent.runtime.emulated import deferred, tensor
 
-    if state.eager_mode is EagerMode.DEFER_AND_FUSE and mode is not EagerMode.DEFER_AND_FUSE:
+    if state.eager_mode in state.DEFERRING_MODES and mode not in state.DEFERRING_MODES:
         deferred.flush("mode_change")
     state.eager_mode = mode
     state.debug_checks = state.debug_checks_from_env(mode)
     tensor.set_pending_graph(deferred.touches, deferred.flush)
-    tensor.set_dispatcher(deferred.record if mode is EagerMode.DEFER_AND_FUSE else tensor.strict_dispatch)
+    tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else tensor.strict_dispatch)
+
+
+class ExecutionSettings(types.ModuleType):
+    """A module whose ``eager_mode`` and ``enable_cpu_fallback`` are properties over the process's settings.
+
+    TorchTPU exposes the same two settings as assignable attributes of two modules, ``torch.tpu`` and
+    ``torch_tpu._internal.execution_mode``; both modules of the emulation derive from this class, so an
+    assignment through either switches the one process-wide mode the dispatcher uses.
+    """
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return state.eager_mode
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        apply_mode(state.parse_eager_mode(mode))
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        return state.cpu_fallback
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, value: bool) -> None:
+        state.cpu_fallback = bool(value)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,14 @@ SAME_DTYPE_OPERANDS: dict[torch._ops.OpOverload, tuple[str, int, int]] = {
     aten.dot.default: ("dot", 0, 1),
 }
 
+# The out_dtype overloads (torch.bmm(a, b, out_dtype=...); CUDA-only kernels in torch, computed by cpu_gaps) go
+# through the MXU like their default overloads, where this torch has them.
+for _name, _operands in (("mm", (0, 1)), ("bmm", (0, 1)), ("addmm", (1, 2)), ("baddbmm", (1, 2))):
+    _packet = getattr(aten, _name)
+    if hasattr(_packet, "dtype"):
+        MXU_OPERANDS[_packet.dtype] = _operands
+        SAME_DTYPE_OPERANDS[_packet.dtype] = (_name, _operands[0], _operands[1])
+
 # Ops that legitimately take host tensors next to device tensors (transfers, and host index tensors as CUDA allows).
 MIXED_DEVICE_OK = frozenset(
     {
@@ -170,9 +178,18 @@ UNSUPPORTED_RULES = {
 # Dtypes TorchTPU cannot hold (reference §9.4).
 QUANTIZED_DTYPES = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 
-# Ops assumed to have no TorchTPU kernel: the non-symmetric eigendecomposition, which XLA lowers only on CPU
-# (JAX's linalg.eig is CPU-only for the same reason). The reference names no other specific op.
-NO_TPU_KERNEL = frozenset({aten.linalg_eig.default, aten._linalg_eigvals.default})
+# Ops with no TorchTPU kernel: the non-symmetric eigendecomposition, which XLA lowers only on CPU (JAX's linalg.eig
+# is CPU-only for the same reason), and antialiased bilinear resizing (interpolate(..., antialias=True), torchvision
+# v2's resize default), which public bug notes against torch_tpu 0.1-0.2 report as not implemented for tpu.
+NO_TPU_KERNEL = frozenset(
+    {
+        aten.linalg_eig.default,
+        aten._linalg_eigvals.default,
+        aten._upsample_bilinear2d_aa.default,
+        aten._upsample_bilinear2d_aa.vec,
+        aten._upsample_bilinear2d_aa_backward.default,
+    }
+)
 
 
 def not_implemented_message(op_name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,6 +23,11 @@ class EagerMode(enum.Enum):
     DEFER_NEVER = "DEFER_NEVER"  # Strict Eager: each op runs at once
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "DEFER_NEVER_AND_LAUNCH_BLOCKING"  # Debug Eager: each op runs and is checked
     DEFER_AND_FUSE = "DEFER_AND_FUSE"  # Fused Eager: ops are recorded and run at a flush
+    # TorchTPU's internal mode for tracing compiled graphs: every op is recorded, as in Fused Eager
+    INTERNAL_DEFER_ALL = "INTERNAL_DEFER_ALL"
+
+
+DEFERRING_MODES = frozenset({EagerMode.DEFER_AND_FUSE, EagerMode.INTERNAL_DEFER_ALL})
 
 
 class Precision(enum.Enum):
@@ -44,7 +50,8 @@ EAGER_MODE_ALIASES = {
 }
 
 chip: Chip | None = None
-host_devices: int = 1  # devices of the emulated host (torch.accelerator.device_count()); this process binds one
+host_devices: int = 1  # devices of the emulated host; this process binds one of them
+visible_devices: int = 1  # devices this process sees: torch.accelerator.device_count() (see visible_device_count)
 eager_mode: EagerMode = EagerMode.DEFER_NEVER
 precision: Precision = Precision.DEFAULT
 precision_stack: list[Precision] = []
@@ -52,6 +59,20 @@ allow_excess_precision: bool = False
 cpu_fallback: bool = False  # TorchTPU's execution_mode.enable_cpu_fallback (off by default)
 debug_checks: bool = False  # NaN/Inf and operand checks after each op (Debug Eager, or TORCH_TPU_ENABLE_DEBUG_CHECKS=1)
 log_enabled: bool = False  # mirrors events.get_log().enabled, read per op
+
+
+def visible_device_count(host: int, env: Mapping[str, str]) -> int:
+    """The devices a process sees, as TorchTPU binds them: each process of a multi-process run sees its one chip.
+
+    ``TPU_VISIBLE_DEVICES`` is TorchTPU's source of truth (``tpu-agent run --nproc N`` sets it to each rank's
+    local rank, as TorchTPU's launch environment does); a process that is one of several on its host
+    (``LOCAL_WORLD_SIZE`` > 1, e.g. a ``torch.distributed.run`` worker the script started) sees one device; a lone
+    process sees the host's ``host`` devices, as a single TorchTPU process counts the host's chips.
+    """
+    listed = [name for name in env.get("TPU_VISIBLE_DEVICES", "").split(",") if name.strip()]
+    if listed:
+        return min(len(listed), host)
+    return 1 if int(env.get("LOCAL_WORLD_SIZE", "1") or "1") > 1 else host
 
 
 def effective_precision() -> Precision:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,9 +39,19 @@ def emit_op_batch() -> None:
     events.emit(events.OpBatch, count=sum(by_name.values()), by_name=by_name)
 
 
+#: Called with (op, user line) for every CPU fallback, whether or not the event log is on: what
+#: ``torch_tpu._internal.utils.utils.OpTracer`` shows per op and line while it traces.
+fallback_listeners: list[Callable[[str, events.Site | None], None]] = []
+
+
 def emit_fallback(op: str) -> None:
-    if state.log_enabled:
-        events.emit(events.FallbackOp, op=op, site=events.user_call_site(3))
+    """An op the device runs on the host (TorchTPU's CPU fallback): into the event log and to the listeners."""
+    if state.log_enabled or fallback_listeners:
+        site = events.user_call_site(3)
+        if state.log_enabled:
+            events.emit(events.FallbackOp, op=op, site=site)
+        for listener in list(fallback_listeners):
+            listener(op, site)
 
 
 def step_boundary(source: str) -> None:

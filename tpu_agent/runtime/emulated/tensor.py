@@ -37,6 +37,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.autograd import profiler as _profiler
 
 from tpu_agent.runtime.emulated import (
+    compile_cache,
     kernels,
     memory,
     mxu,
@@ -56,6 +57,16 @@ MIXED_DEVICE_MESSAGE = "Expected all tensors to be on the same device, but found
 # in estimate's capture-only mode (tpu_agent.estimate.capture_only), where data is meta and reads get placeholders.
 DATA_DEVICE = _CPU
 host_read_override: Callable[[torch.Tensor, str], torch.Tensor] | None = None
+# capture-only again: new tpu tensors up to this many bytes still get CPU data (0: all get DATA_DEVICE's), so a
+# small batch and the masks made from it hold real values that a library's branch (``if mask.all():``) can read
+SMALL_DATA_BYTES = 0
+
+
+def data_device_for(numel: int, dtype: torch.dtype | None) -> torch.device:
+    """Where a new tpu tensor of ``numel`` elements keeps its data (see :data:`SMALL_DATA_BYTES`)."""
+    if SMALL_DATA_BYTES and numel * (dtype or torch.get_default_dtype()).itemsize <= SMALL_DATA_BYTES:
+        return _CPU
+    return DATA_DEVICE
 
 
 class TpuTensor(torch.Tensor):
@@ -614,13 +625,15 @@ class Route:
     computation or device generator to go through :func:`kernels.run_on_cpu`), and the tensor-list arguments
     it writes in place. Read per op instead of the tables."""
 
-    __slots__ = ("func", "plan", "special", "direct", "written_lists")
+    __slots__ = ("func", "plan", "special", "direct", "written_lists", "builds")
 
     def __init__(self, func: Any) -> None:
         self.func = func
         self.plan = ops.plan_of(func)
         self.special = _SPECIAL.get(id(func))
         self.direct = self.plan.mxu_operands is None and self.plan.gap is None and kernels.draw_of(func) is None
+        # whether TorchTPU builds an executable for it in Strict mode (views and host transfers compute nothing)
+        self.builds = not (self.plan.is_view or self.plan.transfer or self.plan.metadata_inplace)
         self.written_lists = tuple(
             i
             for i, argument in enumerate(func._schema.arguments)
@@ -659,6 +672,8 @@ def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
         telemetry.op_counts[func] += 1
     if route.special is not None:
         route.special(func, args, kwargs)
+    if route.builds:
+        compile_cache.request_op(func, args, kwargs)
     cargs = unwrap_args(func, args)
     if kwargs:
         ckwargs, to_host = unwrap_kwargs(func, kwargs)
@@ -703,6 +718,18 @@ def _copy_op(func: Any, args: tuple, kwargs: dict) -> None:
     dst = args[0]
     if type(dst) is not TpuTensor and isinstance(dst, _Tensor):
         telemetry.host_sync("cpu")
+    elif SMALL_DATA_BYTES and dst._elem is not None and not dst._elem.is_meta and _is_data_less(args[1]):
+        # capture-only: data-less values copied into a small tensor that had data (a meta parameter moved to the
+        # device): its values are unknown from now on, so its data becomes meta too
+        elem = dst._elem
+        extent = elem.untyped_storage().nbytes() // elem.element_size()
+        flat = torch.empty(extent, dtype=elem.dtype, device="meta")
+        dst._elem = flat.as_strided(elem.shape, elem.stride(), elem.storage_offset())
+
+
+def _is_data_less(src: Any) -> bool:
+    data = src._elem if type(src) is TpuTensor else src
+    return isinstance(data, _Tensor) and data.is_meta
 
 
 def _to_copy_op(func: Any, args: tuple, kwargs: dict) -> None:

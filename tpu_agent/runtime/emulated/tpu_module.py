@@ -16,14 +16,13 @@ import contextlib
 import functools
 import os
 import sys
-import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from tpu_agent.runtime.emulated import generator, memory, modes, state, streams
+from tpu_agent.runtime.emulated import backends_tpu, compile_cache, generator, memory, modes, state, streams
 from tpu_agent.runtime.emulated.state import (
     EagerMode,
     Precision,
@@ -136,19 +135,7 @@ class TpuDeviceProperties(NamedTuple):
     multi_processor_count: int = 1
 
 
-class _CacheEntryStats(NamedTuple):
-    read_count: int
-    compilation_duration: int
-    last_read: int
-
-
-class _CacheStats(NamedTuple):
-    num_cache_reqs: int
-    num_cache_hits: int
-    per_entry_stats: list[_CacheEntryStats]
-
-
-class TpuModule(types.ModuleType):
+class TpuModule(modes.ExecutionSettings):
     """``torch.tpu`` for the emulated device."""
 
     EagerMode = EagerMode
@@ -158,30 +145,9 @@ class TpuModule(types.ModuleType):
     TpuStream = TpuStream
     TpuEvent = TpuEvent
 
-    # --- properties (module attributes in TorchTPU) ---
-    @property
-    def eager_mode(self) -> state.EagerMode:
-        return state.eager_mode
-
-    @eager_mode.setter
-    def eager_mode(self, mode: state.EagerMode) -> None:
-        modes.apply_mode(state.parse_eager_mode(mode))
-
-    @property
-    def allow_excess_precision(self) -> bool:
-        return state.allow_excess_precision
-
-    @allow_excess_precision.setter
-    def allow_excess_precision(self, value: bool) -> None:
-        state.allow_excess_precision = bool(value)
-
-    @property
-    def enable_cpu_fallback(self) -> bool:
-        return state.cpu_fallback
-
-    @enable_cpu_fallback.setter
-    def enable_cpu_fallback(self, value: bool) -> None:
-        state.cpu_fallback = bool(value)
+    # --- properties (module attributes in TorchTPU; eager_mode and enable_cpu_fallback come from the base) ---
+    # one setting under both names: torch.backends.tpu's property is this one
+    allow_excess_precision = backends_tpu.BackendsTpu.allow_excess_precision
 
     # --- internal legacy device API (reference §1.4) ---
     @staticmethod
@@ -192,7 +158,7 @@ class TpuModule(types.ModuleType):
     @staticmethod
     @internal("torch.accelerator.device_count")
     def device_count() -> int:
-        return state.host_devices
+        return state.visible_devices
 
     @staticmethod
     @internal("torch.accelerator.current_device_index")
@@ -408,19 +374,35 @@ class TpuModule(types.ModuleType):
 
     @staticmethod
     def _hbm_usage_summary() -> str:
-        return f"CompilationCache HBM usage: 0B for 0 executables. Live tensors: {memory.allocated_bytes()}B."
+        executables = compile_cache.executables()
+        return (
+            f"CompilationCache HBM usage: 0B for {executables} executables. Live tensors: {memory.allocated_bytes()}B."
+        )
 
     @staticmethod
-    def _get_cache_stats() -> _CacheStats:
-        from tpu_agent.runtime.emulated import deferred
+    def _get_cache_stats() -> compile_cache.CacheStats:
+        return compile_cache.stats()
 
-        return _CacheStats(deferred.cache.requests, deferred.cache.hits, [])
+    @staticmethod
+    def _get_cache_requests() -> int:
+        return compile_cache.requests
+
+    @staticmethod
+    def _get_cache_hits() -> int:
+        return compile_cache.hits
+
+    @staticmethod
+    def _get_cache_misses() -> int:
+        return compile_cache.requests - compile_cache.hits
 
     @staticmethod
     def _clear_cache() -> None:
-        from tpu_agent.runtime.emulated import deferred
-
-        deferred.cache.clear()
+        """Forget every executable: the XLA executables too, when this run compiles with XLA, so the next request
+        of each compiles again (as TorchTPU's clear does, e.g. after changing compiler options)."""
+        compile_cache.clear()
+        xla_cache = sys.modules.get("tpu_agent.runtime.xla.cache")
+        if xla_cache is not None:
+            xla_cache.executables.clear()
 
 
 def build_module() -> TpuModule:

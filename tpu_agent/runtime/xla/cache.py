@@ -5,7 +5,8 @@ is bounded (least recently used entries go first) because a program whose shapes
 otherwise hold every executable it ever built. Each compilation is written to the event log as a
 :class:`~tpu_agent.runtime.events.Compile` record (a new shape or precision for a known graph counts as a
 recompile), so the profiler's compile rules see XLA compilations as they see Dynamo's; each hit is a
-:class:`~tpu_agent.runtime.events.CacheHit` record.
+:class:`~tpu_agent.runtime.events.CacheHit` record. Both are also what ``torch.tpu._get_cache_stats()`` counts
+(:mod:`~tpu_agent.runtime.emulated.compile_cache`), with XLA's real compile time per entry.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated import compile_cache, state
 
 MAX_EXECUTABLES = 256
 
@@ -66,6 +67,7 @@ class ExecutableCache:
                 self._entries.move_to_end(key)
                 self.stats.hits += 1
         if entry is not None:
+            compile_cache.record_hit(key)
             if state.log_enabled:
                 events.emit(events.CacheHit, function=function, site=site)
             return entry
@@ -79,6 +81,7 @@ class ExecutableCache:
                 self.stats.evictions += 1
             self.stats.compiles += 1
             self.stats.compile_ns += duration
+            compile_cache.record_build(key, duration)
             seen = self._signatures.get(signature, 0)
             self._signatures[signature] = seen + 1
         if state.log_enabled:

@@ -62,9 +62,7 @@ class XlaExecutor:
         self.cpu.run(graph, cause)
 
     def _build(self, graph: Graph, graph_plan: Plan) -> tuple[tuple[str, tuple[float, ...]], GraphRunner]:
-        gm, constants = tracing.lift_floats(graph, planning.complete(graph, graph_plan))
-        if constants is None:
-            gm = tracing.with_float_inputs(gm, len(graph_plan.floats))
+        gm, constants = _graph_module(graph, graph_plan)
         self.constants[graph_plan.key] = constants
         key = self._key(graph_plan)
         # each node's matmul rounding is traced into the graph (kernels.run_on_cpu at its recorded precision)
@@ -76,6 +74,33 @@ class XlaExecutor:
         if len(self.runners) >= cache.MAX_EXECUTABLES:
             self.runners.clear()
         self.runners[key] = runner
+
+
+def _graph_module(graph: Graph, graph_plan: Plan) -> tuple[torch.fx.GraphModule, tuple[int, ...] | None]:
+    """The captured graph as one functional ATen graph over its buffers and its floats, and which floats stay
+    constants (:func:`tracing.lift_floats`)."""
+    gm, constants = tracing.lift_floats(graph, planning.complete(graph, graph_plan))
+    if constants is None:
+        gm = tracing.with_float_inputs(gm, len(graph_plan.floats))
+    return gm, constants
+
+
+def pending_stablehlo() -> str | None:
+    """The StableHLO text of the pending DeferAndFuse graph as this executor would compile it, or ``None`` when
+    nothing is pending (what ``torch_tpu._internal.sync.computation_mlir`` shows). Nothing runs."""
+    import jax
+
+    from tpu_agent.runtime.emulated import deferred
+    from tpu_agent.runtime.xla import lowering
+
+    with deferred._lock:  # the recorder's own lock: no op is appended while the graph is planned and traced
+        graph = deferred._pending
+        if not graph.nodes:
+            return None
+        graph_plan = planning.plan(graph)
+        gm, _ = _graph_module(graph, graph_plan)
+        traced = lowering.trace_graph(gm, [*graph_plan.buffers, *graph_plan.floats], state.Precision.HIGHEST)
+    return str(jax.jit(traced.function).lower(*traced.abstract).as_text())
 
 
 def _materialise(graph: Graph, graph_plan: Plan, results: list[torch.Tensor]) -> None:

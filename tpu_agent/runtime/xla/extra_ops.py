@@ -8,12 +8,15 @@
 * ``detach_copy`` / ``alias_copy``: what functionalisation makes of ``detach`` and ``alias``; plain copies.
 * ``normal_functional``: what functionalisation makes of ``normal_`` (``torch.randn`` on the device); drawn
   from the executable's PRNG key like torchax's ``normal``.
+* ``random.from`` / ``random.to``: what functionalisation makes of ``random_`` (``torch.randint`` on the device);
+  integers in ``[from, to)`` drawn from the executable's PRNG key. torchax has no functional ``random``.
 * ``_scaled_dot_product_flash_attention_for_cpu`` and its backward: the fused attention the emulated device
   picks where the CPU would. torchax (like torch's own decomposition table) lowers the forward through
   ``_scaled_dot_product_attention_math``, whose second result is the attention *weights* (N, H, L, S), not the
   kernel's logsumexp (N, H, L); a backward in the same graph then reads weights as a logsumexp and computes
   wrong gradients. Here both ops are the kernel's math: softmax statistics in f32, the logsumexp returned as
-  the backward expects it.
+  the backward expects it. Compiled for a TPU estimate they are TorchTPU's blockwise kernel instead
+  (:mod:`.tpu_kernels`).
 * ``max_pool2d_with_indices_backward`` / ``max_pool3d_with_indices_backward``: each output's gradient added at the
   input position its forward index names, in one scatter-add. torchax's rule loops over the output positions in
   Python, one scatter per position over the whole window and at the wrong dims: wrong gradients, and a program
@@ -34,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_agent.runtime.xla import arrays
+from tpu_agent.runtime.xla import arrays, tpu_kernels
 
 Block = tuple[list[int], list[int], int]  # (sizes of the dense block's axes, permutation, element count)
 
@@ -165,8 +168,11 @@ def flash_attention(
     attn_mask: jax.Array | None = None,
     scale: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """``(output, logsumexp)`` of ``_scaled_dot_product_flash_attention_for_cpu``."""
+    """``(output, logsumexp)`` of ``_scaled_dot_product_flash_attention_for_cpu`` (TorchTPU's blockwise kernel
+    when compiling for a TPU target: :mod:`.tpu_kernels`)."""
     _refuse_dropout(dropout_p)
+    if tpu_kernels.active():
+        return tpu_kernels.flash_attention(query, key, value, is_causal, attn_mask, scale)
     heads = query.shape[-3]
     scores, _ = _attention_scores(query, _repeat_heads(key, heads), attn_mask, is_causal, scale)
     logsumexp = jax.nn.logsumexp(scores, axis=-1)
@@ -190,6 +196,10 @@ def flash_attention_backward(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(grad_query, grad_key, grad_value)`` of ``_scaled_dot_product_flash_attention_for_cpu_backward``."""
     _refuse_dropout(dropout_p)
+    if tpu_kernels.active():
+        return tpu_kernels.flash_attention_backward(
+            grad_out, query, key, value, out, logsumexp, is_causal, attn_mask, scale
+        )
     heads, kv_heads = query.shape[-3], key.shape[-3]
     keys, values = _repeat_heads(key, heads), _repeat_heads(value, heads).astype(jnp.float32)
     scores, factor = _attention_scores(query, keys, attn_mask, is_causal, scale)
@@ -271,6 +281,21 @@ def install(env: Any, operator_type: type) -> None:
         return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(x.dtype)
 
     put(aten.normal_functional.default, normal_functional, needs_env=True)
+
+    def random_from(
+        x: jax.Array, low: int, high: int | None = None, generator: Any = None, env: Any = None
+    ) -> jax.Array:
+        if high is None:  # torch: up to the dtype's largest value (its exactly representable integers for floats)
+            high = 2 ** jnp.finfo(x.dtype).nmant + 1 if jnp.issubdtype(x.dtype, jnp.floating) else None
+            high = int(jnp.iinfo(x.dtype).max) if high is None else high
+        key = env.get_and_rotate_prng_key(generator)
+        return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64).astype(x.dtype)
+
+    def random_to(x: jax.Array, high: int, generator: Any = None, env: Any = None) -> jax.Array:
+        return random_from(x, 0, high, generator, env)
+
+    put(getattr(aten.random, "from"), random_from, needs_env=True)
+    put(aten.random.to, random_to, needs_env=True)
     put(aten.gelu.default, gelu)
     put(aten.max_pool2d_with_indices_backward.default, functools.partial(max_pool_backward, 2))
     put(aten.max_pool3d_with_indices_backward.default, functools.partial(max_pool_backward, 3))

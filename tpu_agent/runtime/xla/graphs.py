@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import re
+import sys
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -25,21 +26,37 @@ from torch.fx.passes.split_module import split_module
 
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import kernels, state
-from tpu_agent.runtime.xla import cache, lowering, op_records
+from tpu_agent.runtime.xla import cache, fx_names, lowering, op_records
+
+fx_names.install()  # the split graphs' code names keyword ops (aten.random.from) validly
 
 # Called with (runner, inputs, precision) after each XLA run of a graph: how ``tpu-agent estimate`` sees the
 # graphs of a step and the tensors they read. Empty unless an observer installed itself.
 graph_observers: list[Callable[[GraphRunner, Sequence[torch.Tensor | float], state.Precision], None]] = []
 
-# Called with (runner name, description, error) when a captured graph could not run through XLA and ran on the
-# CPU path instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
-fallback_observers: list[Callable[[str, str, BaseException], None]] = []
+# Called with (runner name, op count, error) when a captured graph could not run through XLA and ran on the CPU
+# path instead: ``tpu-agent estimate`` says which part of the step its compiled programs leave out.
+fallback_observers: list[Callable[[str, int, BaseException], None]] = []
+
+
+# reasons already told on stderr: a user asked for XLA and is told once per cause that a graph did not get it
+_told: set[str] = set()
 
 
 def report_fallback(name: str, op_count: int, error: BaseException, site: events.Site | None) -> None:
-    """Tell the observers and the event log that graph ``name`` runs op by op instead of through XLA, and why."""
+    """Tell the observers, the event log and (once per reason) stderr that graph ``name`` runs op by op instead
+    of through XLA, and why: a run that asked for the compiler must not silently run without it."""
     for observe in fallback_observers:
-        observe(name, f"{name} ({op_count} ops)", error)
+        observe(name, op_count, error)
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    if reason not in _told:
+        _told.add(reason)
+        where = f" (recorded at {site.file}:{site.line})" if site is not None else ""
+        print(
+            f"tpu-agent: --compiler xla: {name} ({op_count} ops){where} runs op by op on the CPU, not through XLA: "
+            f"{reason}",
+            file=sys.stderr,
+        )
     if state.log_enabled:
         events.emit(events.FallbackOp, op=f"{name} ({type(error).__name__}: {error})"[:300], site=site)
 
@@ -188,7 +205,7 @@ class GraphRunner:
             return EagerOps(self.gm, self.precision).run(*args)
         tensors: Sequence[torch.Tensor | float] = args
         precision = self.precision if self.precision is not None else state.effective_precision()
-        specialisation = (specialisation, precision.name)
+        specialisation = (specialisation, precision.name, state.allow_excess_precision)  # a change recompiles
         try:
             executable = cache.executables.get_or_compile(
                 self.signature,

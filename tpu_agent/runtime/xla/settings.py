@@ -122,6 +122,16 @@ def install_deferred_executor() -> None:
         deferred.executor_factory = _xla_executor
 
 
+def announce_compiler_outputs() -> None:
+    """At activation: refuse a tier-2 cache value that is not a name; without the XLA compiler, say once that no HLO
+    dump or tier-2 executable asked for will be written, and why (:mod:`.outputs`)."""
+    from tpu_agent.runtime.xla import outputs
+
+    outputs.tier2_directory()
+    if not uses_xla():
+        outputs.explain_without_xla()
+
+
 def _xla_executor() -> Any:
     """The XLA executor, imported at the first flush: JAX and the lowering take seconds to import, which a run
     that never defers (Strict mode, or a script that only starts) should not pay before its first line."""

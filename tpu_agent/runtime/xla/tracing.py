@@ -19,8 +19,10 @@ import torch
 
 from tpu_agent.runtime.emulated import kernels
 from tpu_agent.runtime.emulated.deferred import Graph
-from tpu_agent.runtime.xla import decompositions
+from tpu_agent.runtime.xla import decompositions, fx_names
 from tpu_agent.runtime.xla.planning import Plan
+
+fx_names.install()  # the traced graphs' code names keyword ops (aten.random.from) validly
 
 _CPU = torch.device("cpu")
 

@@ -1,0 +1,1 @@
+"""``torch_tpu._internal.utils``: debugging helpers (``utils.OpTracer``, ``utils.assert_close``)."""
