@@ -30,3 +30,22 @@ def test_ruff_format_is_clean() -> None:
 def test_mypy_types_the_package() -> None:
     result = _run("mypy", "tpu_agent")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+def test_pre_commit_hooks_use_the_installed_tools() -> None:
+    """The contributor hooks (CONTRIBUTING.md) are valid pre-commit config, and each is a local hook whose command is
+    a tool the dev extra installed beside this interpreter, so a commit never downloads a hook environment."""
+    import yaml
+
+    config_path = ROOT / ".pre-commit-config.yaml"
+    validated = _run("pre_commit", "validate-config", str(config_path))
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    hooks = []
+    for repo in yaml.safe_load(config_path.read_text(encoding="utf-8"))["repos"]:
+        assert repo["repo"] == "local", repo["repo"]
+        hooks.extend(repo["hooks"])
+    assert {hook["id"] for hook in hooks} == {"ruff-check", "ruff-format", "mypy"}
+    for hook in hooks:
+        assert hook["language"] == "system", hook["id"]
+        tool = hook["entry"].split()[0]
+        assert (Path(sys.executable).parent / tool).is_file(), f"{hook['id']}: {tool} is not installed by the dev extra"
