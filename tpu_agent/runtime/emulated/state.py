@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tpu_agent.chips import Chip
+from tpu_agent.runtime.envvars import EAGER_MODES
 
 
 class EagerMode(enum.Enum):
@@ -44,10 +45,9 @@ class Precision(enum.Enum):
 PRECISION_BY_TORCH_NAME = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
 TORCH_NAME_BY_PRECISION = {v: k for k, v in PRECISION_BY_TORCH_NAME.items()}
 
+# The doc names parse_eager_mode accepts: the runtime's --eager-mode spellings (underscored), and "fused".
 EAGER_MODE_ALIASES = {
-    "strict": EagerMode.DEFER_NEVER,
-    "debug": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-    "defer_and_fuse": EagerMode.DEFER_AND_FUSE,
+    **{option.cli_name.replace("-", "_"): EagerMode[option.enum_name] for option in EAGER_MODES.values()},
     "fused": EagerMode.DEFER_AND_FUSE,
 }
 
