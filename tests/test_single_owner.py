@@ -22,6 +22,10 @@ SINGLE_OWNER = {
     "EAGER_MODES": "runtime/envvars.py",
     "eager_mode_from_env": "runtime/envvars.py",
     "debug_checks_from_env": "runtime/envvars.py",
+    "EnvSwitch": "runtime/envvars.py",
+    "LAUNCH_BLOCKING": "runtime/envvars.py",
+    "DEFER_AND_FUSE": "runtime/envvars.py",
+    "DEBUG_CHECKS": "runtime/envvars.py",
     "DEFAULT_STEPS": "profile/options.py",  # measured steps; estimate's are DEFAULT_OPTIMIZER_STEPS
     "MAX_STEPS": "profile/options.py",
     "DEFAULT_OPTIMIZER_STEPS": "estimate/options.py",
@@ -31,6 +35,10 @@ SINGLE_OWNER = {
     "DEFAULT_TARGET": "estimate/options.py",
     "DEFAULT_MAX_PARAMETERS": "check/api.py",
     "DEFAULT_TIMEOUT_S": "check/api.py",
+    "MIN_TIMEOUT_S": "check/api.py",
+    "DEFAULT_CHIP": "chips.py",
+    "_GRIDS_2D": "chips.py",  # slice layouts: the chip table's, read by estimate/compiler.py
+    "_GRIDS_3D": "chips.py",
     "ERROR_SHARE": "profile/rules/ip_input_bound.py",  # a fraction of the step; _sync's percent is ERROR_SAVING_PCT
     "Estimate": "profile/model.py",  # the profile's roofline; estimate's compiled one is CompiledEstimate
     "CompiledEstimate": "estimate/model.py",
