@@ -60,8 +60,9 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 
 def is_true(value: str) -> bool:
     """Whether a switch's value turns it on: ``1``, ``true``, ``yes`` or ``on`` in any case; anything else (``0``,
-    ``false``, an empty string) turns it off. TorchTPU documents ``=1``; the spellings people type for a boolean
-    in a shell mean the same, so ``TORCH_TPU_LAUNCH_BLOCKING=true`` never silently means Strict Eager."""
+    ``false``, an empty string) turns it off. TorchTPU documents ``=1`` (the reference does not record which other
+    spellings its C++ reader takes); the spellings people type for a boolean in a shell are read as meant, so
+    ``TORCH_TPU_LAUNCH_BLOCKING=true`` never silently means Strict Eager here."""
     return value.strip().lower() in _TRUE
 
 
@@ -151,7 +152,7 @@ def eager_mode_from_env(env: Mapping[str, str]) -> tuple[EagerModeOption, str]:
         source = mode.switch.on_source(env) if mode.switch is not None else None
         if source is not None:
             return mode, source
-    return EAGER_MODES["strict"], (f"default (neither {LAUNCH_BLOCKING.name} nor {DEFER_AND_FUSE.name} is on)")
+    return EAGER_MODES["strict"], f"default (neither {LAUNCH_BLOCKING.name} nor {DEFER_AND_FUSE.name} is on)"
 
 
 def debug_checks_from_env(env: Mapping[str, str], launch_blocking: bool) -> bool:
