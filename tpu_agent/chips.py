@@ -12,11 +12,17 @@ Gbit/s per chip and stored here in bytes/s).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tpu_agent.errors import TpuAgentError
 
 GIB = 1024**3
+
+# A slice's physical layout by chip count, in libtpu's spelling (a v5e-8 is a 2x4 grid of chips): what the
+# deviceless compiler is given as "<generation>:<grid>" (tpu_agent.estimate.compiler). The single-host ones are
+# the layouts TorchTPU's TORCH_TPU_TOPOLOGY writes with commas (Chip.single_host_topology: 8 -> "2,4,1").
+_GRIDS_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_GRIDS_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class Chip:
     ici_bandwidth_bytes_per_s: float  # inter-chip interconnect, per chip: what bounds a slice's collectives
     mxu_tile: int  # systolic array edge: matmul dims are padded to multiples of it
     single_host_topology: dict[int, str]  # local chip count -> TORCH_TPU_TOPOLOGY value
+    # chip count -> libtpu's grid for a slice of that many chips; empty: estimates do not lay this generation out
+    slice_grids: dict[int, str] = field(default_factory=dict)
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -73,6 +81,7 @@ CHIPS: dict[str, Chip] = {
             ici_bandwidth_bytes_per_s=1600e9 / 8,
             mxu_tile=128,
             single_host_topology={1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
+            slice_grids=_GRIDS_2D,
         ),
         Chip(
             key="v5p",
@@ -85,6 +94,7 @@ CHIPS: dict[str, Chip] = {
             ici_bandwidth_bytes_per_s=4800e9 / 8,
             mxu_tile=128,
             single_host_topology={1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"},
+            slice_grids=_GRIDS_3D,
         ),
         Chip(
             key="v6e",
@@ -97,6 +107,7 @@ CHIPS: dict[str, Chip] = {
             ici_bandwidth_bytes_per_s=3584e9 / 8,
             mxu_tile=256,
             single_host_topology={1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
+            slice_grids=_GRIDS_2D,
         ),
         Chip(
             key="v7",
@@ -115,6 +126,7 @@ CHIPS: dict[str, Chip] = {
 
 DEFAULT_CHIP = "v6e"
 CLI_CHIPS = ("v4", "v5e", "v5p", "v6e", "v7")
+SLICE_GENERATIONS = tuple(key for key, chip in CHIPS.items() if chip.slice_grids)  # the ones estimates lay out
 TARGET_EXAMPLES = "a generation (v5e, v6e, v5p, v4, v7: one chip) or a slice (v5e-8, v6e-4, v5p-16)"
 
 

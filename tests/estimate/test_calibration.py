@@ -7,7 +7,7 @@ import pytest
 from tpu_agent.estimate import calibration
 from tpu_agent.estimate.calibration import PUBLISHED_RUNS, PublishedRun, calibrated_time, calibration_from_runs
 from tpu_agent.estimate.hlo import summarize
-from tpu_agent.estimate.model import Estimate, MemoryBreakdown, ProgramEstimate
+from tpu_agent.estimate.model import CompiledEstimate, HbmBreakdown, ProgramEstimate
 from tpu_agent.estimate.report import summary_rows
 
 
@@ -33,10 +33,10 @@ def test_the_published_runs_cite_their_sources_and_a_run_without_an_estimate_giv
         assert calibrated_time(1.0, 1e12, 8, 918e12) is None  # no calibration: no calibrated time, said so
 
 
-def _estimate(seconds: float, fits: bool = True) -> Estimate:
-    memory = MemoryBreakdown(1, 0, 0, 0, 0, 0 if fits else 2**40, 0)
+def _estimate(seconds: float, fits: bool = True) -> CompiledEstimate:
+    memory = HbmBreakdown(1, 0, 0, 0, 0, 0 if fits else 2**40, 0)
     program = ProgramEstimate("step", 1e12, 0.0, 0.0, seconds, memory, summarize(""))
-    return Estimate("v6e-8", "TPU v6e", 8, "fsdp", 2**35, 918e12, [program], model_flops_per_step=8e12)
+    return CompiledEstimate("v6e-8", "TPU v6e", 8, "fsdp", 2**35, 918e12, [program], model_flops_per_step=8e12)
 
 
 def test_the_report_and_json_carry_the_calibrated_time_band_source_and_mfu(monkeypatch: pytest.MonkeyPatch) -> None:

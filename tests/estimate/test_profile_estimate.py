@@ -11,7 +11,7 @@ from tpu_compiler import needs_tpu_compiler
 
 from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.estimate.hlo import summarize
-from tpu_agent.estimate.model import Estimate, MemoryBreakdown, ProgramEstimate
+from tpu_agent.estimate.model import CompiledEstimate, HbmBreakdown, ProgramEstimate
 from tpu_agent.profile.estimate import attach_compiler_estimate, roofline_label
 from tpu_agent.profile.model import Estimate as ProfileEstimate
 from tpu_agent.profile.report._common import estimate_lines
@@ -27,9 +27,9 @@ def test_roofline_is_labelled_with_what_is_missing_for_the_compilers_estimate() 
 
 
 def test_compiler_estimate_is_shown_beside_the_roofline() -> None:
-    memory = MemoryBreakdown(100, 200, 0, 10, 50, 1000, 30)
+    memory = HbmBreakdown(100, 200, 0, 10, 50, 1000, 30)
     program = ProgramEstimate("0: deferred graph", 2e9, 1e8, 0.0, 0.004, memory, summarize(""))
-    compiled = Estimate("v5e-4", "TPU v5e", 4, "data-parallel", 16 * 1024**3, 197e12, [program])
+    compiled = CompiledEstimate("v5e-4", "TPU v5e", 4, "data-parallel", 16 * 1024**3, 197e12, [program])
     roofline = ProfileEstimate(chip="v5e", available=True, flops_per_step=1e9, bytes_per_step=1e6, eager_step_s=0.01)
     attach_compiler_estimate(roofline, {"estimate": compiled.to_dict()})
     lines = estimate_lines(roofline.to_dict())

@@ -27,14 +27,18 @@ from tpu_agent.check.model import (
     ErrorInfo,
     ModelInfo,
     ModeResult,
+    eager_mode_of,
 )
 from tpu_agent.check.spec import ModelSpec, parse_model_spec
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, apply_env, eager_mode_env
+from tpu_agent.runtime.envvars import BACKEND_ENV, CHIP_ENV, apply_env
 from tpu_agent.runtime.xla import settings
 from tpu_agent.runtime.xla.settings import COMPILER_ENV
 
-DEFAULT_MAX_PARAMETERS = 1_000_000_000
+# Defaults and limits that `tpu-agent check` (cli/check.py) takes from here, so the CLI and the library agree.
+DEFAULT_MAX_PARAMETERS = 1_000_000_000  # a model directory describing more is refused (4 GB of float32 weights)
+DEFAULT_TIMEOUT_S = 600.0  # per mode: a worker past it is killed and its modes are errors (stage "timeout")
+MIN_TIMEOUT_S = 1.0
 STDERR_TAIL = 2000
 
 
@@ -50,7 +54,7 @@ class CheckOptions:
     modes: tuple[str, ...] = tuple(MODES)
     backend: str = "auto"
     chip: str | None = None
-    timeout_s: float = 600.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     max_parameters: int = DEFAULT_MAX_PARAMETERS
     localise: bool = True
     localise_errors: bool = True  # False: errors keep only the source line that raised (saves time in sweeps)
@@ -78,7 +82,7 @@ def _validate(options: CheckOptions) -> None:
 
 def worker_env(options: CheckOptions, backend: str, mode: str) -> dict[str, str]:
     package_root = str(Path(tpu_agent.__file__).resolve().parent.parent)
-    env = apply_env(eager_mode_env("strict" if mode == "compile" else mode))
+    env = apply_env(eager_mode_of(mode).env_updates())
     env.update(options.env)
     env[BACKEND_ENV] = backend
     if options.compiler is not None:
@@ -214,4 +218,4 @@ def _compiler(options: CheckOptions, backend: str) -> str | None:
     return settings.resolve(chosen)
 
 
-__all__ = ["DEFAULT_MAX_PARAMETERS", "CheckOptions", "check_model"]
+__all__ = ["DEFAULT_MAX_PARAMETERS", "DEFAULT_TIMEOUT_S", "MIN_TIMEOUT_S", "CheckOptions", "check_model"]

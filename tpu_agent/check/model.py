@@ -11,6 +11,7 @@ from typing import Any
 
 from tpu_agent.check.compare import XLA_TOLERANCES, TensorDiff, tolerances_table
 from tpu_agent.errors import ExitCode
+from tpu_agent.runtime.envvars import EAGER_MODES, EagerModeOption
 
 # The ways a model is run on the ``tpu`` device; each is compared against the same CPU reference.
 MODES: dict[str, str] = {
@@ -19,6 +20,14 @@ MODES: dict[str, str] = {
     "compile": 'torch.compile(model, backend="tpu") (Strict eager around the compiled graphs)',
 }
 PASS, MISMATCH, ERROR = "pass", "mismatch", "error"
+
+
+def eager_mode_of(mode: str) -> EagerModeOption:
+    """The TorchTPU eager mode a check mode runs under (``compile`` runs Strict eager around its graphs): the
+    parent sets its environment switch for a worker, a shared worker assigns its enum member."""
+    return EAGER_MODES["strict" if mode == "compile" else mode]
+
+
 # Stages of an error; "build" and "cpu" mean the model never reached the tpu device.
 REFERENCE_STAGES = ("build", "cpu")
 
@@ -183,4 +192,15 @@ class CheckReport:
         }
 
 
-__all__ = ["ERROR", "MISMATCH", "MODES", "PASS", "CheckReport", "ErrorInfo", "Localisation", "ModeResult", "ModelInfo"]
+__all__ = [
+    "ERROR",
+    "MISMATCH",
+    "MODES",
+    "PASS",
+    "CheckReport",
+    "ErrorInfo",
+    "Localisation",
+    "ModeResult",
+    "ModelInfo",
+    "eager_mode_of",
+]

@@ -22,13 +22,12 @@ from tpu_agent.check.compare import TensorDiff, compare_named, tolerances
 from tpu_agent.check.copies import DeviceCopies
 from tpu_agent.check.execute import StepResult, error_info, run_step, settle
 from tpu_agent.check.localise import localise
-from tpu_agent.check.model import ERROR, MISMATCH, PASS, ModeResult
+from tpu_agent.check.model import ERROR, MISMATCH, PASS, ModeResult, eager_mode_of
 from tpu_agent.check.spec import ModelSpec
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.fsutil import atomic_write_text
 
 DEVICE = "tpu"
-MODE_ENUM = {"strict": "DEFER_NEVER", "defer-and-fuse": "DEFER_AND_FUSE", "compile": "DEFER_NEVER"}
 
 
 def _worst(diffs: list[TensorDiff]) -> TensorDiff | None:
@@ -91,7 +90,7 @@ def _set_mode(mode: str) -> None:
 
     tpu = getattr(torch, "tpu", None)
     if tpu is not None and hasattr(tpu, "EagerMode"):
-        tpu.eager_mode = tpu.EagerMode[MODE_ENUM[mode]]
+        tpu.eager_mode = tpu.EagerMode[eager_mode_of(mode).enum_name]
 
 
 def run_mode(

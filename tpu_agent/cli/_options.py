@@ -10,12 +10,22 @@ import typer
 
 from tpu_agent.chips import DEFAULT_CHIP, TARGET_EXAMPLES, parse_target
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.runtime.envvars import EAGER_MODES
+from tpu_agent.runtime.envvars import DEFER_AND_FUSE, EAGER_MODES, LAUNCH_BLOCKING
 from tpu_agent.runtime.xla.settings import COMPILER_ENV, COMPILERS, DEFAULT_COMPILER
 
 EagerModeChoice = Enum("EagerModeChoice", {name.replace("-", "_"): name for name in EAGER_MODES}, type=str)  # type: ignore[misc]  # functional Enum: members come from the runtime's one table
 
 Compiler = Enum("Compiler", {name: name for name in COMPILERS}, type=str)  # type: ignore[misc]
+
+
+def eager_mode_option() -> Any:
+    """An ``--eager-mode`` option (``None`` when not given: the environment's switches decide, as TorchTPU reads
+    them), its choices and the variables it sets named by the runtime's one table."""
+    return typer.Option(
+        None,
+        "--eager-mode",
+        help=f"{' | '.join(EAGER_MODES)}; sets {LAUNCH_BLOCKING.name} / {DEFER_AND_FUSE.name} for every rank.",
+    )
 
 
 def compiler_option() -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from tpu_agent.check.api import DEFAULT_MAX_PARAMETERS, DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
 from tpu_agent.cli._options import Compiler, chip_option, compiler_option
 from tpu_agent.cli._output import (
     FORMAT_HELP,
@@ -137,10 +138,13 @@ def check(
     ),
     chip: str | None = chip_option(None),
     timeout: float = typer.Option(
-        600.0, "--timeout", min=1.0, help="Seconds each mode may take (a mode past it is an error)."
+        DEFAULT_TIMEOUT_S,
+        "--timeout",
+        min=MIN_TIMEOUT_S,
+        help="Seconds each mode may take (a mode past it is an error).",
     ),
     max_params: int = typer.Option(
-        1_000_000_000, "--max-params", min=1, help="Refuse a model directory describing a larger model."
+        DEFAULT_MAX_PARAMETERS, "--max-params", min=1, help="Refuse a model directory describing a larger model."
     ),
     localise: bool = typer.Option(True, "--localise/--no-localise", help="On a divergence, find the submodule and op."),
     compiler: Compiler | None = compiler_option(),

@@ -20,6 +20,13 @@ from tpu_agent.cli._output import (
     print_json,
 )
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.estimate.options import (
+    DEFAULT_OPTIMIZER_STEPS,
+    DEFAULT_TARGET,
+    MAX_OPTIMIZER_STEPS,
+    MIN_OPTIMIZER_STEPS,
+    STRATEGIES,
+)
 from tpu_agent.fsutil import atomic_write_text
 
 ESTIMATE_HELP = """Compile a script's training step for a TPU slice with the TPU compiler (libtpu, deviceless
@@ -101,14 +108,17 @@ def estimate(
         ..., metavar="SCRIPT [ARGS]...", help="Script path (or module with -m) and its arguments."
     ),
     module: bool = typer.Option(False, "-m", "--module", help="Treat SCRIPT as a module name, like python -m."),
-    chip: str = chip_option("v5e", purpose="TPU target to compile for"),
+    chip: str = chip_option(DEFAULT_TARGET, purpose="TPU target to compile for"),
     strategy: str | None = typer.Option(
         None,
         "--strategy",
-        help="as-captured | data-parallel | fsdp (default: data-parallel on a slice, else as-captured).",
+        help=f"{' | '.join(STRATEGIES)} (default: data-parallel on a slice, else as-captured).",
     ),
     steps: int = typer.Option(
-        3, "--steps", help="Optimizer steps to run before capturing (2 to 100); the last is compiled."
+        DEFAULT_OPTIMIZER_STEPS,
+        "--steps",
+        help=f"Optimizer steps to run before capturing ({MIN_OPTIMIZER_STEPS} to {MAX_OPTIMIZER_STEPS}); the last is "
+        "compiled.",
     ),
     suggest: bool = typer.Option(True, "--suggest/--no-suggest", help="When it does not fit, compile the fixes."),
     capture_only: bool = typer.Option(

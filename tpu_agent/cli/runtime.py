@@ -7,7 +7,14 @@ from enum import Enum
 import typer
 from rich.markup import escape
 
-from tpu_agent.cli._options import Compiler, EagerModeChoice, chip_option, compiler_env, compiler_option
+from tpu_agent.cli._options import (
+    Compiler,
+    EagerModeChoice,
+    chip_option,
+    compiler_env,
+    compiler_option,
+    eager_mode_option,
+)
 from tpu_agent.cli._output import (
     FORMAT_HELP,
     OutputFormat,
@@ -73,11 +80,7 @@ def run(
         "auto", "--backend", help="auto: real torch_tpu when it sees a TPU, else the emulation."
     ),
     chip: str = chip_option(),
-    eager_mode: EagerModeChoice | None = typer.Option(
-        None,
-        "--eager-mode",
-        help="strict | debug | defer-and-fuse; sets TORCH_TPU_LAUNCH_BLOCKING / TORCH_TPU_DEFER_AND_FUSE.",
-    ),
+    eager_mode: EagerModeChoice | None = eager_mode_option(),
     nnodes: str = typer.Option("1", "--nnodes", help="Number of hosts, or MIN:MAX (torchrun)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This host's rank (torchrun)."),
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (torchrun)."),

@@ -1,5 +1,5 @@
 """TPU targets without a TPU: step programs compiled by libtpu's deviceless AOT compiler into one
-:class:`~tpu_agent.estimate.model.Estimate` (HBM by kind against the chip's, compiler FLOPs / bytes /
+:class:`~tpu_agent.estimate.model.CompiledEstimate` (HBM by kind against the chip's, compiler FLOPs / bytes /
 ``optimal_seconds``, fusions, collectives, a fits / does-not-fit verdict and fixes checked by compiling).
 
 * :mod:`.compiler`: is libtpu here, the slice's topology, the compile itself (libtpu's stderr noise filtered).
@@ -9,15 +9,16 @@
 """
 
 from tpu_agent.estimate.compiler import CompilerStatus, compiler_status
-from tpu_agent.estimate.model import ArgRole, ArgSpec, Estimate, StepProgram
-from tpu_agent.estimate.step import STRATEGIES, estimate_step, suggest_fixes
+from tpu_agent.estimate.model import ArgRole, ArgSpec, CompiledEstimate, StepProgram
+from tpu_agent.estimate.options import STRATEGIES
+from tpu_agent.estimate.step import estimate_step, suggest_fixes
 
 __all__ = [
     "STRATEGIES",
     "ArgRole",
     "ArgSpec",
     "CompilerStatus",
-    "Estimate",
+    "CompiledEstimate",
     "StepProgram",
     "compiler_status",
     "estimate_step",

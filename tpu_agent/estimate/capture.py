@@ -32,6 +32,7 @@ from tpu_agent.estimate import capture_only, host_bound
 from tpu_agent.estimate.capture_only import storage_identity
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
+from tpu_agent.estimate.options import DEFAULT_OPTIMIZER_STEPS, MIN_OPTIMIZER_STEPS
 from tpu_agent.runtime import events
 
 _DONATED_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
@@ -414,7 +415,8 @@ def install() -> Callable[[], None] | None:
         module_hooks.register_module_parameter_registration_hook(bound.parameter_registered)
         deferred.flush_observers.append(bound.flushed)
     module_hooks.register_module_parameter_registration_hook(capture_only.swap_parameter)
-    watcher = _Watcher(steps=max(2, int(options.get("steps", 3))), bound=bound)
+    steps = int(options.get("steps", DEFAULT_OPTIMIZER_STEPS))
+    watcher = _Watcher(steps=max(MIN_OPTIMIZER_STEPS, steps), bound=bound)
     graphs.graph_observers.append(watcher.observe)
     graphs.fallback_observers.append(watcher.fell_back)
     deferred.flush_observers.append(watcher.flushed)

@@ -28,22 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.chips import TpuTarget
+from tpu_agent.chips import CHIPS, SLICE_GENERATIONS, TpuTarget
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.fsutil import user_cache_dir
 
 INSTALL_HINT = 'pip install "tpu-agent[estimate]" (adds jax[tpu], whose libtpu wheel is Linux x86_64 only)'
-
-# libtpu's own name for each generation's topologies, and the chip counts one slice of it can have. Counts are
-# chips (v5e-8 is eight chips), the grid is the slice's physical layout, and hosts hold up to 4 chips (8 for a
-# single-host v5e/v6e slice), as on Cloud TPU.
-_GRIDS_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
-_GRIDS_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
-_TOPOLOGY_FAMILIES: dict[str, tuple[str, dict[int, str]]] = {
-    "v5e": ("v5e", _GRIDS_2D),
-    "v6e": ("v6e", _GRIDS_2D),
-    "v5p": ("v5p", _GRIDS_3D),
-}
 
 # What libtpu prints on stderr when it starts on a host that is not a TPU VM. It is expected here (there is no
 # TPU), says nothing the user can act on, and would bury the script's own output.
@@ -104,20 +93,23 @@ def require_compiler() -> CompilerStatus:
 
 def supported_chip_counts(generation: str) -> tuple[int, ...]:
     """Chip counts this compiler integration can lay out for ``generation`` (empty: generation unsupported)."""
-    family = _TOPOLOGY_FAMILIES.get(generation)
-    return tuple(family[1]) if family else ()
+    chip = CHIPS.get(generation)
+    return tuple(chip.slice_grids) if chip is not None else ()
 
 
 def topology_name(target: TpuTarget) -> tuple[str, tuple[int, int, int]]:
-    """libtpu's topology name and chips-per-host bounds for ``target`` (``v5e-4`` -> ``v5e:2x2``, (2, 2, 1))."""
-    family = _TOPOLOGY_FAMILIES.get(target.chip.key)
-    if family is None:
+    """libtpu's topology name and chips-per-host bounds for ``target`` (``v5e-4`` -> ``v5e:2x2``, (2, 2, 1)).
+
+    The grid is the chip table's (:attr:`tpu_agent.chips.Chip.slice_grids`). Hosts of a multi-host slice hold
+    4 chips, as on Cloud TPU; a single-host v5e / v6e slice holds up to 8.
+    """
+    grids = target.chip.slice_grids
+    if not grids:
         raise TpuAgentError(
             "unsupported-target",
             f"estimates for {target.chip.device_name} are not supported by this libtpu",
-            f"use one of: {', '.join(_TOPOLOGY_FAMILIES)}",
+            f"use one of: {', '.join(SLICE_GENERATIONS)}",
         )
-    prefix, grids = family
     grid = grids.get(target.chips)
     if grid is None:
         raise TpuAgentError(
@@ -131,7 +123,7 @@ def topology_name(target: TpuTarget) -> tuple[str, tuple[int, int, int]]:
         host_bounds = (2, 4, 1)
     else:
         host_bounds = (2, 2, 1)
-    return f"{prefix}:{grid}", host_bounds
+    return f"{target.chip.key}:{grid}", host_bounds
 
 
 @contextlib.contextmanager

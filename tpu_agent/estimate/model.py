@@ -1,6 +1,6 @@
 """The one data model of the estimate flow: a step's programs as captured, and what the TPU compiler made of
 them (cost, HBM by kind, verdict, checked suggestions). The CLI, the MCP server and profile reports all render
-:class:`Estimate`; nothing else carries estimate results."""
+:class:`CompiledEstimate`; nothing else carries estimate results."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class StepProgram:
 
 
 @dataclass(frozen=True)
-class MemoryBreakdown:
+class HbmBreakdown:
     """HBM one chip needs at the step's peak, by kind, in bytes (from the compiler's memory analysis)."""
 
     parameters: int
@@ -105,7 +105,7 @@ class ProgramEstimate:
     bytes_accessed: float
     transcendentals: float
     optimal_seconds: float
-    memory: MemoryBreakdown
+    memory: HbmBreakdown
     hlo: HloSummary
     compiler_argument_bytes: int = 0  # the compiler's own count of the inputs' bytes, a check on ``memory``
     refused: str = ""  # the compiler's out-of-HBM refusal; cost figures are then unknown (0)
@@ -155,7 +155,7 @@ class Suggestion:
 
 
 @dataclass
-class Estimate:
+class CompiledEstimate:
     """A step compiled for one TPU target: per-chip HBM against the chip's, compiler cost, time and MFU."""
 
     target: str

@@ -1,6 +1,6 @@
 """Renderers of an estimate: Markdown here, rich tables in the CLI, ``--format json`` the document itself.
 
-Every renderer reads the JSON form (:meth:`Estimate.to_dict`, documented in docs/estimate-json-schema.md),
+Every renderer reads the JSON form (:meth:`CompiledEstimate.to_dict`, documented in docs/estimate-json-schema.md),
 because that is what crosses the process boundary from the capture child and what MCP clients receive; one
 row builder serves every renderer.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tpu_agent.estimate.model import Estimate
+from tpu_agent.estimate.model import CompiledEstimate
 
 
 def human_bytes(value: float) -> str:
@@ -21,11 +21,11 @@ def human_bytes(value: float) -> str:
     return f"{value:.2f} TiB"
 
 
-def _as_dict(estimate: Estimate | dict[str, Any]) -> dict[str, Any]:
-    return estimate.to_dict() if isinstance(estimate, Estimate) else estimate
+def _as_dict(estimate: CompiledEstimate | dict[str, Any]) -> dict[str, Any]:
+    return estimate.to_dict() if isinstance(estimate, CompiledEstimate) else estimate
 
 
-def memory_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
+def memory_rows(estimate: CompiledEstimate | dict[str, Any]) -> list[tuple[str, str]]:
     """HBM per chip by kind for the step's largest program, then the total against the chip's HBM."""
     data = _as_dict(estimate)
     if not data["programs"]:
@@ -37,7 +37,7 @@ def memory_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def summary_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, str]]:
+def summary_rows(estimate: CompiledEstimate | dict[str, Any]) -> list[tuple[str, str]]:
     """The headline figures: verdict, compute, time and MFU, collectives and fusions."""
     data = _as_dict(estimate)
     mfu = "n/a" if data["mfu"] is None else f"{data['mfu']:.1%}"
@@ -92,7 +92,7 @@ def _calibrated_rows(calibrated: dict[str, Any] | None) -> list[tuple[str, str]]
 PROGRAM_COLUMNS = ("program", "runs/step", "FLOPs", "bytes accessed", "optimal time", "HBM", "compiler")
 
 
-def program_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]]:
+def program_rows(estimate: CompiledEstimate | dict[str, Any]) -> list[tuple[str, ...]]:
     """One row per compiled program of the step."""
     return [
         (
@@ -111,7 +111,7 @@ def program_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]]:
 SUGGESTION_COLUMNS = ("change", "target", "fits", "HBM per chip", "step time")
 
 
-def suggestion_rows(estimate: Estimate | dict[str, Any]) -> list[tuple[str, ...]]:
+def suggestion_rows(estimate: CompiledEstimate | dict[str, Any]) -> list[tuple[str, ...]]:
     """Each change that was compiled to see whether the step then fits."""
     return [
         (
@@ -131,7 +131,7 @@ def _table(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[st
     ]
 
 
-def to_markdown(estimate: Estimate | dict[str, Any]) -> str:
+def to_markdown(estimate: CompiledEstimate | dict[str, Any]) -> str:
     """A Markdown report: summary, memory, programs, suggestions (checked by compiling) and assumptions."""
     data = _as_dict(estimate)
     lines = [f"# TPU estimate: {data['target']}", ""] + _table(("", ""), summary_rows(data))

@@ -18,17 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.chips import parse_target
+from tpu_agent.chips import SLICE_GENERATIONS, parse_target
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.estimate import host_bound
 from tpu_agent.estimate.compiler import require_compiler, supported_chip_counts
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, HOOK_SPEC, OPTIONS_FILE, RESULT_FILE
-from tpu_agent.estimate.step import STRATEGIES
+from tpu_agent.estimate.options import (
+    DEFAULT_OPTIMIZER_STEPS,
+    MAX_OPTIMIZER_STEPS,
+    MIN_OPTIMIZER_STEPS,
+    STRATEGIES,
+)
 from tpu_agent.fsutil import atomic_write_text
 
-DEFAULT_STEPS = 3
 _KILLED = (128 + signal.SIGKILL, -signal.SIGKILL)  # a shell's and subprocess's ways of saying "killed"
-MAX_STEPS = 100
 # JSON schema version of the estimate document (docs/estimate-json-schema.md).
 SCHEMA_VERSION = 1
 
@@ -39,7 +42,7 @@ class EstimateOptions:
 
     target: str
     strategy: str | None = None  # None: as-captured on one chip, data-parallel on a slice
-    steps: int = DEFAULT_STEPS
+    steps: int = DEFAULT_OPTIMIZER_STEPS
     suggest: bool = True
     timeout_s: float | None = None
     capture_only: bool = False  # record the step from shapes without computing it (tpu_agent.estimate.capture_only)
@@ -59,7 +62,7 @@ class EstimateOptions:
             raise TpuAgentError(
                 "unsupported-target",
                 f"--chip {target.spec}: the TPU compiler has no {target.chip.key} slice of {target.chips} chips",
-                f"use one of: {choices}" if counts else "use a v5e, v6e or v5p target",
+                f"use one of: {choices}" if counts else f"use a {', '.join(SLICE_GENERATIONS)} target",
             )
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise TpuAgentError(
@@ -67,17 +70,18 @@ class EstimateOptions:
                 f"--strategy {self.strategy!r} is not a strategy",
                 f"use one of: {', '.join(STRATEGIES)}",
             )
-        if not 2 <= self.steps <= MAX_STEPS:
+        if not MIN_OPTIMIZER_STEPS <= self.steps <= MAX_OPTIMIZER_STEPS:
             raise TpuAgentError(
                 "bad-steps",
-                f"--steps {self.steps}: the capture needs 2 to {MAX_STEPS} optimizer steps",
-                "use --steps 3",
+                f"--steps {self.steps}: the capture needs {MIN_OPTIMIZER_STEPS} to {MAX_OPTIMIZER_STEPS} optimizer "
+                "steps",
+                f"use --steps {DEFAULT_OPTIMIZER_STEPS}",
             )
 
 
 @dataclass
 class ScriptEstimate:
-    """The estimate document (``to_dict`` of an Estimate plus schema and script facts) and the script's exit."""
+    """The estimate document (``to_dict`` of a CompiledEstimate plus schema and script facts) and the script's exit."""
 
     document: dict[str, Any]
     exit_code: int

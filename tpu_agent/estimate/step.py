@@ -1,4 +1,4 @@
-"""Compile a step's programs for a TPU target and turn the compiler's answers into an :class:`Estimate`, with
+"""Compile a step's programs for a TPU target and turn the compiler's answers into a :class:`CompiledEstimate`, with
 the changes that would make a step fit checked by compiling them too.
 
 Sharding follows the script (``as-captured``: the placements its DDP / FSDP2 / DTensor code gave each tensor)
@@ -25,14 +25,14 @@ from tpu_agent.estimate.hlo import DTYPE_BYTES, summarize
 from tpu_agent.estimate.model import (
     ArgRole,
     ArgSpec,
-    Estimate,
-    MemoryBreakdown,
+    CompiledEstimate,
+    HbmBreakdown,
     ProgramEstimate,
     StepProgram,
     Suggestion,
 )
+from tpu_agent.estimate.options import STRATEGIES
 
-STRATEGIES = ("as-captured", "data-parallel", "fsdp")
 MESH_AXIS = "chips"
 _JAX_DTYPES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "s64", "int32": "s32", "uint32": "u32", "bool": "pred",
@@ -113,7 +113,7 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
             artifacts = compile_for_target(program.fn, abstract, target, donate_argnums=program.donated)
     except HbmExhausted as refusal:
         # The compiler stops before its cost analysis; what it needs beyond the inputs is temporaries.
-        memory = MemoryBreakdown(
+        memory = HbmBreakdown(
             parameters=by_role[ArgRole.PARAMETER],
             optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
             batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
@@ -135,7 +135,7 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
             program.calls,
             kernels=sorted(kernels.kernels),
         )
-    memory = MemoryBreakdown(
+    memory = HbmBreakdown(
         parameters=by_role[ArgRole.PARAMETER],
         optimizer_state=by_role[ArgRole.OPTIMIZER_STATE],
         batch_and_other_inputs=by_role[ArgRole.BATCH] + by_role[ArgRole.OTHER],
@@ -185,8 +185,8 @@ def estimate_step(
     target: TpuTarget,
     strategy: str = "as-captured",
     model_flops_per_step: float | None = None,
-) -> Estimate:
-    """Compile every program of the step for ``target`` and gather the result into one :class:`Estimate`."""
+) -> CompiledEstimate:
+    """Compile every program of the step for ``target`` and gather the result into one :class:`CompiledEstimate`."""
     if target.chips not in supported_chip_counts(target.chip.key):
         raise TpuAgentError(
             "unsupported-target",
@@ -196,7 +196,7 @@ def estimate_step(
     compiled = [compile_program(program, target, strategy) for program in programs]
     status = compiler_status()
     rooflined = [program.name for program in compiled if program.timed_by == "roofline"]
-    estimate = Estimate(
+    estimate = CompiledEstimate(
         target=target.spec,
         chip_name=target.chip.device_name,
         chips=target.chips,
@@ -253,7 +253,7 @@ def suggest_fixes(
     strategy: str,
     max_compiles: int = 6,
     *,
-    current: Estimate | None = None,
+    current: CompiledEstimate | None = None,
 ) -> list[Suggestion]:
     """Changes that make a step that does not fit fit, each verified by compiling it (at most ``max_compiles``
     compilations): FSDP over the same chips, bf16 parameters and optimizer state, and the smallest larger slice
@@ -298,7 +298,7 @@ def suggest_fixes(
     return suggestions + _recapture_suggestions(current, target)
 
 
-def _recapture_suggestions(current: Estimate, target: TpuTarget) -> list[Suggestion]:
+def _recapture_suggestions(current: CompiledEstimate, target: TpuTarget) -> list[Suggestion]:
     """Changes to the step itself, which this capture cannot compile, offered (unverified) when what the step
     keeps between its forward and backward (temporaries) is its largest HBM class in ``current`` (the step as
     captured): checkpointing and a smaller per-chip batch each shrink it; a capture with the change checks it."""

@@ -25,11 +25,6 @@ XLA_PERSIST_ENV = "TPU_AGENT_XLA_PERSIST"  # "0": XLA executables are not kept b
 # TorchTPU's switch for its host-local compilation cache; "disabled" also keeps the emulation's executables unkept
 TIER2_CACHE_ENV = "TORCH_TPU_TIER2_COMPILATION_CACHE"
 
-LAUNCH_BLOCKING_ENV = "TORCH_TPU_LAUNCH_BLOCKING"
-DEFER_AND_FUSE_ENV = "TORCH_TPU_DEFER_AND_FUSE"
-# Older TorchTPU builds read these spellings; a stale one in the user's shell must not override the flag.
-LEGACY_EAGER_ENVS = ("TPU_LAUNCH_BLOCKING", "TPU_DEFER_AND_FUSE")
-
 # Variables worth recording with a run (RunInfo) and showing in doctor.
 RECORDED_PREFIXES = ("TORCH_TPU_", "TPU_", "XLA_", "LIBTPU_", "TPU_AGENT_", "PJRT_")
 
@@ -39,12 +34,20 @@ __all__ = [
     "HOOKS_ENV",
     "TIER2_CACHE_ENV",
     "XLA_PERSIST_ENV",
+    "DEBUG_CHECKS",
+    "DEBUG_EAGER",
+    "DEFER_AND_FUSE",
     "EVENTS_DIR_ENV",
-    "EagerMode",
     "EAGER_MODES",
+    "FUSED_EAGER",
+    "LAUNCH_BLOCKING",
+    "EagerModeOption",
+    "EnvSwitch",
     "apply_env",
+    "debug_checks_from_env",
     "eager_mode_env",
     "eager_mode_from_env",
+    "is_true",
     "recorded_env",
     "single_host_topology",
     "xla_flag",
@@ -52,36 +55,83 @@ __all__ = [
 ]
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def is_true(value: str) -> bool:
+    """Whether a switch's value turns it on: ``1``, ``true``, ``yes`` or ``on`` in any case; anything else (``0``,
+    ``false``, an empty string) turns it off. TorchTPU documents ``=1`` (the reference does not record which other
+    spellings its C++ reader takes); the spellings people type for a boolean in a shell are read as meant, so
+    ``TORCH_TPU_LAUNCH_BLOCKING=true`` never silently means Strict Eager here."""
+    return value.strip().lower() in _TRUE
+
+
 @dataclass(frozen=True)
-class EagerMode:
-    """One ``--eager-mode`` choice: its CLI spelling, TorchTPU's enum member, and the variable that selects it."""
+class EnvSwitch:
+    """One of TorchTPU's on/off variables and the older spelling that builds before 0.2.0 read (reference §8.1)."""
+
+    name: str
+    legacy: str
+
+    def setting(self, env: Mapping[str, str]) -> tuple[str, str] | None:
+        """The variable that decides this switch in ``env`` and its value; None when neither spelling is set.
+
+        The current name decides whenever it is set, even to ``0``; the legacy one only when the current one is
+        absent. That is TorchTPU's own order (reference §2.2: "``TORCH_TPU_…`` wins if both are set"), and it
+        keeps a stale legacy export in someone's shell from overriding the flag they set today.
+        """
+        for name in (self.name, self.legacy):
+            if name in env:
+                return name, env[name]
+        return None
+
+    def is_on(self, env: Mapping[str, str]) -> bool | None:
+        """On or off as ``env`` sets it (:func:`is_true` of the deciding value); None when it is not set."""
+        decided = self.setting(env)
+        return None if decided is None else is_true(decided[1])
+
+    def on_source(self, env: Mapping[str, str]) -> str | None:
+        """``NAME=value`` of the variable that turns this switch on in ``env``; None when it is off or unset."""
+        decided = self.setting(env)
+        return f"{decided[0]}={decided[1]}" if decided is not None and is_true(decided[1]) else None
+
+
+LAUNCH_BLOCKING = EnvSwitch("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING")
+DEFER_AND_FUSE = EnvSwitch("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE")
+DEBUG_CHECKS = EnvSwitch("TORCH_TPU_ENABLE_DEBUG_CHECKS", "TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS")
+
+
+@dataclass(frozen=True)
+class EagerModeOption:
+    """One ``--eager-mode`` choice: its CLI spelling, the name of TorchTPU's ``EagerMode`` member (the emulation's
+    enum is :class:`tpu_agent.runtime.emulated.state.EagerMode`), its doc name, and the switch that selects it."""
 
     cli_name: str
     enum_name: str
     doc_name: str
-    env_var: str | None  # None: TorchTPU's default (Strict), selected by leaving both switches unset
+    switch: EnvSwitch | None  # None: TorchTPU's default (Strict), selected by leaving both switches off
 
     def env_updates(self) -> dict[str, str | None]:
-        """Variables to set (str) or remove (None) so that TorchTPU starts in this mode."""
-        updates: dict[str, str | None] = {LAUNCH_BLOCKING_ENV: None, DEFER_AND_FUSE_ENV: None}
-        updates.update({name: None for name in LEGACY_EAGER_ENVS})
-        if self.env_var is not None:
-            updates[self.env_var] = "1"
+        """Variables to set (str) or remove (None) so that TorchTPU starts in this mode: every spelling of both
+        switches is removed first, so a stale one in the user's shell cannot override the choice."""
+        updates: dict[str, str | None] = {
+            name: None for switch in (LAUNCH_BLOCKING, DEFER_AND_FUSE) for name in (switch.name, switch.legacy)
+        }
+        if self.switch is not None:
+            updates[self.switch.name] = "1"
         return updates
 
 
-EAGER_MODES: dict[str, EagerMode] = {
+EAGER_MODES: dict[str, EagerModeOption] = {
     mode.cli_name: mode
     for mode in (
-        EagerMode("strict", "DEFER_NEVER", "Strict Eager", None),
-        EagerMode("debug", "DEFER_NEVER_AND_LAUNCH_BLOCKING", "Debug Eager", LAUNCH_BLOCKING_ENV),
-        EagerMode("defer-and-fuse", "DEFER_AND_FUSE", "Fused Eager", DEFER_AND_FUSE_ENV),
+        EagerModeOption("strict", "DEFER_NEVER", "Strict Eager", None),
+        EagerModeOption("debug", "DEFER_NEVER_AND_LAUNCH_BLOCKING", "Debug Eager", LAUNCH_BLOCKING),
+        EagerModeOption("defer-and-fuse", "DEFER_AND_FUSE", "Fused Eager", DEFER_AND_FUSE),
     )
 }
-
-
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in {"1", "true", "yes", "on"}
+DEBUG_EAGER = EAGER_MODES["debug"]
+FUSED_EAGER = EAGER_MODES["defer-and-fuse"]
 
 
 def eager_mode_env(cli_name: str) -> dict[str, str | None]:
@@ -89,19 +139,27 @@ def eager_mode_env(cli_name: str) -> dict[str, str | None]:
     return EAGER_MODES[cli_name].env_updates()
 
 
-def eager_mode_from_env(env: Mapping[str, str]) -> tuple[EagerMode, str]:
-    """The eager mode TorchTPU would start in under ``env``, and which variable decided it.
+def eager_mode_from_env(env: Mapping[str, str]) -> tuple[EagerModeOption, str]:
+    """The eager mode TorchTPU would start in under ``env``, and which variable decided it (``NAME=value``).
 
-    Launch blocking wins over defer-and-fuse when both are set, as ``CUDA_LAUNCH_BLOCKING`` wins over any
-    asynchrony: it is the switch people set while debugging, and silently ignoring it would hide their bug.
+    The one reader of the eager-mode variables: ``tpu-agent run``, ``doctor``, the emulation's activation and
+    the profile's capture rule all ask here. Each switch is read as :meth:`EnvSwitch.setting` says (the current
+    name wins over the legacy one). Launch blocking wins over defer-and-fuse when both are on, as
+    ``CUDA_LAUNCH_BLOCKING`` wins over any asynchrony: it is the switch people set while debugging, and silently
+    ignoring it would hide their bug.
     """
-    for name in (LAUNCH_BLOCKING_ENV, "TPU_LAUNCH_BLOCKING"):
-        if _truthy(env.get(name)):
-            return EAGER_MODES["debug"], f"{name}={env[name]}"
-    for name in (DEFER_AND_FUSE_ENV, "TPU_DEFER_AND_FUSE"):
-        if _truthy(env.get(name)):
-            return EAGER_MODES["defer-and-fuse"], f"{name}={env[name]}"
-    return EAGER_MODES["strict"], "default (neither TORCH_TPU_LAUNCH_BLOCKING nor TORCH_TPU_DEFER_AND_FUSE is set)"
+    for mode in (DEBUG_EAGER, FUSED_EAGER):  # launch blocking first
+        source = mode.switch.on_source(env) if mode.switch is not None else None
+        if source is not None:
+            return mode, source
+    return EAGER_MODES["strict"], f"default (neither {LAUNCH_BLOCKING.name} nor {DEFER_AND_FUSE.name} is on)"
+
+
+def debug_checks_from_env(env: Mapping[str, str], launch_blocking: bool) -> bool:
+    """Whether TorchTPU's debug checks run: Debug Eager (``launch_blocking``) turns them on, and
+    ``TORCH_TPU_ENABLE_DEBUG_CHECKS`` set either way overrides the mode (reference §8.1)."""
+    on = DEBUG_CHECKS.is_on(env)
+    return launch_blocking if on is None else on
 
 
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:

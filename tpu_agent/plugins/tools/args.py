@@ -1,7 +1,7 @@
 """The MCP tools' argument types, each defined once with its description and declared limits.
 
-The choice lists come from the code that owns them (the runtime's backends and eager modes, the chip
-table's parser), so the schemas offer exactly what ``tpu-agent run`` accepts and a chip is spelt the same
+The choice lists come from the code that owns them (the runtime's backends and eager modes, estimate's
+strategies, the chip table's parser), so the schemas offer exactly what ``tpu-agent run`` accepts and a chip is spelt the same
 way in the CLI and here: a generation (``v5e``) or a slice (``v5e-8``), canonicalised by
 :func:`tpu_agent.chips.parse_target`. Every string and list has a maximum length (``tpu_agent.plugins.limits``).
 """
@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field
 
 from tpu_agent.chips import TARGET_EXAMPLES, parse_target
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.estimate.options import STRATEGIES
 from tpu_agent.plugins.jobs import JOB_ID_PATTERN
 from tpu_agent.plugins.limits import (
     MAX_CHIP_CHARS,
@@ -88,6 +89,10 @@ EagerModeArg = Annotated[  # type: ignore[valid-type]  # a Literal built from th
     Literal[tuple(EAGER_MODES)] | None,
     Field(description="TorchTPU eager mode (default: the environment's, else strict)."),
 ]
+StrategyArg = Annotated[
+    Literal[STRATEGIES] | None,  # type: ignore[valid-type]  # estimate's one tuple of strategies
+    Field(description="Sharding over the slice (default: data-parallel on a slice, as-captured on one chip)."),
+]
 CompilerArg = Annotated[
     Literal[COMPILERS] | None,  # type: ignore[valid-type]  # the runtime's one tuple of compiler names
     Field(
@@ -141,6 +146,7 @@ __all__ = [
     "RuleCodeArg",
     "RuleCodes",
     "ScriptArgsArg",
+    "StrategyArg",
     "TimeoutArg",
     "WaitArg",
     "WorkspaceArg",

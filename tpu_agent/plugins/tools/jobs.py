@@ -13,13 +13,19 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import anyio
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from tpu_agent.errors import ExitCode, TpuAgentError
+from tpu_agent.estimate.options import (
+    DEFAULT_OPTIMIZER_STEPS,
+    DEFAULT_TARGET,
+    MAX_OPTIMIZER_STEPS,
+    MIN_OPTIMIZER_STEPS,
+)
 from tpu_agent.plugins import models
 from tpu_agent.plugins.jobs import Job, JobManager, JobState, new_job_id
 from tpu_agent.plugins.tools.args import (
@@ -31,6 +37,7 @@ from tpu_agent.plugins.tools.args import (
     JobIdArg,
     NprocArg,
     ScriptArgsArg,
+    StrategyArg,
     TimeoutArg,
     WaitArg,
     WorkspaceArg,
@@ -272,14 +279,16 @@ async def tpu_estimate(
     ctx: Context,
     entrypoint: EntrypointArg,
     args: ScriptArgsArg = [],  # noqa: B006 - pydantic copies defaults
-    chip: ChipArg = "v5e",
-    strategy: Annotated[
-        Literal["as-captured", "data-parallel", "fsdp"] | None,
-        Field(description="Sharding over the slice (default: data-parallel on a slice, as-captured on one chip)."),
-    ] = None,
+    chip: ChipArg = DEFAULT_TARGET,
+    strategy: StrategyArg = None,
     steps: Annotated[
-        int, Field(ge=2, le=100, description="Optimizer steps to run; the last full one is compiled.")
-    ] = 3,
+        int,
+        Field(
+            ge=MIN_OPTIMIZER_STEPS,
+            le=MAX_OPTIMIZER_STEPS,
+            description="Optimizer steps to run; the last full one is compiled.",
+        ),
+    ] = DEFAULT_OPTIMIZER_STEPS,
     capture_only: Annotated[
         bool,
         Field(

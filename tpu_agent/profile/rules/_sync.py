@@ -13,7 +13,7 @@ from tpu_agent.runtime import events as ev
 # until the host dispatches again. 100 µs per sync is the assumed round-trip cost on a TPU VM.
 SYNC_COST_NS = 100_000
 PER_STEP_THRESHOLD = 0.5
-ERROR_SHARE = 30.0
+ERROR_SAVING_PCT = 30.0
 ACCUMULATE = r"(\+=\s*.*?)\.item\(\)"
 
 
@@ -114,7 +114,7 @@ def sync_findings(rule: DiagnosticRule, model: ProfileModel, ops: frozenset[str]
                 [Location.from_site(site, share_of_step=round(saving / 100, 4))],
                 "Each read waits for all queued TPU work and leaves the TPU idle until the host catches up; in "
                 "DeferAndFuse it also cuts the fused graph. Keep values on the device and read them rarely.",
-                severity=Severity.error if saving >= ERROR_SHARE else rule.severity,
+                severity=Severity.error if saving >= ERROR_SAVING_PCT else rule.severity,
                 agent_change=change,
                 saving_pct=saving,
                 confidence=0.75,

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from tpu_agent.profile.model import Evidence, Finding, ProfileModel, Severity
 from tpu_agent.profile.rules._base import HOOKS, DiagnosticRule
-
-DEBUG_MODE = "DEFER_NEVER_AND_LAUNCH_BLOCKING"
-_FLAGS = {
-    "TORCH_TPU_LAUNCH_BLOCKING": "1",
-    "TPU_LAUNCH_BLOCKING": "1",
-    "TORCH_TPU_ENABLE_DEBUG_CHECKS": "1",
-    "TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS": "1",
-}
+from tpu_agent.runtime.envvars import DEBUG_CHECKS, DEBUG_EAGER, eager_mode_from_env
 
 
 def _check(model: ProfileModel) -> list[Finding]:
     env = model.config.env
-    causes = [f"{name}={value}" for name, value in _FLAGS.items() if env.get(name) == value]
-    if model.config.eager_mode == DEBUG_MODE and not causes:
-        causes.append(f"eager mode {DEBUG_MODE} (Debug Eager)")
+    causes: list[str] = []
+    # the capture's environment read exactly as the run read it (envvars owns the names and their precedence)
+    mode, source = eager_mode_from_env(env)
+    if mode is DEBUG_EAGER:
+        causes.append(source)
+    elif model.config.eager_mode == DEBUG_EAGER.enum_name:
+        causes.append(f"eager mode {DEBUG_EAGER.enum_name} ({DEBUG_EAGER.doc_name})")
+    checks = DEBUG_CHECKS.on_source(env)
+    if checks is not None:
+        causes.append(checks)
     if "xla_dump_to" in env.get("XLA_FLAGS", ""):
         causes.append("XLA_FLAGS dumps HLO (--xla_dump_to)")
     if "xla_optimization_level=O0" in env.get("TORCH_TPU_INTERNAL_XLA_OPTIONS", ""):

@@ -6,7 +6,7 @@ from tpu_agent.chips import GIB
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, MemoryBreakdown, ProfileModel, Severity
 from tpu_agent.profile.rules._base import MEMORY, DiagnosticRule
 
-ERROR_SHARE = 0.90  # peak above 90 % of HBM: out of memory or thrashing
+ERROR_HBM_SHARE = 0.90  # peak above 90 % of HBM: out of memory or thrashing
 WARN_STATE_SHARE = 0.50  # replicated state alone above half of HBM
 TARGET_SHARE = 0.70  # plan for 70 % of HBM after sharding
 SHARDED_TYPES = ("FullyShardedDataParallel", "FSDP")
@@ -57,7 +57,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     hbm = chip.hbm_bytes_per_device
     state = memory.param_bytes + memory.grad_bytes + memory.optimizer_bytes
     total = state + memory.activation_bytes
-    if total <= ERROR_SHARE * hbm and state <= WARN_STATE_SHARE * hbm:
+    if total <= ERROR_HBM_SHARE * hbm and state <= WARN_STATE_SHARE * hbm:
         return []
     degree, checkpoint = plan_shards(memory, hbm)
     plan = fsdp_plan(degree, model.config.world_size, checkpoint)
@@ -69,14 +69,14 @@ def _check(model: ProfileModel) -> list[Finding]:
     return [
         RULE.finding(
             f"Replicated model state needs {gib(total)} per device; {chip.device_name} has {gib(hbm)} HBM",
-            Evidence("state + activations / HBM per device", round(total / hbm, 3), ERROR_SHARE, "fraction"),
+            Evidence("state + activations / HBM per device", round(total / hbm, 3), ERROR_HBM_SHARE, "fraction"),
             [Location.from_site(rank.forward_site)] if rank.forward_site else [],
             f"{breakdown}. Shard parameters, gradients and optimizer state with FSDP2 fully_shard over {degree} "
             "devices "
             f"(`tpu-agent run --nproc {degree}` on one host, more hosts beyond a slice)"
             + (", and checkpoint activations" if checkpoint else "")
             + ". Replicated data parallel (DDP) cannot fit this model.",
-            severity=Severity.error if total > ERROR_SHARE * hbm else Severity.warning,
+            severity=Severity.error if total > ERROR_HBM_SHARE * hbm else Severity.warning,
             agent_change=AgentChange("Shard the model with FSDP2 on a TPU device mesh:\n" + plan),
             saving_pct=0.0,
             confidence=0.85,

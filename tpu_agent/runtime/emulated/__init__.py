@@ -15,7 +15,7 @@ import sys
 from tpu_agent.chips import DEFAULT_CHIP, host_devices, parse_target
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import state
-from tpu_agent.runtime.envvars import recorded_env
+from tpu_agent.runtime.envvars import eager_mode_from_env, recorded_env
 
 _active = False
 
@@ -70,7 +70,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     module_conversion.install()
     mxu.install()
     process_sharing.install()
-    modes.apply_mode(mode if mode is not None else state.eager_mode_from_env())
+    modes.apply_mode(mode if mode is not None else state.parse_eager_mode(eager_mode_from_env(os.environ)[0].enum_name))
     atexit.register(_at_exit)
     _active = True
     if state.log_enabled:

@@ -8,11 +8,13 @@ another's rules.
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from collections.abc import Iterator
 
 from tpu_agent.runtime.emulated import state
 from tpu_agent.runtime.emulated.state import EagerMode, Precision
+from tpu_agent.runtime.envvars import debug_checks_from_env
 
 
 def apply_mode(mode: EagerMode) -> None:
@@ -22,7 +24,7 @@ def apply_mode(mode: EagerMode) -> None:
     if state.eager_mode in state.DEFERRING_MODES and mode not in state.DEFERRING_MODES:
         deferred.flush("mode_change")
     state.eager_mode = mode
-    state.debug_checks = state.debug_checks_from_env(mode)
+    state.debug_checks = debug_checks_from_env(os.environ, mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
     tensor.set_pending_graph(deferred.touches, deferred.flush)
     tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else tensor.strict_dispatch)
 

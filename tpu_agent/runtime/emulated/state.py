@@ -8,17 +8,20 @@ so they are plain globals rather than properties.
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tpu_agent.chips import Chip
+from tpu_agent.runtime.envvars import EAGER_MODES
 
 
 class EagerMode(enum.Enum):
-    """TorchTPU's eager modes (``torch.tpu.EagerMode``); the values are the enum names TorchTPU logs."""
+    """TorchTPU's eager modes (``torch.tpu.EagerMode``); the values are the enum names TorchTPU logs.
+
+    Which one a process starts in is read from the environment by
+    :func:`tpu_agent.runtime.envvars.eager_mode_from_env`, the one reader of TorchTPU's eager-mode variables."""
 
     DEFER_NEVER = "DEFER_NEVER"  # Strict Eager: each op runs at once
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "DEFER_NEVER_AND_LAUNCH_BLOCKING"  # Debug Eager: each op runs and is checked
@@ -42,10 +45,9 @@ class Precision(enum.Enum):
 PRECISION_BY_TORCH_NAME = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
 TORCH_NAME_BY_PRECISION = {v: k for k, v in PRECISION_BY_TORCH_NAME.items()}
 
+# The doc names parse_eager_mode accepts: the runtime's --eager-mode spellings (underscored), and "fused".
 EAGER_MODE_ALIASES = {
-    "strict": EagerMode.DEFER_NEVER,
-    "debug": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-    "defer_and_fuse": EagerMode.DEFER_AND_FUSE,
+    **{option.cli_name.replace("-", "_"): EagerMode[option.enum_name] for option in EAGER_MODES.values()},
     "fused": EagerMode.DEFER_AND_FUSE,
 }
 
@@ -80,23 +82,6 @@ def effective_precision() -> Precision:
     return precision_stack[-1] if precision_stack else precision
 
 
-def _env_flag(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value is not None:
-            return value
-    return None
-
-
-def eager_mode_from_env() -> EagerMode:
-    """The default mode TorchTPU derives from its environment (new spelling wins over the old one)."""
-    if _env_flag("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING") == "1":
-        return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-    if _env_flag("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE") == "1":
-        return EagerMode.DEFER_AND_FUSE
-    return EagerMode.DEFER_NEVER
-
-
 def parse_eager_mode(value: str | EagerMode) -> EagerMode:
     """Accept the enum, its name (any case) or the doc names strict/debug/defer_and_fuse."""
     if isinstance(value, EagerMode):
@@ -113,14 +98,6 @@ def parse_eager_mode(value: str | EagerMode) -> EagerMode:
         message=f"unknown eager mode {value!r}",
         hint="use one of: strict, debug, defer_and_fuse (or DEFER_NEVER, DEFER_NEVER_AND_LAUNCH_BLOCKING, DEFER_AND_FUSE)",
     )
-
-
-def debug_checks_from_env(mode: EagerMode) -> bool:
-    """Debug Eager turns the checks on; ``TORCH_TPU_ENABLE_DEBUG_CHECKS`` overrides either way."""
-    value = _env_flag("TORCH_TPU_ENABLE_DEBUG_CHECKS", "TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS")
-    if value is not None:
-        return value == "1"
-    return mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
 
 def index_of(device: Any) -> int:

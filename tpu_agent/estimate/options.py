@@ -1,0 +1,20 @@
+"""What an estimate can be asked for: the target, the sharding strategies, the optimizer steps to run, with the
+defaults and limits that the CLI (``tpu-agent estimate``), the MCP server (``tpu_estimate``),
+:class:`~tpu_agent.estimate.script.EstimateOptions` and the capture hook all take from here.
+
+The steps are *optimizer* steps the script runs before its step is compiled, not the measured window of
+``tpu-agent profile`` (:data:`tpu_agent.profile.options.DEFAULT_STEPS`): hence their own names.
+"""
+
+from __future__ import annotations
+
+DEFAULT_TARGET = "v5e"  # one v5e chip: the smallest target the compiler lays out
+# as-captured: the placements the script's own DDP / FSDP2 / DTensor code gave each tensor; data-parallel:
+# parameters on every chip, batch split; fsdp: parameters and optimizer state split too (tpu_agent.estimate.step)
+STRATEGIES = ("as-captured", "data-parallel", "fsdp")
+# The steady step is the interval between the last two optimizer steps, so fewer than two leaves none.
+MIN_OPTIMIZER_STEPS = 2
+DEFAULT_OPTIMIZER_STEPS = 3  # one more than the minimum: the first step's one-off work stays out of the compiled one
+MAX_OPTIMIZER_STEPS = 100  # a longer run only delays the compile, whose step is the same
+
+__all__ = ["DEFAULT_OPTIMIZER_STEPS", "DEFAULT_TARGET", "MAX_OPTIMIZER_STEPS", "MIN_OPTIMIZER_STEPS", "STRATEGIES"]
