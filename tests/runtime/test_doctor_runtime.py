@@ -46,3 +46,10 @@ def test_doctor_text_and_launch_blocking_precedence() -> None:
     assert "chip v6e" in text
     bad = tpu_agent_in_process("doctor", "--format", "sarif")
     assert bad.exit_code == 2 and "text or json" in flat(bad.stderr)
+
+
+def test_the_guides_older_launch_blocking_name_selects_debug_eager() -> None:
+    from tpu_agent.runtime.envvars import eager_mode_from_env
+
+    mode, source = eager_mode_from_env({"TPU_LAUNCH_BLOCKING": "1"})  # eager_mode.py's spelling
+    assert (mode.enum_name, source) == ("DEFER_NEVER_AND_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING=1")

@@ -64,7 +64,10 @@ def test_execution_mode_switches_the_emulations_own_eager_mode(surface: dict[str
     assert surface["scoped"] == ["EagerMode.DEFER_NEVER", True]  # Strict runs each op at once
     assert surface["restored"] == "EagerMode.DEFER_AND_FUSE"
     assert surface["defer_all"] is False  # INTERNAL_DEFER_ALL defers too
-    assert surface["eager_mode_call"] == "TypeError: 'EagerMode' object is not callable"  # a property, as in 0.2.0
+    # the guide's `with em.eager_mode(X):` (a TypeError in the 0.2.0 wheel) scopes the mode as set_eager_mode does
+    assert surface["called"] == ["EagerMode.DEFER_AND_FUSE", False]
+    assert surface["called_inner_restored"] == "EagerMode.DEFER_AND_FUSE"
+    assert surface["called_restored"] == ["EagerMode.DEFER_NEVER", True]
     assert surface["mlir_fused"] == [True, True]  # sync.computation_mlir: the pending graph, lowered
     assert surface["mlir_strict"] == [False, False, True]
     assert surface["module_to_bf16_fused"] == "torch.bfloat16"  # the pending cast ran before torch swapped tensors
@@ -140,14 +143,22 @@ def test_the_run_puts_the_face_on_the_path_only_where_torch_tpu_is_not_installed
     assert kept_autoload["PYTHONPATH"] == "/somewhere" and kept_autoload["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "1"
 
 
-def test_doctor_says_what_import_torch_tpu_gives_a_run_and_that_autoload_is_installed() -> None:
+def test_doctor_says_what_import_torch_tpu_gives_a_run_and_that_autoload_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from runtime_launch_util import tpu_agent_in_process
 
+    monkeypatch.delenv("TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS", raising=False)
     result = tpu_agent_in_process("doctor", "--format", "json")
     assert result.exit_code == 0, result.output
     surface = json.loads(result.output)["torch_tpu_surface"]
     assert surface["import_torch_tpu"].startswith("the emulation's face of torch_tpu (follows torch_tpu 0.2.0")
+    assert surface["newest"].startswith("torch_tpu 0.3.0 on PyPI, guide https://torchtpu.readthedocs.io")
+    assert surface["legacy_device_apis"].startswith("raise RuntimeError from user code")
     assert surface["autoload"].startswith("installed")
+    # the switch the wheel reads turns the errors into warnings
+    text = tpu_agent_in_process("doctor", TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS="1").output
+    assert "legacy APIs warn once (TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS=1)" in " ".join(text.split())
 
 
 def test_lookup_api_answers_torch_tpu_names_from_the_surface_itself() -> None:
@@ -166,6 +177,20 @@ def test_lookup_api_answers_torch_tpu_names_from_the_surface_itself() -> None:
     assert all(row.status == EMULATED[0] and row.reference.endswith(".py") for row in rows.values())
     (best,) = lookup("OpTracer", limit=1)
     assert best.tpu == "torch_tpu._internal.utils.utils.OpTracer" and "Records the ops" in best.note
+
+
+def test_lookup_api_answers_torch_tpu_and_backends_names_with_the_legacy_calls_marked_internal() -> None:
+    from tpu_agent.plugins.api_lookup import lookup
+
+    (legacy,) = lookup("torch.tpu.is_available", limit=1)
+    assert legacy.tpu == "torch.tpu.is_available"
+    assert "raises RuntimeError" in legacy.note and "use torch.accelerator.is_available" in legacy.note
+    names = [row.tpu for row in lookup("allow_excess_precision", limit=2)]
+    assert set(names) == {"torch.tpu.allow_excess_precision", "torch.backends.tpu.allow_excess_precision"}
+    (stats,) = lookup("_get_cache_stats", limit=1)
+    assert stats.tpu == "torch.tpu._get_cache_stats" and stats.reference.endswith("/compilation_cache.py")
+    (mode,) = lookup("torch.tpu.eager_mode", limit=1)
+    assert "with em.eager_mode(X):" in mode.note  # the guide's call form is part of the surface
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,8 @@ def doctor(
     )
     surface = report.torch_tpu_surface
     console.print(f"  torch_tpu   {escape(surface['import_torch_tpu'])}", highlight=False, soft_wrap=True)
+    console.print(f"  newest      {escape(surface['newest'])}", highlight=False, soft_wrap=True)
+    console.print(f"  legacy APIs {escape(surface['legacy_device_apis'])}", highlight=False, soft_wrap=True)
     console.print(f"  autoload    {escape(surface['autoload'])}", highlight=False, soft_wrap=True)
     for name, value in report.env.items():
         console.print(f"  env         {name}={value}", highlight=False)

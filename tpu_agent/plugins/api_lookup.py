@@ -5,8 +5,11 @@ API becomes, with the rule's safety as the status, its references and the oldest
 There is no second table: what ``tpu_lookup_api`` says about an API is what ``tpu-agent migrate`` does to it,
 so the two can never disagree. TorchTPU's own Python API (``OpTracer``, ``set_eager_mode``, ``api.tpu_device``)
 comes from the public names of the emulation's ``torch_tpu`` package itself, read from its source (importing it
-would activate the device), so a row exists exactly when ``tpu-agent run`` provides the name. This module only
-flattens the two and ranks rows against a query such as ``torch.cuda.synchronize``, ``GradScaler`` or ``OpTracer``.
+would activate the device), so a row exists exactly when ``tpu-agent run`` provides the name. The ``torch.tpu``
+and ``torch.backends.tpu`` modules TorchTPU installs are read the same way from the classes the emulation builds
+them from (``TpuModule``, ``BackendsTpu``): the legacy CUDA-style calls there say that they are internal and what
+replaces them, as the 0.2.0 wheel does. This module only flattens the rows and ranks them against a query such as
+``torch.cuda.synchronize``, ``GradScaler``, ``OpTracer`` or ``allow_excess_precision``.
 """
 
 from __future__ import annotations
@@ -123,14 +126,92 @@ def surface_rows(package: Path) -> tuple[ApiMapping, ...]:
     return tuple(rows)
 
 
+# The guide page that documents each torch.tpu name (api_mapping, where most of them are, when not listed), and
+# the underscored names the guide itself calls, which are therefore part of the surface users write against.
+TORCH_TPU_PAGES = {
+    "EagerMode": "eager_mode",
+    "eager_mode": "eager_mode",
+    "set_eager_mode": "eager_mode",
+    "enable_cpu_fallback": "error_glossary",
+    "Precision": "precision_management",
+    "precision": "precision_management",
+    "allow_excess_precision": "precision_management",
+    "_clear_cache": "precision_management",
+    "_get_cache_stats": "compilation_cache",
+    "_hbm_usage_summary": "api_mapping",
+}
+
+
+def _decorator_call(node: ast.FunctionDef, name: str) -> str | None:
+    """The string argument of a ``@name("...")`` decorator on ``node``, None when it has none."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name) and decorator.func.id == name:
+            return str(ast.literal_eval(decorator.args[0]))
+    return None
+
+
+def _class_members(path: Path, class_name: str) -> list[tuple[str, ast.AST]]:
+    """(name, node) of each attribute, method, property and nested class the class body of ``class_name`` defines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    (body,) = [n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    members: list[tuple[str, ast.AST]] = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            members.append((node.name, node))
+        elif isinstance(node, ast.Assign):
+            members.extend((t.id, node) for t in node.targets if isinstance(t, ast.Name))
+    return members
+
+
+def module_rows(module: str, members: list[tuple[str, ast.AST]]) -> tuple[ApiMapping, ...]:
+    """One row per name of an installed module (``torch.tpu``) from the class it is built from: its public names
+    and the underscored ones the guide calls. A legacy call marked ``@internal("torch.accelerator.X")`` says so."""
+    from tpu_agent.migrate.rules.references import torch_tpu_notebook
+
+    rows, seen = [], set()
+    for name, node in members:
+        if name in seen or (name.startswith("_") and name not in TORCH_TPU_PAGES):
+            continue
+        seen.add(name)
+        doc = _first_line(ast.get_docstring(node)) if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ""
+        prefer = _decorator_call(node, "internal") if isinstance(node, ast.FunctionDef) else None
+        if prefer is not None:
+            doc = (
+                f"internal to TorchTPU with torch >= 2.11: called from user code it raises RuntimeError "
+                f"(TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS=1 makes it warn once); use {prefer}. {doc}".strip()
+            )
+        rows.append(
+            ApiMapping(
+                cuda="",
+                tpu=f"{module}.{name}",
+                status=EMULATED[0],
+                note=f"{module}.{name}: {doc or 'provided by the emulation as TorchTPU 0.2.0 has it'}",
+                reference=torch_tpu_notebook(TORCH_TPU_PAGES.get(name, "api_mapping")),
+                keywords=tuple(sorted({name, name.lstrip("_"), *(p for p in module.split(".") if len(p) > 2)})),
+                rule="",
+            )
+        )
+    return tuple(rows)
+
+
 @lru_cache(maxsize=1)
 def load_table() -> tuple[dict[str, str], tuple[ApiMapping, ...]]:
-    """(status legend, rows): every rule's ``apis`` in code order, then the torch_tpu surface's names."""
+    """(status legend, rows): every rule's ``apis`` in code order, then the torch_tpu surface's names, then
+    ``torch.tpu``'s (with the eager-mode settings it shares with ``execution_mode``) and ``torch.backends.tpu``'s."""
     from tpu_agent.migrate.rules import ALL_RULES
     from tpu_agent.runtime.run_scope import SURFACE_DIR
 
     rows = tuple(_row(rule, i) for _, rule in sorted(ALL_RULES.items()) for i in range(len(rule.apis)))
-    return dict([*STATUSES.values(), EMULATED]), rows + surface_rows(SURFACE_DIR / "torch_tpu")
+    emulated = SURFACE_DIR.parent  # read, not imported: importing these modules imports torch
+    torch_tpu = _class_members(emulated / "tpu_module.py", "TpuModule")
+    settings = _class_members(emulated / "modes.py", "ExecutionSettings")
+    backends = _class_members(emulated / "backends_tpu.py", "BackendsTpu")
+    return dict([*STATUSES.values(), EMULATED]), (
+        rows
+        + surface_rows(SURFACE_DIR / "torch_tpu")
+        + module_rows("torch.tpu", torch_tpu + settings)
+        + module_rows("torch.backends.tpu", backends)
+    )
 
 
 def _tokens(text: str) -> set[str]:
@@ -174,4 +255,13 @@ def lookup(query: str, limit: int = 5) -> list[ApiMapping]:
     return [row for _, _, row in scored[:limit]]
 
 
-__all__ = ["EMULATED", "STATUSES", "ApiMapping", "load_table", "lookup", "surface_rows"]
+__all__ = [
+    "EMULATED",
+    "STATUSES",
+    "TORCH_TPU_PAGES",
+    "ApiMapping",
+    "load_table",
+    "lookup",
+    "module_rows",
+    "surface_rows",
+]

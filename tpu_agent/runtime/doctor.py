@@ -27,6 +27,10 @@ NOT_INSTALLED = "not installed"
 REPORTED_PACKAGES = ("torch", "torch_tpu", "libtpu", "jax", "jaxlib")
 #: The torch_tpu release whose Python surface the emulation's face follows (docs/torchtpu-fidelity.md)
 SURFACE_FOLLOWS = "0.2.0"
+#: The newest torch_tpu release PyPI lists, and the guide rendered for it
+NEWEST_RELEASE = "0.3.0"
+GUIDE_URL = "https://torchtpu.readthedocs.io"
+LEGACY_APIS_ENV = "TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS"
 AUTOLOAD_ENTRY_POINT = "tpu_agent.runtime.autoload:load"
 
 
@@ -69,7 +73,8 @@ class DoctorReport:
 
 
 def torch_tpu_surface() -> dict[str, str]:
-    """What ``import torch_tpu`` finds in a run, and whether the device reaches the processes a script starts.
+    """What ``import torch_tpu`` finds in a run, how it stands to the newest release and guide, what the legacy
+    ``torch.tpu`` device calls do in this environment, and whether the device reaches the processes a script starts.
 
     The second depends on the ``torch.backends`` entry point being installed: an editable install made before it
     was declared lacks it until ``pip install -e .`` runs again."""
@@ -88,7 +93,19 @@ def torch_tpu_surface() -> dict[str, str]:
             "missing: only the ranks get the tpu device, not the processes they start; reinstall tpu-agent "
             "(pip install -e . in a checkout) to register its torch.backends entry point"
         )
-    return {"import_torch_tpu": provides, "autoload": autoload}
+    newest = (
+        f"torch_tpu {NEWEST_RELEASE} on PyPI, guide {GUIDE_URL}; the face also runs the guide's forms the "
+        f"{SURFACE_FOLLOWS} wheel refuses (`with em.eager_mode(X):`, torch.backends.tpu.allow_excess_precision)"
+    )
+    if os.environ.get(LEGACY_APIS_ENV) == "1":
+        legacy = f"warn once ({LEGACY_APIS_ENV}=1): torch.tpu.is_available & co. run; prefer torch.accelerator.*"
+    else:
+        legacy = (
+            "raise RuntimeError from user code: torch.tpu.is_available, device_count, current_device, set_device, "
+            f"synchronize, current_stream, set_stream are internal with torch >= 2.11; use torch.accelerator.* "
+            f"({LEGACY_APIS_ENV}=1 makes them warn)"
+        )
+    return {"import_torch_tpu": provides, "newest": newest, "legacy_device_apis": legacy, "autoload": autoload}
 
 
 def doctor() -> DoctorReport:

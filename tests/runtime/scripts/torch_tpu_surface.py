@@ -39,10 +39,15 @@ with em.set_eager_mode(em.EagerMode.DEFER_AND_FUSE):  # the guides' model.to(dev
 em.eager_mode = em.EagerMode.INTERNAL_DEFER_ALL
 out["defer_all"] = sync.is_materialized(torch.ones(2, device="tpu") + 1)
 em.eager_mode = em.EagerMode.DEFER_NEVER
-try:
-    em.eager_mode(em.EagerMode.DEFER_NEVER)
-except TypeError as error:
-    out["eager_mode_call"] = f"TypeError: {error}"
+# the guide's call form is the scoped switch too; reading the property still gives the enum member itself
+with em.eager_mode(em.EagerMode.DEFER_AND_FUSE):
+    out["called"] = [str(em.eager_mode), sync.is_materialized(torch.ones(2, device="tpu") + 1)]
+    try:
+        with em.eager_mode("strict"):  # names are accepted where the enum is, as by set_eager_mode
+            raise KeyError("inner")
+    except KeyError:
+        out["called_inner_restored"] = str(em.eager_mode)  # restored on the way out of a raising block
+out["called_restored"] = [str(em.eager_mode), em.eager_mode is em.EagerMode.DEFER_NEVER]
 
 # OpTracer: the ATen ops the device was asked for, and a CPU fallback with its line
 model = torch.nn.Linear(8, 4).to("tpu")

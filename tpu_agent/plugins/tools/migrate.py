@@ -268,7 +268,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Look up the TorchTPU equivalent of a CUDA PyTorch API (e.g. 'torch.cuda.synchronize', 'GradScaler', "
         "'nccl') in the migration rules, with its status (rewrite: migrate rewrites it by default; "
         "unsafe-rewrite: only with unsafe fixes; manual: a person ports it) and a note; or a TorchTPU API "
-        "(e.g. 'OpTracer', 'set_eager_mode', 'tpu_device'): status emulated, with its guide page.",
+        "(e.g. 'OpTracer', 'set_eager_mode', 'tpu_device', 'torch.tpu._get_cache_stats', "
+        "'allow_excess_precision'): status emulated, with its guide page; torch.tpu's legacy device calls "
+        "(is_available, device_count...) say they are internal to TorchTPU and what replaces them.",
         tool_hints("CUDA -> TorchTPU API lookup", read_only=True),
     ),
 )

@@ -39,6 +39,8 @@ class ExecutionSettings(types.ModuleType):
 
     @property
     def eager_mode(self) -> EagerMode:
+        """The process-wide eager mode: assigning an ``EagerMode`` switches it, reading gives the member, and calling
+        that (``with em.eager_mode(X):``, as TorchTPU's guide writes it) scopes a mode as ``set_eager_mode`` does."""
         return state.eager_mode
 
     @eager_mode.setter
@@ -47,6 +49,7 @@ class ExecutionSettings(types.ModuleType):
 
     @property
     def enable_cpu_fallback(self) -> bool:
+        """Whether an op the device has no kernel for runs on the CPU instead of raising ``NotImplementedError``."""
         return state.cpu_fallback
 
     @enable_cpu_fallback.setter
@@ -63,6 +66,19 @@ def set_eager_mode(mode: EagerMode) -> Iterator[None]:
         yield
     finally:
         apply_mode(previous)
+
+
+def _scoped_by_call(_current: EagerMode, mode: EagerMode) -> contextlib.AbstractContextManager[None]:
+    """``with em.eager_mode(X):``, as TorchTPU's deferred_execution and error_glossary guide pages write it.
+
+    The 0.2.0 wheel made ``eager_mode`` an assignable property, so the value read from it is called: making every
+    ``EagerMode`` callable as the scoped switch keeps the three documented forms working at once (assigning,
+    reading, which still gives the enum member itself, and calling). The call is ``set_eager_mode``, looked up
+    when called, so it is forbidden inside ``torch.compile`` as that is."""
+    return set_eager_mode(mode)
+
+
+setattr(EagerMode, "__call__", _scoped_by_call)  # noqa: B010 (mypy rejects assigning a method to the class)
 
 
 @contextlib.contextmanager

@@ -5,8 +5,11 @@ here or on ``torch.tpu`` switches the one process-wide mode the emulated dispatc
 (:func:`tpu_agent.runtime.emulated.modes.apply_mode`). ``set_eager_mode`` restores the previous mode even when
 the block raises, and is forbidden inside ``torch.compile`` as TorchTPU's is.
 
-As in the 0.2.0 wheel, ``eager_mode`` is a property and not a callable: ``with em.eager_mode(...)`` (written in
-two of TorchTPU's notebooks) raises ``TypeError``; the scoped form is ``with em.set_eager_mode(...)``.
+As in the 0.2.0 wheel, ``eager_mode`` is a property (``em.eager_mode = X`` switches, reading it gives the
+``EagerMode`` member). TorchTPU's guide also writes the scoped switch as a call, ``with em.eager_mode(X):`` (its
+deferred_execution and error_glossary pages, and the API before 0.2.0); where the wheel raises ``TypeError`` for
+that, the emulation accepts it as ``with em.set_eager_mode(X):`` (every ``EagerMode`` member is callable so;
+:func:`tpu_agent.runtime.emulated.modes._scoped_by_call`), so the guide's code runs as written.
 """
 
 from __future__ import annotations
