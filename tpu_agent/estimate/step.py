@@ -17,7 +17,6 @@ from tpu_agent.errors import TpuAgentError
 from tpu_agent.estimate.compiler import (
     HbmExhausted,
     compile_for_target,
-    compiler_status,
     supported_chip_counts,
     tpu_devices,
 )
@@ -31,6 +30,7 @@ from tpu_agent.estimate.model import (
     StepProgram,
     Suggestion,
 )
+from tpu_agent.runtime.tpu_compiler import compiler_status
 
 STRATEGIES = ("as-captured", "data-parallel", "fsdp")
 MESH_AXIS = "chips"

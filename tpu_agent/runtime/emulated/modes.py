@@ -12,19 +12,20 @@ import types
 from collections.abc import Iterator
 
 from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 from tpu_agent.runtime.emulated.state import EagerMode, Precision
 
 
 def apply_mode(mode: EagerMode) -> None:
     """Make ``mode`` the process-wide eager mode."""
-    from tpu_agent.runtime.emulated import deferred, tensor
+    from tpu_agent.runtime.emulated import deferred, dispatch, tensor
 
     if state.eager_mode in state.DEFERRING_MODES and mode not in state.DEFERRING_MODES:
-        deferred.flush("mode_change")
+        deferred.flush(FlushCause.MODE_CHANGE)
     state.eager_mode = mode
     state.debug_checks = state.debug_checks_from_env(mode)
     tensor.set_pending_graph(deferred.touches, deferred.flush)
-    tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else tensor.strict_dispatch)
+    tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else dispatch.strict_dispatch)
 
 
 class ExecutionSettings(types.ModuleType):
