@@ -59,10 +59,9 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     target = parse_target(chip)
     chosen = target.chip
     mode = state.parse_eager_mode(eager_mode) if eager_mode is not None else None
-    state.host_devices = host_devices(target, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    state.visible_devices = state.visible_device_count(state.host_devices, os.environ)
+    state.bind_host(host_devices(target, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), os.environ)
     if _active:
-        state.chip = chosen
+        state.bind_chip(chosen)
         if mode is not None:
             from tpu_agent.runtime.emulated import modes
 
@@ -83,7 +82,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
 
     device.register()
     attention.install()
-    state.chip = chosen
+    state.bind_chip(chosen)
     autocast.register()
     compile.install()
     telemetry.install()

@@ -22,8 +22,7 @@ def apply_mode(mode: EagerMode) -> None:
 
     if state.eager_mode in state.DEFERRING_MODES and mode not in state.DEFERRING_MODES:
         deferred.flush(FlushCause.MODE_CHANGE)
-    state.eager_mode = mode
-    state.debug_checks = state.debug_checks_from_env(mode)
+    state.use_eager_mode(mode)
     tensor.set_pending_graph(deferred.touches, deferred.flush)
     tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else dispatch.strict_dispatch)
 
@@ -50,7 +49,7 @@ class ExecutionSettings(types.ModuleType):
 
     @enable_cpu_fallback.setter
     def enable_cpu_fallback(self, value: bool) -> None:
-        state.cpu_fallback = bool(value)
+        state.set_cpu_fallback(bool(value))
 
 
 @contextlib.contextmanager
@@ -79,7 +78,7 @@ def precision(mode: Precision) -> Iterator[None]:
 def set_float32_matmul_precision(name: str) -> None:
     """TorchTPU's remap: medium -> DEFAULT (1-pass bf16), high -> HIGH, highest -> HIGHEST (reference §6.2)."""
     try:
-        state.precision = state.PRECISION_BY_TORCH_NAME[name]
+        state.set_precision(state.PRECISION_BY_TORCH_NAME[name])
     except KeyError:
         raise ValueError(f"Invalid precision {name!r}; expected one of 'medium', 'high', 'highest'") from None
 
