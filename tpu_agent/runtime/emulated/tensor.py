@@ -446,15 +446,16 @@ def set_device(device: torch.device) -> None:
 
 def _not_registered(func: Any, args: tuple, kwargs: dict) -> Any:
     raise RuntimeError(
-        f"{func} on a tpu tensor before the emulated device chose its eager mode: call "
+        f"{func} on a tpu tensor before the emulated tpu device was registered: call "
         "tpu_agent.runtime.emulated.activate() first"
     )
 
 
-# The active dispatcher: the eager-mode switch installs Strict's or DeferAndFuse's (see modes.apply_mode).
+# The active dispatcher: Strict's from device registration on, then the eager mode's (see modes.apply_mode).
 _dispatch: Callable[[Any, tuple, dict], Any] = _not_registered
 
 
 def set_dispatcher(fn: Callable[[Any, tuple, dict], Any]) -> None:
+    """Every op on a tpu tensor goes to ``fn`` from now on (the dispatcher lives above this module)."""
     global _dispatch
     _dispatch = fn
