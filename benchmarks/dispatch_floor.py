@@ -31,6 +31,7 @@ import torch
 from hf_step_bench import BATCH, SEQ, VOCAB, build  # a sibling script: benchmarks/ is sys.path[0]
 
 from tpu_agent.runtime.emulated import tensor
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 from tpu_agent.runtime.emulated.tensor import TpuTensor
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -95,9 +96,9 @@ def _time_calls(op: Callable[[Any, Any], Any], x: Any, y: Any, calls: int, flush
     for i in range(1, calls + 1):
         op(x, y)
         if flush_every and i % flush_every == 0:
-            deferred.flush("synchronize")
+            deferred.flush(FlushCause.SYNCHRONIZE)
     if flush_every:
-        deferred.flush("synchronize")
+        deferred.flush(FlushCause.SYNCHRONIZE)
     return (time.thread_time() - start) / calls
 
 

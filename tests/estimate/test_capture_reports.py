@@ -138,20 +138,20 @@ def test_the_default_bound_is_a_quarter_of_the_hosts_ram() -> None:
     assert 0 < host_bound.resident_bytes() < host_bound.host_ram_bytes()
 
 
-def test_under_capture_only_new_parameters_have_no_data_and_ties_stay_ties(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_capture_only_new_parameters_have_no_data_and_ties_stay_ties() -> None:
     """A model built on the host the usual way (``GPT(config).to(device)``) allocated its weights before
     capture-only could see them; a weight tied to one made before the switch must stay tied."""
     from tpu_agent.estimate import capture_only
-    from tpu_agent.runtime.emulated import tensor as tt
+    from tpu_agent.runtime.emulated import placement
 
     handle = torch.nn.modules.module.register_module_parameter_registration_hook(capture_only.swap_parameter)
     try:
         embedding = torch.nn.Embedding(64, 8)  # before the switch: real data
-        monkeypatch.setattr(tt, "DATA_DEVICE", torch.device("meta"))
-        head = torch.nn.Linear(8, 64, bias=False)
-        assert head.weight.is_meta and head.weight.shape == (64, 8) and head.weight.requires_grad
-        head.weight = embedding.weight
-        assert head.weight is embedding.weight and not embedding.weight.is_meta
+        with placement.placed_on(torch.device("meta")):
+            head = torch.nn.Linear(8, 64, bias=False)
+            assert head.weight.is_meta and head.weight.shape == (64, 8) and head.weight.requires_grad
+            head.weight = embedding.weight
+            assert head.weight is embedding.weight and not embedding.weight.is_meta
     finally:
         handle.remove()
 

@@ -1,4 +1,4 @@
-"""``tpu-agent run`` / ``python -m tpu_agent.runtime`` behave like ``python SCRIPT`` on the emulated device."""
+"""``tpu-agent run`` / ``python -m tpu_agent run`` behave like ``python SCRIPT`` on the emulated device."""
 
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ def test_script_sees_plain_python_argv_main_path_and_cwd(tmp_path: Path) -> None
     assert seen["world_size"] is None  # one process: no rendezvous variables, as under plain python
 
 
-def test_python_dash_m_tpu_agent_runtime_runs_a_module_as_python_dash_m_does(tmp_path: Path) -> None:
+def test_python_dash_m_tpu_agent_run_runs_a_module_as_python_dash_m_does(tmp_path: Path) -> None:
     _write(tmp_path / "pkg" / "__init__.py", "")
     _write(tmp_path / "pkg" / "train.py", PROBE)
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_agent.runtime", "--backend", "emulated", "--eager-mode", "defer-and-fuse", "-m", "pkg.train", "--epochs", "1"],
+        [sys.executable, "-m", "tpu_agent", "run", "--backend", "emulated", "--eager-mode", "defer-and-fuse", "-m", "pkg.train", "--epochs", "1"],
         cwd=tmp_path, env=clean_env(TORCH_TPU_LAUNCH_BLOCKING="1"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -34,6 +34,7 @@ from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FIL
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
 from tpu_agent.estimate.options import DEFAULT_OPTIMIZER_STEPS, MIN_OPTIMIZER_STEPS
 from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 _DONATED_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
 _OWNERS = (torch.nn.Module, torch.optim.Optimizer)
@@ -164,7 +165,7 @@ class _Watcher:
         ``loss.item()`` reads no value there)."""
         from tpu_agent.runtime.emulated import deferred
 
-        deferred.flush("optimizer_step")
+        deferred.flush(FlushCause.OPTIMIZER_STEP)
         self.step += 1
         if self.step >= 2:  # step 0 builds optimizer state and compiles: never the steady step
             self.steady = self.current
@@ -307,10 +308,11 @@ def _finish(
     from tpu_agent.fsutil import atomic_write_text
 
     undo()
-    from tpu_agent.runtime.emulated import deferred
-    from tpu_agent.runtime.emulated import tensor as tt
+    from tpu_agent.runtime.emulated import deferred, placement
 
-    deferred.flush("estimate")  # the last step's pending updates: every parameter and state tensor gets its data
+    deferred.flush(
+        FlushCause.ESTIMATE
+    )  # the last step's pending updates: every parameter and state tensor gets its data
     watcher.refresh_roles()
     step = watcher.step_seen()
     coverage = watcher.coverage(step)
@@ -319,7 +321,7 @@ def _finish(
     try:
         if capture_only.reads.stopped is not None:
             raise capture_only.reads.stopped
-        failure = script_error(raised, watcher.step, tt.DATA_DEVICE.type == "meta")
+        failure = script_error(raised, watcher.step, placement.DATA_DEVICE.type == "meta")
         if failure is not None:
             raise failure
         missing = coverage.missing

@@ -3,7 +3,7 @@
 Users estimate the model they want to train, not one that fits their laptop: a 7B-parameter Llama holds 14 GB of
 bf16 parameters before its gradients and optimizer state. In this mode no tensor on the emulated ``tpu`` device
 has data: every one holds a *meta* tensor (shape, strides, dtype, no memory), from the factory that creates it
-(:data:`tensor.DATA_DEVICE`) to the graph that produces it. DeferAndFuse already infers each recorded op's
+(:func:`placement.place_data_on`) to the graph that produces it. DeferAndFuse already infers each recorded op's
 output on meta tensors, so the script runs as usual and its graphs are recorded; at each flush
 :class:`CaptureOnlyExecutor` traces the graph exactly as the XLA executor would (same plan, same functional
 ATen graph) and hands it to the estimate's observers, then gives the graph's outputs meta data instead of
@@ -37,11 +37,23 @@ import torch
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.runtime import events
+from tpu_agent.runtime.emulated import placement
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 _META = torch.device("meta")
 NEEDS_VALUES = "capture-only-needs-values"
 # host reads whose value is only shown or stored: answered with zeros
-_PLACEHOLDER_CAUSES = frozenset({"item", "tolist", "float", "print", "numpy", "save", "cpu"})
+_PLACEHOLDER_CAUSES = frozenset(
+    {
+        FlushCause.ITEM,
+        FlushCause.TOLIST,
+        FlushCause.FLOAT,
+        FlushCause.PRINT,
+        FlushCause.NUMPY,
+        FlushCause.SAVE,
+        FlushCause.CPU,
+    }
+)
 
 
 def storage_identity(t: torch.Tensor) -> int | None:
@@ -115,7 +127,7 @@ class CaptureOnlyExecutor:
     def __init__(self) -> None:
         self.traced: dict[tuple[str, tuple[float, ...]], CapturedGraph | None] = {}
 
-    def run(self, graph: Any, cause: str) -> None:
+    def run(self, graph: Any, cause: FlushCause) -> None:
         try:
             self._observe(graph)
         finally:  # whatever the trace made of it, the graph's tensors get their (meta) data, as after a run
@@ -186,14 +198,12 @@ def _give_meta_data(graph: Any) -> None:
     cpu = deferred.CpuExecutor()
     for node in graph.nodes:
         if _small_and_real(node):
-            tt.DATA_DEVICE = torch.device("cpu")  # what a device argument (a copy's to="tpu") makes, for this op
             try:
-                cpu.run(deferred.Graph([node]), "capture_only_small")
+                with placement.placed_on(placement.CPU):  # what a device argument (a copy's to="tpu") makes
+                    cpu.run(deferred.Graph([node]), FlushCause.CAPTURE_ONLY_SMALL)
                 continue
             except Exception:  # noqa: BLE001 - an op that needs more than its inputs: meta data like the rest
                 pass
-            finally:
-                tt.DATA_DEVICE = _META
         base = next((t for t in tensors_in(node.args) if type(t) is tt.TpuTensor), None)
         for wrapper in tensors_in(node.outputs):
             if type(wrapper) is not tt.TpuTensor or wrapper._elem is not None:
@@ -261,20 +271,20 @@ def _stop(what: str, site: events.Site | None) -> ValuesNeeded:
 
 
 _DESCRIPTIONS = {
-    "item": "Tensor.item()",
-    "tolist": "Tensor.tolist()",
-    "float": "float(tensor)",
-    "print": "printing a tensor",
-    "numpy": "Tensor.numpy()",
-    "save": "saving a tensor",
-    "cpu": "copying a tensor to the host",
-    "bool": "a branch on a tensor (bool(tensor))",
-    "int": "int(tensor) (a size or index from a tensor)",
-    "data_dependent": "an op whose output shape depends on values",
+    FlushCause.ITEM: "Tensor.item()",
+    FlushCause.TOLIST: "Tensor.tolist()",
+    FlushCause.FLOAT: "float(tensor)",
+    FlushCause.PRINT: "printing a tensor",
+    FlushCause.NUMPY: "Tensor.numpy()",
+    FlushCause.SAVE: "saving a tensor",
+    FlushCause.CPU: "copying a tensor to the host",
+    FlushCause.BOOL: "a branch on a tensor (bool(tensor))",
+    FlushCause.INT: "int(tensor) (a size or index from a tensor)",
+    FlushCause.DATA_DEPENDENT: "an op whose output shape depends on values",
 }
 
 
-def host_read(t: torch.Tensor, cause: str) -> torch.Tensor:
+def host_read(t: torch.Tensor, cause: FlushCause) -> torch.Tensor:
     """Answers ``item()``, ``print``, ``bool()``... on a tpu tensor: zeros where the value is only shown,
     :class:`ValuesNeeded` where it would decide what runs."""
     from tpu_agent.runtime.emulated import tensor as tt
@@ -298,21 +308,21 @@ def _decided_on_real_data(what: str, site: events.Site | None) -> None:
     )
 
 
-def eager_op(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
+def eager_op(func: Any, args: tuple, kwargs: dict, cause: FlushCause) -> Any:
     """Answers the ops DeferAndFuse would run at once on data (see :func:`deferred._eager`)."""
-    from tpu_agent.runtime.emulated import deferred
+    from tpu_agent.runtime.emulated import deferred, dispatch
     from tpu_agent.runtime.emulated import tensor as tt
 
     site = _site()
-    if cause == "fallback":  # shapes meta inference could not give, or storage changes: run on the meta data
+    if cause == FlushCause.FALLBACK:  # shapes meta inference could not give, or storage changes: run on the meta data
         deferred.flush(cause, site)
-        return tt.strict_dispatch(func, args, kwargs)
+        return dispatch.strict_dispatch(func, args, kwargs)
     if cause not in _PLACEHOLDER_CAUSES:
         deferred.flush(cause, site)
         if _has_data(args) and _has_data(list(kwargs.values())):
             _decided_on_real_data(f"{_DESCRIPTIONS.get(cause, cause)} ({func})", site)
-            return tt.strict_dispatch(func, args, kwargs)
-    if cause == "data_dependent" and func in _BOUNDED:
+            return dispatch.strict_dispatch(func, args, kwargs)
+    if cause == FlushCause.DATA_DEPENDENT and func in _BOUNDED:
         shape, dtype = _BOUNDED[func](*args, **kwargs)
         reads.assume(
             f"{func} at {_where(site)}: its output size depends on values; bounded by its largest ({list(shape)}, "
@@ -393,7 +403,7 @@ def swap_parameter(module: torch.nn.Module, name: str, parameter: Any) -> Any:
     if not isinstance(parameter, torch.Tensor) or getattr(parameter, _REGISTERED, False):
         return None  # registered before (a tied weight: head.weight = tokens.weight): the same object again
     setattr(parameter, _REGISTERED, True)
-    if tt.DATA_DEVICE.type != "meta":  # capture-only is off
+    if placement.DATA_DEVICE.type != "meta":  # capture-only is off
         return None
     if type(parameter) is torch.nn.Parameter and not parameter.is_meta:  # a host parameter
         return data_less(parameter)
@@ -408,14 +418,11 @@ def install() -> None:
     script runs, or when the host-memory bound says so; the process ends with the capture, so nothing switches
     back). Tensors that already have data keep it; everything made from now on has none."""
     from tpu_agent.runtime.emulated import deferred
-    from tpu_agent.runtime.emulated import tensor as tt
 
-    deferred.flush("capture_only")
+    deferred.flush(FlushCause.CAPTURE_ONLY)
     for name in _VALUE_LOOP_INITS:
         setattr(torch.nn.init, name, _skipping_init(name))
-    tt.DATA_DEVICE = _META
-    tt.host_read_override = host_read
-    tt.SMALL_DATA_BYTES = SMALL_BYTES
-    deferred.eager_override = eager_op
-    deferred.executor_factory = CaptureOnlyExecutor
-    deferred.executor = CaptureOnlyExecutor()
+    placement.place_data_on(_META, small_bytes=SMALL_BYTES)
+    placement.set_host_read(host_read)
+    deferred.set_eager_override(eager_op)
+    deferred.set_executor(CaptureOnlyExecutor)

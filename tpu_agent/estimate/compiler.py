@@ -6,8 +6,9 @@ The compiled executable is never run; what we keep is what the compiler knows ab
 ``optimal_seconds``, the HBM it needs by kind, and the optimized HLO. MaxText and AXLearn use the same
 mechanism for their CPU-only ahead-of-time tests.
 
-libtpu is a ~700 MB Linux x86_64 wheel (the ``[estimate]`` extra); :func:`compiler_status` says whether it is
-usable here and, if not, exactly what is missing.
+libtpu is a ~700 MB Linux x86_64 wheel (the ``[estimate]`` extra);
+:func:`tpu_agent.runtime.tpu_compiler.compiler_status` says whether it is usable here and, if not, exactly what
+is missing.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -31,8 +30,7 @@ from typing import Any
 from tpu_agent.chips import CHIPS, SLICE_GENERATIONS, TpuTarget
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.fsutil import user_cache_dir
-
-INSTALL_HINT = 'pip install "tpu-agent[estimate]" (adds jax[tpu], whose libtpu wheel is Linux x86_64 only)'
+from tpu_agent.runtime.tpu_compiler import CompilerStatus, compiler_status
 
 # What libtpu prints on stderr when it starts on a host that is not a TPU VM. It is expected here (there is no
 # TPU), says nothing the user can act on, and would bury the script's own output.
@@ -40,47 +38,6 @@ _HARMLESS_LIBTPU_LINES = re.compile(
     r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Source Location Trace|libtpu_init_utils"
     r"|^=+\s*$|common_lib\.cc|could not determine TPU|Unable to initialize backend 'tpu'|^\s*$|^E0000|^W0000|^I0000|Logging before InitGoogle"
 )
-
-
-@dataclass(frozen=True)
-class CompilerStatus:
-    """Whether the TPU compiler can be used on this machine, and what to do when it cannot."""
-
-    available: bool
-    libtpu_version: str | None
-    jax_version: str | None
-    reason: str
-    hint: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "available": self.available,
-            "libtpu_version": self.libtpu_version,
-            "jax_version": self.jax_version,
-            "reason": self.reason,
-            "hint": self.hint,
-        }
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def compiler_status() -> CompilerStatus:
-    """Find libtpu and jax without importing libtpu (importing it is slow and noisy); say what is missing."""
-    jax_version = _version("jax")
-    libtpu_version = _version("libtpu") or _version("libtpu-nightly")
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        reason = f"libtpu is published for Linux x86_64 only (this is {sys.platform} {platform.machine()})"
-        return CompilerStatus(False, libtpu_version, jax_version, reason, "run estimate on a Linux x86_64 machine")
-    if jax_version is None:
-        return CompilerStatus(False, libtpu_version, None, "jax is not installed", INSTALL_HINT)
-    if libtpu_version is None:
-        return CompilerStatus(False, None, jax_version, "libtpu (the TPU compiler) is not installed", INSTALL_HINT)
-    return CompilerStatus(True, libtpu_version, jax_version, f"libtpu {libtpu_version} with jax {jax_version}", "")
 
 
 def require_compiler() -> CompilerStatus:

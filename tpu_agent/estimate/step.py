@@ -17,7 +17,6 @@ from tpu_agent.errors import TpuAgentError
 from tpu_agent.estimate.compiler import (
     HbmExhausted,
     compile_for_target,
-    compiler_status,
     supported_chip_counts,
     tpu_devices,
 )
@@ -32,6 +31,7 @@ from tpu_agent.estimate.model import (
     Suggestion,
 )
 from tpu_agent.estimate.options import STRATEGIES
+from tpu_agent.runtime.tpu_compiler import compiler_status
 
 MESH_AXIS = "chips"
 _JAX_DTYPES = {

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_agent.profile.model import Op
+from tpu_agent.runtime.events import XLA_EXECUTABLE_RECORD
 
 DTYPE_BYTES: dict[str, int] = {
     "float": 4,
@@ -41,8 +42,6 @@ DTYPE_BYTES: dict[str, int] = {
     "c10::complex<float>": 8,
     "c10::complex<double>": 16,
 }
-# The record a graph run as one XLA executable leaves in the trace; its children are the graph's ATen ops.
-XLA_EXECUTABLE_RECORD = "xla::executable"
 # The emulation's CPU does about this many FLOPs in the time it moves a byte from memory (~100 GFLOP/s against
 # ~10 GB/s per core): how the executable's time is split, a matmul by its FLOPs, an elementwise op by its bytes.
 _CPU_FLOPS_PER_BYTE = 8.0

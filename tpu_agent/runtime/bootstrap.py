@@ -103,9 +103,7 @@ def _prepare(argv: list[str]) -> tuple[str, bool, list[str]]:
     from tpu_agent.runtime.options import LaunchTarget
 
     if not argv or argv == ["-m"]:
-        raise TpuAgentError(
-            "no-target", "no script or module to run", "usage: python -m tpu_agent.runtime SCRIPT [ARGS...]"
-        )
+        raise TpuAgentError("no-target", "no script or module to run", "usage: tpu-agent run SCRIPT [ARGS...]")
     is_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
     check_target(LaunchTarget(target, args, is_module), Path.cwd())

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_agent.chips import DEFAULT_CHIP, get_chip
-from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.runtime.envvars import CHIP_ENV, eager_mode_from_env, recorded_env
 from tpu_agent.runtime.select import (
     BackendChoice,
@@ -21,6 +20,7 @@ from tpu_agent.runtime.select import (
     select_backend,
     torch_tpu_importable,
 )
+from tpu_agent.runtime.tpu_compiler import compiler_status
 from tpu_agent.runtime.xla import settings
 
 NOT_INSTALLED = "not installed"

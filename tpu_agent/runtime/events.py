@@ -38,6 +38,9 @@ EVENTS_DIR_ENV = "TPU_AGENT_EVENTS_DIR"
 EVENTS_FILE_PATTERN = "events-rank{rank}.jsonl"
 CHILD_EVENTS_FILE_PATTERN = "events-rank{rank}-pid{pid}.jsonl"  # a process the rank started
 _LOG_NAME = re.compile(r"events-rank(\d{1,6})(?:-pid(\d{1,10}))?\.jsonl")
+# The torch.profiler record a graph run as one XLA executable leaves in the trace (written by
+# runtime.xla.op_records); its children are the graph's ATen ops, whose time profile.kineto spreads by cost.
+XLA_EXECUTABLE_RECORD = "xla::executable"
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,7 @@ class Flush(Event):
     """A DeferAndFuse materialisation: pending graph executed because of ``cause``."""
 
     kind: ClassVar[str] = "flush"
-    cause: str  # item|tolist|numpy|cpu|print|save|bool|collective|synchronize|compile|exit|size_limit|rng_state|storage|layout_change
-    # (the emulation also uses: float|int (host reads), data_dependent (nonzero-style output shapes),
-    # fallback (an op it cannot defer), mode_change (leaving DeferAndFuse), swap_tensors (a module's dtype conversion))
+    cause: str  # a FlushCause value (tpu_agent.runtime.emulated.flush_cause lists them, with their meaning)
     graph_ops: int
     graph_hash: str  # stable hash of the op sequence: the same step code gives the same hash
     duration_ns: int
@@ -112,7 +113,7 @@ class HostSync(Event):
     """A device-to-host read requested by user code (in any eager mode)."""
 
     kind: ClassVar[str] = "host_sync"
-    op: str  # item|tolist|numpy|cpu|print|save|bool|float|int|synchronize
+    op: str  # a host-read FlushCause value (item, tolist, bool...), synchronize, stream/event_synchronize
     site: Site | None
 
 

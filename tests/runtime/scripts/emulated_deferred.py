@@ -5,6 +5,7 @@ import json
 import torch
 
 from tpu_agent.runtime.emulated import activate
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 from tpu_agent.runtime.emulated.tensor import flush_pending
 
 activate(eager_mode="defer_and_fuse")
@@ -15,7 +16,7 @@ value = y.sum().item()  # LINE item
 text = str((y * 3)[0, :2])  # LINE print
 cpu = y.cpu()  # LINE cpu
 z = x * 2
-flush_pending("collective")
+flush_pending(FlushCause.COLLECTIVE)
 if (z > 100).any():  # LINE bool
     pass
 bad = torch.nn.functional.embedding(torch.tensor([0, 99]).to("tpu"), x)

@@ -4,6 +4,27 @@
 the three eager modes, ``torch.compile(backend="tpu")`` and the ``torch.tpu`` module, with TorchTPU's observable
 rules (bf16 MXU rounding, internal legacy APIs, one device per process, its error texts). Data lives in CPU
 tensors; the runtime event log records what a TPU run would show (flushes, host syncs, compiles, steps).
+
+Where a change goes:
+
+* **An op gives a wrong result, error or layout on ``tpu``.** First the tables of :mod:`.ops` (MXU operands,
+  host reads, data-dependent shapes, mixed-device ops, TorchTPU's unsupported ops and dtypes, which
+  :mod:`.unsupported` raises). A CPU kernel that refuses inputs the device accepts: a record in
+  :mod:`.cpu_gaps`. How an op runs on the CPU data (MXU rounding, device generators, error texts):
+  :mod:`.kernels`. Fused attention's kernel choice: :mod:`.attention`. Argument unwrapping, result wrapping and
+  in-place layout changes: :mod:`.dispatch`. The same op wrong only under ``--compiler xla``: its lowering (below).
+* **A new flush trigger** (something that must run the pending DeferAndFuse graph first): a member of
+  :class:`.flush_cause.FlushCause`, then ``deferred.flush(FlushCause.X)`` (``tensor.flush_pending`` from modules
+  the recorder imports) where it happens. The recorder's own triggers live in :func:`.deferred.record`.
+* **A ``torch.tpu`` API:** :mod:`.tpu_module` (the ``torch.tpu`` module; eager modes and precision in
+  :mod:`.modes`, streams and events in :mod:`.streams`, memory in :mod:`.memory`); ``torch_tpu.*`` modules
+  are the surface package (``surface/torch_tpu``); ``torch.backends.tpu`` is :mod:`.backends_tpu`.
+* **An XLA lowering** (``--compiler xla`` and estimates): :mod:`tpu_agent.runtime.xla.extra_ops` for an op
+  torchax lowers wrongly or not at all (written into torchax's table by ``extra_ops.set_lowering``),
+  :mod:`tpu_agent.runtime.xla.decompositions` for a decomposition before lowering,
+  :mod:`tpu_agent.runtime.xla.tpu_kernels` for TorchTPU's fused kernels as a TPU estimate compiles them.
+* **Where data lives and who answers host reads** (estimate's capture-only mode): :mod:`.placement`; what runs a
+  flushed graph: ``deferred.set_executor``.
 """
 
 from __future__ import annotations
@@ -38,10 +59,9 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
     target = parse_target(chip)
     chosen = target.chip
     mode = state.parse_eager_mode(eager_mode) if eager_mode is not None else None
-    state.host_devices = host_devices(target, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    state.visible_devices = state.visible_device_count(state.host_devices, os.environ)
+    state.bind_host(host_devices(target, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), os.environ)
     if _active:
-        state.chip = chosen
+        state.bind_chip(chosen)
         if mode is not None:
             from tpu_agent.runtime.emulated import modes
 
@@ -62,7 +82,7 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
 
     device.register()
     attention.install()
-    state.chip = chosen
+    state.bind_chip(chosen)
     autocast.register()
     compile.install()
     telemetry.install()
@@ -87,9 +107,10 @@ def activate(chip: str = DEFAULT_CHIP, eager_mode: str | None = None) -> None:
 
 def _at_exit() -> None:
     from tpu_agent.runtime.emulated import deferred, telemetry
+    from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
     try:
-        deferred.flush("exit")
+        deferred.flush(FlushCause.EXIT)
     finally:
         telemetry.emit_op_batch()
         events.get_log().flush()

@@ -37,14 +37,14 @@ class BackendsTpu(types.ModuleType):
 
     @allow_excess_precision.setter
     def allow_excess_precision(self, value: bool) -> None:
-        state.allow_excess_precision = bool(value)
+        state.set_allow_excess_precision(bool(value))
 
 
 def install() -> None:
     """Take the setting's first value from ``XLA_FLAGS`` and register ``torch.backends.tpu``."""
     from_flags = excess_precision_from_xla_flags(os.environ.get("XLA_FLAGS"))
     if from_flags is not None:
-        state.allow_excess_precision = from_flags
+        state.set_allow_excess_precision(from_flags)
     module = BackendsTpu("torch.backends.tpu", "TorchTPU's backend switches on the tpu-agent emulated device")
     torch.backends.tpu = module
     sys.modules["torch.backends.tpu"] = module

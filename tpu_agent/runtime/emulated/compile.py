@@ -26,6 +26,7 @@ import torch
 from tpu_agent.runtime import events
 from tpu_agent.runtime.compile_options import OPTION_KEYS
 from tpu_agent.runtime.emulated import compile_cache, state
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 # TorchTPU's backend raises NotImplementedError with this text for dynamic=True (reference §3.3); we mirror it.
 DYNAMIC_MESSAGE = (
@@ -126,7 +127,7 @@ def _run_materialised(forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def compiled(*args: Any) -> Any:
         if state.eager_mode in state.DEFERRING_MODES:
-            deferred.flush("compile")
+            deferred.flush(FlushCause.COMPILE)
             with modes.set_eager_mode(EagerMode.DEFER_NEVER), compile_cache.graph_running():
                 return forward(*args)
         with compile_cache.graph_running():
@@ -299,7 +300,7 @@ def _register() -> None:
     _skip_emulation_frames()
     distributed.keep_dynamo_out()
     torch._dynamo.config.allow_rnn = True
-    modes.set_eager_mode = torch._dynamo.forbid_in_graph(modes.set_eager_mode)
+    torch._dynamo.forbid_in_graph(modes.set_eager_mode)  # marks the function itself: Dynamo must not trace it
     original = InstructionTranslatorBase.log_graph_break
 
     def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:

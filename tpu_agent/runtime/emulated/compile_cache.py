@@ -119,6 +119,12 @@ def record_build(key: Hashable, compile_ns: int) -> None:
 op_key: Callable[[Any, tuple, dict], Hashable] | None = None
 
 
+def set_op_key(key_of: Callable[[Any, tuple, dict], Hashable]) -> None:
+    """Key Strict ops' executables by ``key_of`` (the shape cache's :func:`shape_cache.key_of`)."""
+    global op_key
+    op_key = key_of
+
+
 def request_op(func: Any, args: tuple, kwargs: dict) -> None:
     """Strict mode's request for one op's executable: not while a compiled graph runs the op, nor while torch.compile
     traces it (on fake data)."""

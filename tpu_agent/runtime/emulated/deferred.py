@@ -7,11 +7,10 @@ right metadata but no data yet (TorchTPU's "Deferred" promise state). *Execution
 on the CPU (TorchTPU's "Materialized" state); :mod:`tpu_agent.runtime.xla.executor` compiles the same graph
 objects with XLA.
 
-A flush runs the whole pending graph. It happens at TorchTPU's triggers (reference §2.4): host reads (item,
-tolist, cpu, print, save, bool/float/int), collectives (``flush_pending("collective")``; functional collectives
-then run at once), explicit synchronize, compiled calls, a graph size limit, ops whose output shape depends on
-data, and process exit.
-Errors in recorded ops therefore surface at the flush, naming the op and the user line that recorded it.
+A flush runs the whole pending graph, at TorchTPU's triggers (reference §2.4; each a :class:`FlushCause`): host
+reads, collectives (functional collectives then run at once), synchronize, compiled calls, a graph size limit,
+ops whose output shape depends on data, and process exit. Errors in recorded ops therefore surface at the flush,
+naming the op and the user line that recorded it.
 """
 
 from __future__ import annotations
@@ -29,10 +28,11 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import compile_cache, kernels, ops, shape_cache, state, telemetry
+from tpu_agent.runtime.emulated import compile_cache, dispatch, kernels, ops, shape_cache, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
-MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause "size_limit"
+MAX_GRAPH_OPS = 20_000  # beyond this the graph is flushed with cause FlushCause.SIZE_LIMIT
 _META = torch.device("meta")
 _modes_active = torch._C._len_torch_dispatch_stack  # how many dispatch modes are on: one C call, 0 when eager
 
@@ -97,7 +97,13 @@ class Graph:
 
 
 class Executor(Protocol):
-    def run(self, graph: Graph, cause: str) -> None: ...
+    """Runs a flushed graph: gives each of its deferred tensors data, or raises naming the op. :class:`CpuExecutor`
+    unless one is installed with :func:`set_executor` (the XLA executor, estimate's capture-only one)."""
+
+    def run(self, graph: Graph, cause: FlushCause) -> None: ...
+
+
+EagerOverride = Callable[[Any, tuple, dict, FlushCause], Any]  # (func, args, kwargs, why): see set_eager_override
 
 
 class DeferredExecutionError(RuntimeError):
@@ -107,14 +113,14 @@ class DeferredExecutionError(RuntimeError):
 class CpuExecutor:
     """Runs a captured graph node by node on the CPU, with the same op semantics as Strict mode."""
 
-    def run(self, graph: Graph, cause: str) -> None:
+    def run(self, graph: Graph, cause: FlushCause) -> None:
         compile_cache.request(("deferred graph", graph.hash))  # op by op: nothing to compile
         for node in graph.nodes:
             func = node.func
             try:
-                cargs = tt.unwrap_args(func, node.args)
-                ckwargs = tt.unwrap_kwargs(func, node.kwargs)[0] if node.kwargs else node.kwargs
-                route = tt.route_of(func)
+                cargs = dispatch.unwrap_args(func, node.args)
+                ckwargs = dispatch.unwrap_kwargs(func, node.kwargs)[0] if node.kwargs else node.kwargs
+                route = dispatch.route_of(func)
                 if route.direct:
                     out = route.plan.call(*cargs, **ckwargs)
                 else:  # the rounding cache keys on the version counters recording saw, not today's
@@ -161,10 +167,15 @@ def _in_recorded_layout(wrapped: torch.Tensor, out: torch.Tensor) -> torch.Tenso
         return out
 
 
+executor_factory: Callable[[], Executor] = CpuExecutor  # the compiler stack and estimate hand theirs in
 executor: Executor | None = None  # made by executor_factory at the first flush
-# What runs captured graphs. The runtime's activation installs the XLA executor here under --compiler xla; the
-# compiler stack sits above this module, so it is handed in rather than imported (no import circle).
-executor_factory: Callable[[], Executor] = CpuExecutor
+
+
+def set_executor(factory: Callable[[], Executor]) -> None:
+    """Graphs flushed from now on run on an executor ``factory`` makes (at the next flush, once)."""
+    global executor, executor_factory
+    executor_factory = factory
+    executor = None
 
 
 def _select_executor() -> Executor:
@@ -179,7 +190,7 @@ _lock = threading.RLock()
 flush_observers: list[Callable[[Graph], None]] = []
 
 
-def flush(cause: str, site: events.Site | None = None) -> None:
+def flush(cause: FlushCause, site: events.Site | None = None) -> None:
     """Execute the pending graph (no-op when empty) and log a Flush record with ``cause``."""
     global _pending, _last_site
     with _lock:
@@ -270,15 +281,21 @@ def _signature(func: Any, margs: Any) -> str:
     return f"{func}({','.join(shapes)})"
 
 
-# Estimate's capture-only mode (tpu_agent.estimate.capture_only) answers the ops that need data now itself.
-eager_override: Callable[[Any, tuple, dict, str], Any] | None = None
+eager_override: EagerOverride | None = None
 
 
-def _eager(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
+def set_eager_override(answer: EagerOverride | None) -> None:
+    """Ops that need their data now are answered by ``answer`` from now on (``None``: flushed and run): how
+    estimate's capture-only mode (:mod:`tpu_agent.estimate.capture_only`) answers them without data."""
+    global eager_override
+    eager_override = answer
+
+
+def _eager(func: Any, args: tuple, kwargs: dict, cause: FlushCause) -> Any:
     if eager_override is not None:
         return eager_override(func, args, kwargs, cause)
     flush(cause, events.user_call_site(3) if state.log_enabled else None)
-    return tt.strict_dispatch(func, args, kwargs)
+    return dispatch.strict_dispatch(func, args, kwargs)
 
 
 def _is_host_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
@@ -324,11 +341,11 @@ def _infer(
         mout = func(*margs, **mkwargs)
     except Exception:  # noqa: BLE001 - any op whose shapes cannot be inferred runs eagerly (with an event)
         return None
-    outputs = tt.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
+    outputs = dispatch.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
     if func in ops.METADATA_INPLACE_OPS:
-        tt.sync_metadata(outputs, mout)
-    elif mkwargs and tt.route_of(func).plan.out_arguments:
-        tt.sync_out_arguments(func, kwargs, mkwargs, before_relayout=lambda: flush("layout_change"))
+        dispatch.sync_metadata(outputs, mout)
+    elif mkwargs and dispatch.route_of(func).plan.out_arguments:
+        dispatch.sync_out_arguments(func, kwargs, mkwargs, before_relayout=lambda: flush(FlushCause.LAYOUT_CHANGE))
     signature = _signature(func, margs)
     inferred = None
     if key is not None:
@@ -407,21 +424,21 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
     the output wrappers and a :class:`Node`, and must stay below what Strict pays to run the op. An op torch
     traces runs as Strict runs it, on the trace's own tensors (see :func:`tensor.torch_is_tracing`)."""
     if _modes_active() and tt.torch_is_tracing():
-        return tt.strict_dispatch(func, args, kwargs)
-    route = tt.route_of(func)
+        return dispatch.strict_dispatch(func, args, kwargs)
+    route = dispatch.route_of(func)
     plan = route.plan
     if not plan.plain_record:  # a transfer, view, host read or data-dependent op may have to run now
         if plan.host_read is not None or (plan.transfer and _is_host_transfer(func, args, kwargs)):
-            return _eager(func, args, kwargs, plan.host_read or "cpu")
+            return _eager(func, args, kwargs, plan.host_read or FlushCause.CPU)
         if (plan.transfer and _is_host_upload(func, args)) or (plan.is_view and _all_materialized(args)):
-            return tt.strict_dispatch(func, args, kwargs)
+            return dispatch.strict_dispatch(func, args, kwargs)
         if plan.data_dependent:
-            return _eager(func, args, kwargs, "data_dependent")
+            return _eager(func, args, kwargs, FlushCause.DATA_DEPENDENT)
         if plan.collective:
-            return _eager(func, args, kwargs, "collective")
+            return _eager(func, args, kwargs, FlushCause.COLLECTIVE)
         if plan.storage_changing:  # the tensor object or its memory changes: needs its data now
             telemetry.emit_fallback(str(func))
-            return _eager(func, args, kwargs, "fallback")
+            return _eager(func, args, kwargs, FlushCause.FALLBACK)
     if route.special is not None:
         route.special(func, args, kwargs)
     # ops that change a tensor's layout in place are inferred every time: the cache describes new outputs only
@@ -438,7 +455,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         inferred_now = _infer(func, args, kwargs, key)
         if inferred_now is None:
             telemetry.emit_fallback(str(func))
-            return _eager(func, args, kwargs, "fallback")
+            return _eager(func, args, kwargs, FlushCause.FALLBACK)
         outputs, signature, inferred = inferred_now
     if state.log_enabled:
         telemetry.op_counts[func] += 1
@@ -477,7 +494,7 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         )
         full = len(nodes) >= MAX_GRAPH_OPS
     if route.written_lists:
-        tt.bump_written_lists(route, args)
+        dispatch.bump_written_lists(route, args)
     if full:
-        flush("size_limit")
+        flush(FlushCause.SIZE_LIMIT)
     return outputs

@@ -28,11 +28,13 @@ from tpu_agent.runtime.emulated import (
     compile_cache,
     deferred,
     device_guard,
+    dispatch,
     fsdp1_offload,
     generator,
     host_memory,
     memory,
     modes,
+    placement,
     shape_cache,
     state,
     storage,
@@ -41,6 +43,7 @@ from tpu_agent.runtime.emulated import (
     tpu_module,
     unsupported,
 )
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive for the process
@@ -96,10 +99,10 @@ def _placed(device: torch.device | None) -> None:
 def _factory(op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         _placed(kwargs.get("device"))
-        kwargs["device"] = tensor.DATA_DEVICE
+        kwargs["device"] = placement.DATA_DEVICE
         made = op(*args, **kwargs)
-        if made.is_meta and tensor.data_device_for(made.numel(), made.dtype).type == "cpu":
-            made = op(*args, **{**kwargs, "device": tensor.data_device_for(made.numel(), made.dtype)})
+        if made.is_meta and placement.data_device_for(made.numel(), made.dtype).type == "cpu":
+            made = op(*args, **{**kwargs, "device": placement.data_device_for(made.numel(), made.dtype)})
         return tensor.wrap(made)
 
     return kernel
@@ -115,7 +118,7 @@ def _empty_memory_format(
 ) -> Any:
     _placed(device)
     memory_format = memory_format or torch.contiguous_format
-    device = tensor.data_device_for(math.prod(size), dtype)
+    device = placement.data_device_for(math.prod(size), dtype)
     return tensor.wrap(torch.empty(size, dtype=dtype, memory_format=memory_format, device=device))
 
 
@@ -123,14 +126,14 @@ def _empty_strided(
     size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
 ) -> Any:
     _placed(device)
-    device = tensor.data_device_for(math.prod(size), dtype)
+    device = placement.data_device_for(math.prod(size), dtype)
     return tensor.wrap(torch.empty_strided(size, stride, dtype=dtype, device=device))
 
 
 def _zeros(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
     """``_efficientzerotensor`` (autograd's zero gradients): real zeros, since the emulator's CPU kernels run with
     the ZeroTensor dispatch key off and would read a storage-less tensor."""
-    return tensor.wrap(torch.zeros(size, dtype=dtype, device=tensor.DATA_DEVICE))
+    return tensor.wrap(torch.zeros(size, dtype=dtype, device=placement.DATA_DEVICE))
 
 
 def _copy_from(src: Any, dst: Any, non_blocking: bool = False) -> Any:
@@ -160,7 +163,7 @@ def _patch_accelerator() -> None:
     acc = torch.accelerator
 
     def synchronize(device: Any = None, /) -> None:
-        streams.synchronize_device("synchronize")
+        streams.synchronize_device(FlushCause.SYNCHRONIZE)
 
     def set_device_index(device: Any, /) -> None:
         state.check_device_index(state.index_of(device))
@@ -269,7 +272,8 @@ def register() -> None:
     refuse_foreign_backend()
     module = tpu_module.build_module()
     _setup_privateuseone_for_python_backend("tpu", backend_module=module, device_guard=device_guard.DeviceGuard())
-    tensor.DEVICE = torch.device("tpu", 0)
+    tensor.set_device(torch.device("tpu", 0))
+    tensor.set_dispatcher(dispatch.strict_dispatch)  # until the eager mode is applied (modes.apply_mode)
     _register_kernels()
     _patch_accelerator()
     streams.install()
@@ -284,4 +288,4 @@ def register() -> None:
     host_memory.install()
     autograd_queue.install()
     backends_tpu.install()
-    compile_cache.op_key = shape_cache.key_of
+    compile_cache.set_op_key(shape_cache.key_of)

@@ -8,10 +8,10 @@ and ``"cpu:gloo,tpu:tpu_dist"`` all work; :func:`register` does the same here.
 collectives used by DTensor and FSDP2) reach its Python methods through the ProcessGroup trampoline, and
 ``torch.distributed``'s Python functions call them directly. Each collective
 
-1. materialises pending DeferAndFuse work (``flush_pending("collective")``: TorchTPU forces eager collectives
-   into their own graph, reference §8.1 ``..._MATERIALIZE_COLLECTIVE_TENSORS``),
+1. materialises pending DeferAndFuse work (a flush with cause ``collective``: TorchTPU forces eager collectives
+   into their own graph, reference §8.1 ``..._MATERIALIZE_COLLECTIVE_TENSORS``; :mod:`.collective_staging`),
 2. checks TorchTPU's restrictions (no ``reduce``, ``monitored_barrier``, ``PREMUL_SUM``, barrier options, or
-   buffer sizes that differ across ranks; :data:`RESTRICTIONS`),
+   buffer sizes that differ across ranks; :data:`.collective_restrictions.RESTRICTIONS`),
 3. agrees with the other ranks on what is being run (:mod:`collective_guard`: a tiny gloo all-gather of op,
    size and sequence number), which turns a desynchronised program or uneven sizes into an error on every
    rank instead of a hang,
@@ -20,10 +20,6 @@ collectives used by DTensor and FSDP2) reach its Python methods through the Proc
 
 Hangs and departures: when gloo times out, or a peer's process is gone, the guard's error names the op and the
 ranks that never reached it or that left. FSDP2's storage resizing is the device's own (:mod:`storage`).
-
-Why this module is long: it is one ``ProcessGroup`` backend. torch requires every collective as a method
-of that one class; each is a few lines over the same staging and guard helpers (the guard machinery and
-the FSDP2 storage patch live in their own modules).
 """
 
 from __future__ import annotations
@@ -31,184 +27,28 @@ from __future__ import annotations
 import atexit
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
-from torch.futures import Future
 
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated import async_collectives
-from tpu_agent.runtime.emulated.collective_guard import (
-    ANY_SIZE,
-    ASYMMETRIC_INPUT,
-    CollectiveGuard,
+from tpu_agent.runtime.emulated.collective_guard import ANY_SIZE, CollectiveGuard
+from tpu_agent.runtime.emulated.collective_restrictions import UNSET_TIMEOUT, restricted
+from tpu_agent.runtime.emulated.collective_staging import (
+    DEVICE_TYPE,
+    DoneWork,
+    Staged,
+    flush_if_tpu,
+    nbytes,
+    same_shapes,
 )
 
 BACKEND_NAMES = ("tpu_dist", "tpu")
-DEVICE_TYPE = "tpu"
-ASYMMETRIC_OUTPUT = "asymmetric output buffer sizes across ranks are not supported on TPU."
 collectives_run = 0  # in this process, on any tpu_dist group (:mod:`lone_rank` reads it)
-
-
-@dataclass(frozen=True)
-class Restriction:
-    """One TorchTPU collective restriction: where it applies, the error it raises, and the source."""
-
-    code: str
-    applies_to: str
-    message: str
-    workaround: str
-    reference: str
-
-
-RESTRICTIONS: dict[str, Restriction] = {
-    r.code: r
-    for r in (
-        Restriction(
-            "reduce",
-            "dist.reduce",
-            "Backend tpu_dist does not support reduce",
-            "all_reduce, then use the result on the destination rank",
-            "torchtpu_api.md §4.3",
-        ),
-        Restriction(
-            "monitored_barrier",
-            "ProcessGroup.monitored_barrier",
-            "Backend tpu_dist does not support monitoredBarrier, only GLOO supports monitored barrier.",
-            "use a gloo group (dist.new_group(backend='gloo')) for monitored_barrier",
-            "torchtpu_api.md §4.3, §8.2",
-        ),
-        Restriction(
-            "premul_sum",
-            "ReduceOp.PREMUL_SUM",
-            "BuildReduceBody: 'premul_sum' reduction is not supported",
-            "scale the tensor, then all_reduce with SUM",
-            "torchtpu_api.md §4.3, §8.2",
-        ),
-        Restriction(
-            "asymmetric_input",
-            "tensor sizes that differ across ranks",
-            ASYMMETRIC_INPUT,
-            "pad to equal sizes; give DTensor explicit shape/stride",
-            "torchtpu_api.md §4.3, §8.2",
-        ),
-        Restriction(
-            "asymmetric_output",
-            "output buffers of unequal size",
-            ASYMMETRIC_OUTPUT,
-            "pad to equal sizes",
-            "torchtpu_api.md §4.3, §8.2",
-        ),
-        Restriction(
-            "barrier_timeout",
-            "dist.barrier(timeout=...)",
-            "timeout in barrier options is not supported",
-            "drop the timeout argument",
-            "torchtpu_api.md §8.2",
-        ),
-        Restriction(
-            "barrier_device_ids",
-            "dist.barrier(device_ids=[i]), i != 0",
-            "device_ids in barrier options is not supported except device_ids=[0]",
-            "drop device_ids (each rank sees its device as tpu:0)",
-            "torchtpu_api.md §8.2",
-        ),
-        Restriction(
-            "recv_anysource",
-            "recv without src",
-            "recvAnysource is not supported on TPU",
-            "pass src= to recv",
-            "torchtpu_api.md §4.3",
-        ),
-    )
-}
-
-_UNSET_TIMEOUT = dist.BarrierOptions().timeout
-
-
-def _restricted(code: str) -> RuntimeError:
-    return RuntimeError(RESTRICTIONS[code].message)
-
-
-class _DoneWork(dist.Work):
-    """A finished collective (the gloo call underneath was waited for); ``get_future`` yields ``result``."""
-
-    def __init__(self, result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._result = result
-        self._future: Future[list[torch.Tensor]] = Future()
-        self._future.set_result(result)
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self) -> None:
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> Future[list[torch.Tensor]]:
-        return self._future
-
-
-class _Staged:
-    """The CPU tensors a gloo call works on, for a list of (possibly ``tpu``) tensors.
-
-    ``tpu`` tensors are replaced by the CPU tensor holding their data, so gloo's in-place results are the
-    ``tpu`` tensors' results; a non-contiguous one goes through a contiguous copy written back afterwards.
-    """
-
-    def __init__(self) -> None:
-        self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def cpu(self, tensor: torch.Tensor) -> torch.Tensor:
-        data = _cpu_data(tensor)
-        if data.is_contiguous():
-            return data
-        dense = data.contiguous()
-        self._write_back.append((data, dense))
-        return dense
-
-    def cpus(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return [self.cpu(t) for t in tensors]
-
-    def finish(self) -> None:
-        for data, dense in self._write_back:
-            data.copy_(dense)
-
-
-def _cpu_data(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.device.type == DEVICE_TYPE:
-        from tpu_agent.runtime.emulated.tensor import unwrap
-
-        return unwrap(tensor)
-    return tensor
-
-
-def _flush_if_tpu(tensors: Sequence[torch.Tensor]) -> None:
-    if any(t.device.type == DEVICE_TYPE for t in tensors):
-        from tpu_agent.runtime.emulated.tensor import flush_pending
-
-        flush_pending("collective")
-
-
-def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _same_shapes(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> bool:
-    return all(t.shape == like.shape for t in tensors)
 
 
 # Every gloo group stays alive until the interpreter is about to exit. Its destructor joins gloo's worker threads
@@ -279,19 +119,19 @@ class ProcessGroupTpu(dist.ProcessGroup):
         op: str,
         tensors: Sequence[torch.Tensor],
         signature: int,
-        body: Callable[[_Staged], list[torch.Tensor]],
-    ) -> _DoneWork:
+        body: Callable[[Staged], list[torch.Tensor]],
+    ) -> DoneWork:
         """Flush, agree with the other ranks, run ``body`` on staged CPU tensors, emit the event."""
         global collectives_run
         collectives_run += 1
-        _flush_if_tpu(tensors)
+        flush_if_tpu(tensors)
         self._seq += 1
         seq = self._seq
         start = time.perf_counter_ns()
         self._guard.entering(op, seq)
         try:
             self._guard.agree(self._gloo, op, seq, signature)
-            staged = _Staged()
+            staged = Staged()
             result = body(staged)
             staged.finish()
         except RuntimeError as error:
@@ -300,14 +140,14 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 raise explained from None
             raise
         self._emit(op, tensors, start)
-        return _DoneWork(result)
+        return DoneWork(result)
 
     def _emit(self, op: str, tensors: Sequence[torch.Tensor], start_ns: int) -> None:
         if events.get_log().enabled:
             events.emit(
                 events.Collective,
                 op=op,
-                bytes=_nbytes(tensors),
+                bytes=nbytes(tensors),
                 group_size=self.size(),
                 duration_ns=time.perf_counter_ns() - start_ns,
                 site=events.user_call_site(),
@@ -318,7 +158,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         """The gloo ReduceOp for ``opts`` and whether to divide by the group size afterwards (AVG)."""
         red = opts.reduceOp
         if red.op == dist.ReduceOp.RedOpType.PREMUL_SUM:
-            raise _restricted("premul_sum")
+            raise restricted("premul_sum")
         if red.op == dist.ReduceOp.RedOpType.AVG:
             # TorchTPU lowers AVG to SUM and a divide ("'avg' reduction should be handled using 'sum'").
             return dist.ReduceOp.SUM, True
@@ -330,11 +170,11 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     # ---------------------------------------------------------------------------------- collectives
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DoneWork:
         opts = opts or dist.AllreduceOptions()
         red, average = self._reduce_op(opts)
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             cpu = staged.cpus(tensors)
             gloo_opts = dist.AllreduceOptions()
             gloo_opts.reduceOp = red
@@ -345,13 +185,13 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
         return self._run("all_reduce", tensors, sum(t.numel() for t in tensors), body)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> DoneWork:
         single = dist.AllreduceOptions()
         if opts is not None:
             single.reduceOp = opts.reduceOp
         red, average = self._reduce_op(single)
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             cpu = staged.cpus(tensors)
             gloo_opts = dist.AllreduceOptions()
             gloo_opts.reduceOp = red
@@ -363,10 +203,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
         return self._run("all_reduce_coalesced", tensors, sum(t.numel() for t in tensors), body)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> DoneWork:
         opts = opts or dist.BroadcastOptions()
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             gloo_opts = dist.BroadcastOptions()
             gloo_opts.rootRank, gloo_opts.rootTensor = opts.rootRank, opts.rootTensor
             self._gloo.broadcast(staged.cpus(tensors), gloo_opts).wait()
@@ -376,12 +216,12 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _DoneWork:
+    ) -> DoneWork:
         for outputs, tensor in zip(output_lists, inputs, strict=True):
-            if not _same_shapes(outputs, tensor):
-                raise _restricted("asymmetric_output")
+            if not same_shapes(outputs, tensor):
+                raise restricted("asymmetric_output")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             cpu_outputs = [staged.cpus(outputs) for outputs in output_lists]
             self._gloo.allgather(cpu_outputs, staged.cpus(inputs)).wait()
             return [t for outputs in output_lists for t in outputs]
@@ -389,24 +229,24 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for outputs in output_lists for t in outputs]
         return self._run("all_gather", [*inputs, *flat], sum(t.numel() for t in inputs), body)
 
-    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> DoneWork:
         return self._gather_into("all_gather_into_tensor", [output], [tensor])
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _DoneWork:
+    ) -> DoneWork:
         return self._gather_into("all_gather_into_tensor_coalesced", outputs, inputs)
 
     # torch < 2.13 and the C++ trampoline's fallback names for the same two operations.
     _allgather_base = all_gather_single
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def _gather_into(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _DoneWork:
+    def _gather_into(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> DoneWork:
         for output, tensor in zip(outputs, inputs, strict=True):
             if output.numel() != tensor.numel() * self.size():
-                raise _restricted("asymmetric_output")
+                raise restricted("asymmetric_output")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             for output, tensor in zip(outputs, inputs, strict=True):
                 self._gloo._allgather_base(staged.cpu(output), staged.cpu(tensor)).wait()
             return outputs
@@ -415,14 +255,14 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
-    ) -> _DoneWork:
+    ) -> DoneWork:
         opts = opts or dist.ReduceScatterOptions()
         red, average = self._reduce_op(opts)
         for output, inputs in zip(outputs, input_lists, strict=True):
-            if not _same_shapes(inputs, output):
-                raise _restricted("asymmetric_input")
+            if not same_shapes(inputs, output):
+                raise restricted("asymmetric_input")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             gloo_opts = dist.ReduceScatterOptions()
             gloo_opts.reduceOp = red
             cpu_outputs = staged.cpus(outputs)
@@ -434,27 +274,27 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for inputs in input_lists for t in inputs]
         return self._run("reduce_scatter", [*outputs, *flat], sum(t.numel() for t in outputs), body)
 
-    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> _DoneWork:
+    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> DoneWork:
         return self._scatter_from("reduce_scatter_tensor", [output], [tensor], opts)
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _DoneWork:
+    ) -> DoneWork:
         return self._scatter_from("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
 
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def _scatter_from(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> _DoneWork:
+    def _scatter_from(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> DoneWork:
         single = dist.ReduceScatterOptions()
         if opts is not None:
             single.reduceOp = opts.reduceOp
         red, average = self._reduce_op(single)
         for output, tensor in zip(outputs, inputs, strict=True):
             if tensor.numel() != output.numel() * self.size():
-                raise _restricted("asymmetric_input")
+                raise restricted("asymmetric_input")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             gloo_opts = dist.ReduceScatterOptions()
             gloo_opts.reduceOp = red
             for output, tensor in zip(outputs, inputs, strict=True):
@@ -473,8 +313,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
         output_splits: list[int],
         input_splits: list[int],
         opts: Any = None,
-    ) -> _DoneWork:
-        def body(staged: _Staged) -> list[torch.Tensor]:
+    ) -> DoneWork:
+        def body(staged: Staged) -> list[torch.Tensor]:
             self._gloo.alltoall_base(staged.cpu(output), staged.cpu(tensor), output_splits, input_splits).wait()
             return [output]
 
@@ -482,8 +322,8 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
-        def body(staged: _Staged) -> list[torch.Tensor]:
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> DoneWork:
+        def body(staged: Staged) -> list[torch.Tensor]:
             # gloo has no list all_to_all: one all_to_all_single per peer pair, through flat buffers.
             flat_in = torch.cat([staged.cpu(t).reshape(-1) for t in inputs])
             flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype)
@@ -496,13 +336,13 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
         return self._run("all_to_all", [*outputs, *inputs], ANY_SIZE, body)
 
-    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _DoneWork:
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> DoneWork:
         opts = opts or dist.GatherOptions()
         for outputs in output_lists:
-            if not _same_shapes(outputs, inputs[0]):
-                raise _restricted("asymmetric_output")
+            if not same_shapes(outputs, inputs[0]):
+                raise restricted("asymmetric_output")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             gloo_opts = dist.GatherOptions()
             gloo_opts.rootRank = opts.rootRank
             self._gloo.gather([staged.cpus(o) for o in output_lists], staged.cpus(inputs), gloo_opts).wait()
@@ -511,15 +351,13 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for o in output_lists for t in o]
         return self._run("gather", [*inputs, *flat], sum(t.numel() for t in inputs), body)
 
-    def scatter(
-        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
-    ) -> _DoneWork:
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> DoneWork:
         opts = opts or dist.ScatterOptions()
         for inputs in input_lists:
-            if not _same_shapes(inputs, outputs[0]):
-                raise _restricted("asymmetric_input")
+            if not same_shapes(inputs, outputs[0]):
+                raise restricted("asymmetric_input")
 
-        def body(staged: _Staged) -> list[torch.Tensor]:
+        def body(staged: Staged) -> list[torch.Tensor]:
             gloo_opts = dist.ScatterOptions()
             gloo_opts.rootRank = opts.rootRank
             self._gloo.scatter(staged.cpus(outputs), [staged.cpus(i) for i in input_lists], gloo_opts).wait()
@@ -528,42 +366,42 @@ class ProcessGroupTpu(dist.ProcessGroup):
         flat = [t for i in input_lists for t in i]
         return self._run("scatter", [*outputs, *flat], sum(t.numel() for t in outputs), body)
 
-    def barrier(self, opts: Any = None) -> _DoneWork:
+    def barrier(self, opts: Any = None) -> DoneWork:
         if opts is not None:
-            if opts.timeout != _UNSET_TIMEOUT:
-                raise _restricted("barrier_timeout")
+            if opts.timeout != UNSET_TIMEOUT:
+                raise restricted("barrier_timeout")
             if list(opts.device_ids) not in ([], [0]):
-                raise _restricted("barrier_device_ids")
+                raise restricted("barrier_device_ids")
 
         # ``_run``'s agreement all-gather already waits for every rank, so the barrier needs no gloo call of its own.
         return self._run("barrier", [], 0, lambda staged: [])
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _DoneWork:
-        _flush_if_tpu(tensors)
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> DoneWork:
+        flush_if_tpu(tensors)
         start = time.perf_counter_ns()
-        self._gloo.send(_Staged().cpus(tensors), dst, tag).wait()
+        self._gloo.send(Staged().cpus(tensors), dst, tag).wait()
         self._emit("send", tensors, start)
-        return _DoneWork(tensors)
+        return DoneWork(tensors)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _DoneWork:
-        _flush_if_tpu(tensors)
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> DoneWork:
+        flush_if_tpu(tensors)
         start = time.perf_counter_ns()
-        staged = _Staged()
+        staged = Staged()
         self._gloo.recv(staged.cpus(tensors), src, tag).wait()
         staged.finish()
         self._emit("recv", tensors, start)
-        return _DoneWork(tensors)
+        return DoneWork(tensors)
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _DoneWork:
-        raise _restricted("recv_anysource")
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> DoneWork:
+        raise restricted("recv_anysource")
 
     # ------------------------------------------------------------------------ unsupported by TorchTPU
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
-        raise _restricted("reduce")
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DoneWork:
+        raise restricted("reduce")
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        raise _restricted("monitored_barrier")
+        raise restricted("monitored_barrier")
 
 
 _COLLECTIVES = (

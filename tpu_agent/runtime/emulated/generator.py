@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
+
 _CGenerator: Any = torch._C.Generator  # typed Any: torch ships no stub for subclassing it
 _STATE = struct.Struct("<QQ")  # seed, offset: the layout of a CUDA generator's (Philox) state
 _MASK = (1 << 64) - 1
@@ -151,18 +153,18 @@ def _rebuild(state: torch.Tensor) -> DeviceGenerator:
     return DeviceGenerator().set_state(state)
 
 
-def _no_pending_graph(cause: str) -> None:
+def _no_pending_graph(cause: FlushCause) -> None:
     """Before :func:`install`, no op can have been recorded."""
 
 
 # DeferAndFuse's flush, given to :func:`install` (``deferred`` imports this module through ``kernels``, so this
 # module cannot import it).
-_run_pending: Callable[[str], object] = _no_pending_graph
+_run_pending: Callable[[FlushCause], object] = _no_pending_graph
 
 
 def _settle() -> None:
     """Run the pending DeferAndFuse graph, whose random ops draw from the state as it is now."""
-    _run_pending("rng_state")
+    _run_pending(FlushCause.RNG_STATE)
 
 
 def _mix(seed: int, offset: int) -> int:
@@ -185,7 +187,7 @@ def _is_tpu(device: Any) -> bool:
 default = DeviceGenerator()  # ``torch.tpu.default_generators[0]``
 
 
-def install(run_pending: Callable[[str], object]) -> None:
+def install(run_pending: Callable[[FlushCause], object]) -> None:
     """Make ``torch.Generator`` the emulation-aware subclass (once, at device registration), and seed the device
     generator as the CPU's was: a ``torch.manual_seed`` before activation applies to the device too, as one before
     CUDA's lazy initialisation does. ``run_pending(cause)`` is DeferAndFuse's flush, which every read, seed or

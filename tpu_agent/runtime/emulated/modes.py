@@ -8,25 +8,23 @@ another's rules.
 from __future__ import annotations
 
 import contextlib
-import os
 import types
 from collections.abc import Iterator
 
 from tpu_agent.runtime.emulated import state
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 from tpu_agent.runtime.emulated.state import EagerMode, Precision
-from tpu_agent.runtime.envvars import debug_checks_from_env
 
 
 def apply_mode(mode: EagerMode) -> None:
     """Make ``mode`` the process-wide eager mode."""
-    from tpu_agent.runtime.emulated import deferred, tensor
+    from tpu_agent.runtime.emulated import deferred, dispatch, tensor
 
     if state.eager_mode in state.DEFERRING_MODES and mode not in state.DEFERRING_MODES:
-        deferred.flush("mode_change")
-    state.eager_mode = mode
-    state.debug_checks = debug_checks_from_env(os.environ, mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
+        deferred.flush(FlushCause.MODE_CHANGE)
+    state.use_eager_mode(mode)
     tensor.set_pending_graph(deferred.touches, deferred.flush)
-    tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else tensor.strict_dispatch)
+    tensor.set_dispatcher(deferred.record if mode in state.DEFERRING_MODES else dispatch.strict_dispatch)
 
 
 class ExecutionSettings(types.ModuleType):
@@ -54,7 +52,7 @@ class ExecutionSettings(types.ModuleType):
 
     @enable_cpu_fallback.setter
     def enable_cpu_fallback(self, value: bool) -> None:
-        state.cpu_fallback = bool(value)
+        state.set_cpu_fallback(bool(value))
 
 
 @contextlib.contextmanager
@@ -96,7 +94,7 @@ def precision(mode: Precision) -> Iterator[None]:
 def set_float32_matmul_precision(name: str) -> None:
     """TorchTPU's remap: medium -> DEFAULT (1-pass bf16), high -> HIGH, highest -> HIGHEST (reference §6.2)."""
     try:
-        state.precision = state.PRECISION_BY_TORCH_NAME[name]
+        state.set_precision(state.PRECISION_BY_TORCH_NAME[name])
     except KeyError:
         raise ValueError(f"Invalid precision {name!r}; expected one of 'medium', 'high', 'highest'") from None
 

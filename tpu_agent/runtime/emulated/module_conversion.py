@@ -18,8 +18,7 @@ import torch
 import torch.utils
 
 from tpu_agent.runtime.emulated import tensor as tt
-
-CAUSE = "swap_tensors"  # the Flush record's cause
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 
 def install() -> None:
@@ -31,7 +30,7 @@ def install() -> None:
     @functools.wraps(original)
     def swap_tensors(t1: Any, t2: Any) -> Any:
         if type(t1) is tt.TpuTensor or type(t2) is tt.TpuTensor:
-            tt.flush_pending(CAUSE)
+            tt.flush_pending(FlushCause.SWAP_TENSORS)
         return original(t1, t2)
 
     swap_tensors._tpu_agent_flushes_first = True  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime.emulated import cpu_gaps
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 aten = torch.ops.aten
 
@@ -85,11 +86,11 @@ STORAGE_CHANGING_OPS = _all_overloads("resize_", "resize_as_", "set_") | {
     torch.ops.inductor.resize_storage_bytes_.default
 }
 
-# Ops that return data to the host (the cause names follow events.HostSync.op).
-HOST_READ_OPS: dict[torch._ops.OpOverload, str] = {
-    aten._local_scalar_dense.default: "item",
-    aten.equal.default: "bool",
-    aten.is_nonzero.default: "bool",
+# Ops that return data to the host, with the flush cause (and events.HostSync.op) they log.
+HOST_READ_OPS: dict[torch._ops.OpOverload, FlushCause] = {
+    aten._local_scalar_dense.default: FlushCause.ITEM,
+    aten.equal.default: FlushCause.BOOL,
+    aten.is_nonzero.default: FlushCause.BOOL,
 }
 
 # Ops whose output shape depends on values: DeferAndFuse must materialise their inputs to record them.
@@ -219,7 +220,7 @@ class OpPlan:
     mxu_operands: tuple[int, ...] | None
     same_dtype: tuple[str, int, int] | None  # SAME_DTYPE_OPERANDS' entry: (op name, operand, operand)
     gap: Any  # the cpu_gaps.CpuGap that computes inputs the CPU kernel refuses, if any
-    host_read: str | None  # HostSync cause when the op returns data to the host
+    host_read: FlushCause | None  # the flush (and HostSync) cause when the op returns data to the host
     data_dependent: bool
     storage_changing: bool
     metadata_inplace: bool

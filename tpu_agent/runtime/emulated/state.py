@@ -8,13 +8,14 @@ so they are plain globals rather than properties.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tpu_agent.chips import Chip
-from tpu_agent.runtime.envvars import EAGER_MODES
+from tpu_agent.runtime.envvars import EAGER_MODES, debug_checks_from_env
 
 
 class EagerMode(enum.Enum):
@@ -61,6 +62,52 @@ allow_excess_precision: bool = False
 cpu_fallback: bool = False  # TorchTPU's execution_mode.enable_cpu_fallback (off by default)
 debug_checks: bool = False  # NaN/Inf and operand checks after each op (Debug Eager, or TORCH_TPU_ENABLE_DEBUG_CHECKS=1)
 log_enabled: bool = False  # mirrors events.get_log().enabled, read per op
+
+# The settings above change only through the functions below (tests/test_architecture.py): each names who sets what.
+
+
+def bind_host(host: int, env: Mapping[str, str]) -> None:
+    """Activation: the emulated host has ``host`` devices, of which this process sees :func:`visible_device_count`."""
+    global host_devices, visible_devices
+    host_devices = host
+    visible_devices = visible_device_count(host, env)
+
+
+def bind_chip(value: Chip) -> None:
+    """Activation: the chip ``torch.tpu.get_device_name`` and the device properties report."""
+    global chip
+    chip = value
+
+
+def use_eager_mode(mode: EagerMode) -> None:
+    """The mode switch (:func:`modes.apply_mode`): the mode, and the debug checks that follow from it."""
+    global eager_mode, debug_checks
+    eager_mode = mode
+    debug_checks = debug_checks_from_env(os.environ, mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
+
+
+def set_precision(value: Precision) -> None:
+    """``torch.set_float32_matmul_precision`` as TorchTPU remaps it (:func:`modes.set_float32_matmul_precision`)."""
+    global precision
+    precision = value
+
+
+def set_allow_excess_precision(value: bool) -> None:
+    """``torch.backends.tpu.allow_excess_precision`` (or its ``XLA_FLAGS`` spelling)."""
+    global allow_excess_precision
+    allow_excess_precision = value
+
+
+def set_cpu_fallback(value: bool) -> None:
+    """``torch.tpu.enable_cpu_fallback`` / ``execution_mode.enable_cpu_fallback``."""
+    global cpu_fallback
+    cpu_fallback = value
+
+
+def set_log_enabled(value: bool) -> None:
+    """The event log's state, when telemetry opens it."""
+    global log_enabled
+    log_enabled = value
 
 
 def visible_device_count(host: int, env: Mapping[str, str]) -> int:

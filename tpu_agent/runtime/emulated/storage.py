@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime.emulated import tensor as tt
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 _resize = torch._C.StorageBase.resize_
 _nbytes = torch._C.StorageBase.nbytes
@@ -52,7 +53,7 @@ def resize_(storage: Any, size: int) -> Any:
     data = _data_storage(storage)
     # pending deferred ops may still read or write this memory (FSDP2's copy-out of the all-gather buffer it is
     # about to free): they run before the storage changes size
-    tt.flush_pending("storage")
+    tt.flush_pending(FlushCause.STORAGE)
     if _nbytes(data) != size:
         _resize(data, size)
     return storage

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tpu_agent.runtime.emulated import state, telemetry
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 # TorchTPU 0.2.0's own text: its streams are placeholders, and these members raise it on a real TPU too.
 STREAMS_MESSAGE = (
@@ -35,7 +36,7 @@ _TorchStream: Any = torch.Stream
 _PRIVATEUSE1 = int(torch._C._autograd.DeviceType.PrivateUse1)
 
 
-def synchronize_device(cause: str) -> None:
+def synchronize_device(cause: FlushCause) -> None:
     """Wait for pending work: a host sync, and in DeferAndFuse the pending graph runs (flush ``cause``)."""
     from tpu_agent.runtime.emulated import deferred
 
@@ -66,7 +67,7 @@ class TpuStream(_TorchStream):
         return event
 
     def synchronize(self) -> None:
-        synchronize_device("stream_synchronize")
+        synchronize_device(FlushCause.STREAM_SYNCHRONIZE)
 
     def query(self) -> bool:
         raise NotImplementedError(STREAMS_MESSAGE)
@@ -109,7 +110,7 @@ class TpuEvent(_TorchEvent):
     def record(self, stream: Any = None) -> None:
         from tpu_agent.runtime.emulated import deferred
 
-        deferred.flush("event_record")
+        deferred.flush(FlushCause.EVENT_RECORD)
         self._time_ns = time.perf_counter_ns()
 
     def synchronize(self) -> None:

@@ -86,7 +86,7 @@ def install() -> None:
         return
     _installed = True
     log = events.get_log()
-    state.log_enabled = log.enabled
+    state.set_log_enabled(log.enabled)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(_optimizer_post_hook)

@@ -1,25 +1,22 @@
 """The emulated ``tpu`` tensor: a PrivateUse1 wrapper subclass whose data lives in a CPU tensor.
 
 Every ATen op on a tpu tensor reaches :meth:`TpuTensor.__torch_dispatch__` below autograd, so autograd,
-optimizers and ``nn`` modules work unchanged. The dispatcher then follows the eager mode:
+optimizers and ``nn`` modules work unchanged. The entry hands the op to the dispatcher of the eager mode, which
+the mode switch installs (:func:`set_dispatcher`, :mod:`.modes`):
 
-* Strict (DEFER_NEVER): unwrap, run the op on the CPU, wrap the results. This is the hot path, kept to a few
-  dictionary lookups per op so that training costs little more than on plain CPU.
-* Debug (DEFER_NEVER_AND_LAUNCH_BLOCKING): the same, then check the outputs (NaN/Inf introduced by the op) and
-  name the op and the user's line.
-* DeferAndFuse: record the op into the pending graph of :mod:`deferred` and run the graph at a flush.
+* Strict (DEFER_NEVER): :func:`tpu_agent.runtime.emulated.dispatch.strict_dispatch` unwraps, runs the op on the
+  CPU and wraps the results (Debug Eager then checks the outputs).
+* DeferAndFuse: :func:`tpu_agent.runtime.emulated.deferred.record` records the op into the pending graph, which
+  runs at a flush.
 
-While ``torch.profiler`` records, the profile shows the ops the program dispatched to the device, as on a TPU
-host: the emulator's own CPU kernels, MXU rounding and bookkeeping beneath each op are hidden from it.
+This module holds what every path shares: the tensor class, wrapping a CPU tensor (:func:`wrap`) and giving a
+deferred tensor its data (:func:`materialized`), reading the data back (:func:`unwrap`, host reads), and the
+connection to the pending graph (:func:`set_pending_graph`). While ``torch.profiler`` records, the emulator's own
+work beneath each op is hidden from it (:func:`hidden_from_profiler`), as a TPU host shows only the ops the
+program dispatched.
 
 Views keep TorchTPU's aliasing: a view op returns a tpu tensor over a CPU view of the base's CPU tensor, so an
 in-place write through the view is visible in the base.
-
-Why this module is long: it holds the tensor subclass and the dispatch entry every op passes through.
-Wrapping, unwrapping, materialisation and the dispatch share the class's private state and are on the hot
-path of every op, so they stay together (MXU rounding, kernels and the recorder live in their own modules).
-In-place layout changes (``resize_``/``set_`` growth, ``out=`` results, ``unsqueeze_``) are here too: they
-restride the wrapper itself or swap its internals, which only this class's own state allows.
 """
 
 from __future__ import annotations
@@ -36,37 +33,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.autograd import profiler as _profiler
 
-from tpu_agent.runtime.emulated import (
-    compile_cache,
-    kernels,
-    memory,
-    mxu,
-    ops,
-    state,
-    telemetry,
-    unsupported,
-)
+from tpu_agent.runtime.emulated import kernels, memory, mxu, placement, telemetry, unsupported
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 _EMPTY: dict[str, Any] = {}
 _Tensor = torch.Tensor
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_CPU = torch.device("cpu")
 DEVICE: torch.device | None = None  # torch.device("tpu", 0), set by device.register()
-MIXED_DEVICE_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
-# Where new tpu tensors keep their data, and who answers host reads instead of the data: the CPU and nobody, except
-# in estimate's capture-only mode (tpu_agent.estimate.capture_only), where data is meta and reads get placeholders.
-DATA_DEVICE = _CPU
-host_read_override: Callable[[torch.Tensor, str], torch.Tensor] | None = None
-# capture-only again: new tpu tensors up to this many bytes still get CPU data (0: all get DATA_DEVICE's), so a
-# small batch and the masks made from it hold real values that a library's branch (``if mask.all():``) can read
-SMALL_DATA_BYTES = 0
-
-
-def data_device_for(numel: int, dtype: torch.dtype | None) -> torch.device:
-    """Where a new tpu tensor of ``numel`` elements keeps its data (see :data:`SMALL_DATA_BYTES`)."""
-    if SMALL_DATA_BYTES and numel * (dtype or torch.get_default_dtype()).itemsize <= SMALL_DATA_BYTES:
-        return _CPU
-    return DATA_DEVICE
 
 
 class TpuTensor(torch.Tensor):
@@ -98,7 +71,7 @@ class TpuTensor(torch.Tensor):
     # A traceable wrapper subclass, so Dynamo and AOTAutograd trace through it onto the CPU data.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         if self._elem is None:
-            unwrap(self, "compile")
+            unwrap(self, FlushCause.COMPILE)
         return ["_elem"], None
 
     @staticmethod
@@ -141,7 +114,7 @@ class TpuTensor(torch.Tensor):
         """The wrapper's storage, remembered with the data behind it: resizing it resizes the data
         (:mod:`storage`). A pending tensor's data is made first: the program asked for its memory."""
         storage = _Tensor.untyped_storage(self)
-        storage_data[storage._cdata] = self._elem if self._elem is not None else unwrap(self, "storage")
+        storage_data[storage._cdata] = self._elem if self._elem is not None else unwrap(self, FlushCause.STORAGE)
         return storage
 
     def data_ptr(self) -> int:
@@ -149,7 +122,7 @@ class TpuTensor(torch.Tensor):
         none, so every tensor read 0). Programs compare these to find shared memory (tied weights when saving,
         ``p.data_ptr() in seen``): equal for views at one place, offset by ``storage_offset`` for others, 0 for
         freed memory. A pending tensor's data is made first."""
-        return (self._elem if self._elem is not None else unwrap(self, "storage")).data_ptr()
+        return (self._elem if self._elem is not None else unwrap(self, FlushCause.STORAGE)).data_ptr()
 
     # Growing in place: the wrapper cannot grow inside the dispatcher (the C++ caller holds it), so the methods
     # (``resize_``, ``resize_as_``, ``set_`` to a larger source) run the op, and when the data outgrew the wrapper
@@ -166,35 +139,35 @@ class TpuTensor(torch.Tensor):
 
     # Host reads: name the cause for the event log, materialise pending work, then read the CPU data.
     def item(self) -> Any:
-        return _host_read(self, "item").item()
+        return _host_read(self, FlushCause.ITEM).item()
 
     def tolist(self) -> Any:
-        return _host_read(self, "tolist").tolist()
+        return _host_read(self, FlushCause.TOLIST).tolist()
 
     def __bool__(self) -> bool:
-        return bool(_host_read(self, "bool"))
+        return bool(_host_read(self, FlushCause.BOOL))
 
     def __float__(self) -> float:
-        return float(_host_read(self, "float"))
+        return float(_host_read(self, FlushCause.FLOAT))
 
     def __int__(self) -> int:
-        return int(_host_read(self, "int"))
+        return int(_host_read(self, FlushCause.INT))
 
     def __index__(self) -> int:
-        return _host_read(self, "int").__index__()
+        return _host_read(self, FlushCause.INT).__index__()
 
     def __format__(self, format_spec: str) -> str:
         if self.dim() == 0:
-            return _host_read(self, "print").item().__format__(format_spec)
+            return _host_read(self, FlushCause.PRINT).item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        cpu = _host_read(self, "print").detach()
+        cpu = _host_read(self, FlushCause.PRINT).detach()
         return render(self, cpu, tensor_contents)
 
     def numpy(self, *, force: bool = False) -> Any:
         if force:
-            return _host_read(self, "numpy").detach().numpy()
+            return _host_read(self, FlushCause.NUMPY).detach().numpy()
         raise TypeError(
             f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
         )
@@ -202,7 +175,7 @@ class TpuTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         # Pickle as torch does for storage-less PrivateUse1 tensors: on torch.load's weights-only allow-list,
         # restorable with map_location="cpu" in a process without the emulation.
-        cpu = _host_read(self, "save").detach().clone()
+        cpu = _host_read(self, FlushCause.SAVE).detach().clone()
         return (
             torch._utils._rebuild_device_tensor_from_cpu_tensor,
             (cpu, self.dtype, str(self.device), self.requires_grad),
@@ -253,6 +226,10 @@ def as_device_error(func: Any, error: Exception) -> Exception:
     cleaned.__cause__ = None
     cleaned.__suppress_context__ = True
     return cleaned.with_traceback(None)
+
+
+class WrapperTooSmall(RuntimeError):
+    """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
 
 
 def _grown(t: TpuTensor, resize: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -397,7 +374,7 @@ def materialized(r: TpuTensor, elem: torch.Tensor) -> None:
     r._elem = elem
 
 
-def unwrap(t: torch.Tensor, cause: str = "cpu") -> torch.Tensor:
+def unwrap(t: torch.Tensor, cause: FlushCause = FlushCause.CPU) -> torch.Tensor:
     """The CPU tensor behind a tpu tensor (materialising pending deferred work first); CPU tensors pass through.
 
     A tensor with data can still have pending work: an in-place op recorded under DeferAndFuse writes into its
@@ -423,7 +400,7 @@ def _no_pending_graph(elem: torch.Tensor) -> bool:
     return False
 
 
-def _nothing_to_flush(cause: str, site: Any = None) -> None:
+def _nothing_to_flush(cause: FlushCause, site: Any = None) -> None:
     return None
 
 
@@ -431,24 +408,25 @@ def _nothing_to_flush(cause: str, site: Any = None) -> None:
 # The eager-mode switch installs the graph's functions (see modes.apply_mode), so this module never imports
 # the recorder that imports it.
 _pending_touches: Callable[[torch.Tensor], bool] = _no_pending_graph
-_flush_pending: Callable[[str, Any], None] = _nothing_to_flush
+_flush_pending: Callable[[FlushCause, Any], None] = _nothing_to_flush
 
 
-def set_pending_graph(touches: Callable[[torch.Tensor], bool], flush: Callable[[str, Any], None]) -> None:
+def set_pending_graph(touches: Callable[[torch.Tensor], bool], flush: Callable[[FlushCause, Any], None]) -> None:
     """Connect :func:`unwrap` and :func:`flush_pending` to the deferred graph (called by the mode switch)."""
     global _pending_touches, _flush_pending
     _pending_touches = touches
     _flush_pending = flush
 
 
-def flush_pending(cause: str, site: Any = None) -> None:
+def flush_pending(cause: FlushCause, site: Any = None) -> None:
     """Run the pending DeferAndFuse graph now (no-op when nothing is pending)."""
     _flush_pending(cause, site)
 
 
-def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
-    if host_read_override is not None:
-        return host_read_override(t, cause)
+def _host_read(t: TpuTensor, cause: FlushCause) -> torch.Tensor:
+    answer = placement.host_read
+    if answer is not None:  # estimate's capture-only mode
+        return answer(t, cause)
     telemetry.host_sync(cause)
     try:
         return unwrap(t, cause)
@@ -460,299 +438,24 @@ def _host_read(t: TpuTensor, cause: str) -> torch.Tensor:
         raise error.with_traceback(None) from None
 
 
-# ----------------------------------------------------------------------------------------------- strict path
+def set_device(device: torch.device) -> None:
+    """The device every tpu tensor reports (``tpu:0``); set when the device registers (:func:`device.register`)."""
+    global DEVICE
+    DEVICE = device
 
 
-def _mixed_device(func: Any, t: torch.Tensor) -> None:
-    if t.dim() != 0 and not ops.plan_of(func).mixed_device_ok and t.device.type != "meta":
-        raise RuntimeError(MIXED_DEVICE_MESSAGE.format(a=DEVICE, b=t.device))
-
-
-def _unwrap_leaf(func: Any, x: Any) -> Any:
-    """One argument with every tpu tensor in it (at any depth of lists and tuples) replaced by its CPU data.
-
-    ATen arguments nest: ``x[:, idx]`` reaches ``aten.index`` as ``[None, idx]``, ``torch.cat`` takes a list,
-    foreach ops take lists of lists. A tpu tensor left anywhere inside would send the CPU kernel back into
-    the emulator's dispatcher, so every leaf is visited, not just the first item."""
-    t = type(x)
-    if t is TpuTensor:
-        e = x._elem
-        return e if e is not None else unwrap(x)
-    if t is list or t is tuple:
-        for y in x:  # a loop, not all(): sizes, dims and strides reach here on most view ops
-            if type(y) not in _PLAIN_SCALARS:
-                return t([_unwrap_leaf(func, y) for y in x])
-        return x  # sizes, dims, strides: nothing to unwrap
-    if isinstance(x, _Tensor):
-        if x.device.type == "tpu":
-            # Not a TpuTensor yet on the tpu device: a factory's result while Dynamo or AOTAutograd trace
-            # (``torch.arange(n, device=x.device)`` makes a fake or functional tensor of the device itself); its
-            # counterpart on the data device is what the other operands' data meets (a traced copy, no data).
-            return x.to(DATA_DEVICE)
-        _mixed_device(func, x)
-    return x
-
-
-_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
-
-
-def unwrap_args(func: Any, args: tuple | list) -> list:
-    """CPU arguments for ``func``: tpu tensors (anywhere in nested lists and tuples) replaced by their CPU data."""
-    out = list(args)
-    for i, a in enumerate(args):
-        t = type(a)
-        if t is TpuTensor:
-            e = a._elem
-            out[i] = e if e is not None else unwrap(a)
-        elif t is list or t is tuple or isinstance(a, _Tensor):
-            out[i] = _unwrap_leaf(func, a)
-    return out
-
-
-def unwrap_kwargs(func: Any, kwargs: dict) -> tuple[dict, bool]:
-    """CPU keyword arguments, and whether the op writes its result to the host (``device=cpu``)."""
-    out = dict(kwargs)
-    to_host = False
-    for k, v in kwargs.items():
-        t = type(v)
-        if t is TpuTensor:
-            out[k] = v._elem if v._elem is not None else unwrap(v)
-        elif k == "device" and v is not None:
-            dev = v if t is torch.device else torch.device(v)
-            if dev.type == "cpu":
-                to_host = True
-            else:
-                out[k] = DATA_DEVICE
-        elif t is list or t is tuple or isinstance(v, _Tensor):
-            out[k] = _unwrap_leaf(func, v)
-    return out, to_host
-
-
-def rewrap(out: Any, args: tuple, cargs: list, kwargs: dict, ckwargs: dict, make: Any = None) -> Any:
-    """tpu tensors for the op's results; a result that is an input's own CPU (or meta) tensor maps back to that
-    input, so in-place and ``out=`` ops return the caller's tensor. ``make`` builds the others (default :func:`wrap`)."""
-    t = type(out)
-    if t is _Tensor or (t is not TpuTensor and isinstance(out, _Tensor)):
-        for i, c in enumerate(cargs):
-            if c is out and type(args[i]) is TpuTensor:
-                return args[i]
-        if kwargs:
-            for k, c in ckwargs.items():
-                if c is out and type(kwargs[k]) is TpuTensor:
-                    return kwargs[k]
-        return wrap(out) if make is None else make(out)
-    if t is tuple or t is list:
-        return t(rewrap(o, args, cargs, kwargs, ckwargs, make) for o in out)
-    return out
-
-
-_PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
-
-
-def sync_metadata(t: Any, source: torch.Tensor) -> None:
-    """After an in-place shape/stride change (``unsqueeze_``, ``t_``, ``resize_``...), restride the tpu
-    tensor itself to match ``source`` (its CPU data).
-
-    A wrapper's own storage is a size record, not memory, and cannot grow: when the op grew the data this
-    raises :class:`WrapperTooSmall`, which :meth:`TpuTensor.resize_` turns into a rebuilt tensor."""
-    if type(t) is not TpuTensor or (
-        t.shape == source.shape and t.stride() == source.stride() and t.storage_offset() == source.storage_offset()
-    ):
-        return
-    t._layout = None
-    try:
-        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
-            torch.ops.aten.as_strided_.default(t, source.shape, source.stride(), source.storage_offset())
-        return
-    except RuntimeError:
-        pass
-    raise WrapperTooSmall(
-        f"the tpu tensor's data grew to size {tuple(source.shape)}; TpuTensor.resize_ rebuilds the tensor around it"
+def _not_registered(func: Any, args: tuple, kwargs: dict) -> Any:
+    raise RuntimeError(
+        f"{func} on a tpu tensor before the emulated tpu device was registered: call "
+        "tpu_agent.runtime.emulated.activate() first"
     )
 
 
-class WrapperTooSmall(RuntimeError):
-    """An in-place op grew a tensor's data beyond what its wrapper can describe (handled by ``resize_``)."""
+# The active dispatcher: Strict's from device registration on, then the eager mode's (see modes.apply_mode).
+_dispatch: Callable[[Any, tuple, dict], Any] = _not_registered
 
 
-def sync_out_arguments(
-    func: Any, kwargs: dict, data_kwargs: dict, before_relayout: Callable[[], None] | None = None
-) -> None:
-    """After an ``out=`` op, give each ``out`` tpu tensor the layout the op gave its data (``data_kwargs``: the
-    CPU tensors in Strict, the meta tensors when DeferAndFuse records): out variants resize ``out`` to the result's
-    shape, and a wrapper left at its old shape reads the wrong elements. When recording, an ``out`` that has data
-    takes the new layout at once, so views cut from it before the flush agree; ``before_relayout`` runs first
-    (DeferAndFuse materialises the pending ops, which read the old layout).
-
-    A result larger than the tensor's memory cannot grow it from inside the dispatcher (``resize_`` can: it runs
-    before it); that is refused with the shape to allocate, and the tensor keeps its old shape and data layout."""
-    for name in route_of(func).plan.out_arguments:
-        wrappers, data = kwargs.get(name), data_kwargs.get(name)
-        if type(wrappers) is TpuTensor:
-            wrappers, data = (wrappers,), (data,)
-        if not isinstance(wrappers, (tuple, list)) or not isinstance(data, (tuple, list)):
-            continue
-        for wrapper, source in zip(wrappers, data, strict=True):
-            if type(wrapper) is not TpuTensor or not isinstance(source, _Tensor):
-                continue
-            elem = wrapper._elem
-            relayout = elem is not None and elem is not source and _layout(elem) != _layout(source)
-            if relayout and before_relayout is not None:
-                before_relayout()
-                before_relayout = None
-            try:
-                sync_metadata(wrapper, source)
-            except WrapperTooSmall:
-                needed = tuple(source.shape)
-                source.as_strided_(wrapper.shape, wrapper.stride(), wrapper.storage_offset())
-                raise RuntimeError(
-                    f"{func}: the out= tensor '{name}' of shape {tuple(wrapper.shape)} is too small for the result "
-                    f"of shape {needed}, and a tpu tensor's memory cannot grow inside an op. Allocate it with the "
-                    f"result's shape (torch.empty({needed}, device='tpu')), call {name}.resize_({needed}) first, or "
-                    "use the op's return value instead of out=."
-                ) from None
-            if relayout and elem is not None:
-                elem.as_strided_(source.shape, source.stride(), source.storage_offset())
-
-
-def _layout(t: torch.Tensor) -> tuple[torch.Size, tuple[int, ...], int]:
-    return t.shape, t.stride(), t.storage_offset()
-
-
-class Route:
-    """What the dispatcher does with one overload, decided once per process: its op plan, the check that must
-    run before it (:data:`_SPECIAL`), whether its CPU kernel can be called directly (no MXU rounding, CPU-gap
-    computation or device generator to go through :func:`kernels.run_on_cpu`), and the tensor-list arguments
-    it writes in place. Read per op instead of the tables."""
-
-    __slots__ = ("func", "plan", "special", "direct", "written_lists", "builds")
-
-    def __init__(self, func: Any) -> None:
-        self.func = func
-        self.plan = ops.plan_of(func)
-        self.special = _SPECIAL.get(id(func))
-        self.direct = self.plan.mxu_operands is None and self.plan.gap is None and kernels.draw_of(func) is None
-        # whether TorchTPU builds an executable for it in Strict mode (views and host transfers compute nothing)
-        self.builds = not (self.plan.is_view or self.plan.transfer or self.plan.metadata_inplace)
-        self.written_lists = tuple(
-            i
-            for i, argument in enumerate(func._schema.arguments)
-            if argument.alias_info is not None
-            and argument.alias_info.is_write
-            and isinstance(argument.type, torch.ListType)
-        )
-
-
-def bump_written_lists(route: Route, args: tuple) -> None:
-    """Advance the version counters of the tensors an in-place foreach op wrote (``_foreach_add_``'s list).
-
-    For a single tensor the ADInplaceOrView kernel above this dispatcher does it; for tensor lists it does not
-    reach the wrappers (the CPU kernel bumps the CPU data's counters only). Autograd's saved-tensor checks and
-    the MXU rounding cache key on these counters, so an optimizer's foreach update must advance them, as it
-    does for tensors on a device without the emulation."""
-    for i in route.written_lists:
-        if i < len(args):
-            torch._C._increment_version([t for t in args[i] if type(t) is TpuTensor])
-
-
-_ROUTES: dict[int, Route] = {}
-
-
-def route_of(func: Any) -> Route:
-    """``func``'s :class:`Route`, keyed by identity (overloads live as long as the process)."""
-    route = _ROUTES.get(id(func))
-    if route is None or route.func is not func:
-        route = _ROUTES[id(func)] = Route(func)
-    return route
-
-
-def _strict(func: Any, args: tuple, kwargs: dict) -> Any:
-    route = route_of(func)
-    if state.log_enabled:
-        telemetry.op_counts[func] += 1
-    if route.special is not None:
-        route.special(func, args, kwargs)
-    if route.builds:
-        compile_cache.request_op(func, args, kwargs)
-    cargs = unwrap_args(func, args)
-    if kwargs:
-        ckwargs, to_host = unwrap_kwargs(func, kwargs)
-        if to_host:
-            return kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, route.plan)
-    else:
-        ckwargs = kwargs
-    if route.direct:
-        out = route.plan.call(*cargs, **ckwargs)
-    else:
-        out = kernels.run_on_cpu(func, cargs, ckwargs, state.effective_precision(), args, route.plan)
-    if state.debug_checks:
-        from tpu_agent.runtime.emulated import debug
-
-        debug.check(func, cargs, ckwargs, out)
-    if type(out) is _Tensor:  # the common case: one new tensor, or an in-place op's own argument
-        for i, c in enumerate(cargs):
-            if c is out and type(args[i]) is TpuTensor:
-                result = args[i]
-                break
-        else:
-            result = rewrap(out, args, cargs, kwargs, ckwargs) if kwargs else wrap(out)
-    else:
-        result = rewrap(out, args, cargs, kwargs, ckwargs)
-    if route.plan.metadata_inplace:
-        sync_metadata(result, out)
-    elif route.plan.out_arguments and kwargs:
-        sync_out_arguments(func, kwargs, ckwargs)
-    if route.written_lists:
-        bump_written_lists(route, args)
-    return result
-
-
-# ---------------------------------------------------------------------- ops that need attention before running
-
-
-def _host_read_op(func: Any, args: tuple, kwargs: dict) -> None:
-    telemetry.host_sync(ops.HOST_READ_OPS[func])
-
-
-def _copy_op(func: Any, args: tuple, kwargs: dict) -> None:
-    dst = args[0]
-    if type(dst) is not TpuTensor and isinstance(dst, _Tensor):
-        telemetry.host_sync("cpu")
-    elif SMALL_DATA_BYTES and dst._elem is not None and not dst._elem.is_meta and _is_data_less(args[1]):
-        # capture-only: data-less values copied into a small tensor that had data (a meta parameter moved to the
-        # device): its values are unknown from now on, so its data becomes meta too
-        elem = dst._elem
-        extent = elem.untyped_storage().nbytes() // elem.element_size()
-        flat = torch.empty(extent, dtype=elem.dtype, device="meta")
-        dst._elem = flat.as_strided(elem.shape, elem.stride(), elem.storage_offset())
-
-
-def _is_data_less(src: Any) -> bool:
-    data = src._elem if type(src) is TpuTensor else src
-    return isinstance(data, _Tensor) and data.is_meta
-
-
-def _to_copy_op(func: Any, args: tuple, kwargs: dict) -> None:
-    unsupported.check(func, args, kwargs)
-    device = kwargs.get("device")
-    if device is not None and torch.device(device).type == "cpu":
-        telemetry.host_sync("cpu")
-
-
-# Keyed by id(op): the lookup runs on every op, and an OpOverload hashes in Python (overloads live forever).
-_SPECIAL: dict[int, Any] = {id(op): unsupported.check for op in unsupported.CHECKED_OPS}
-_SPECIAL.update({id(op): _host_read_op for op in ops.HOST_READ_OPS})
-_SPECIAL[id(torch.ops.aten.copy_.default)] = _copy_op
-_SPECIAL[id(torch.ops.aten._to_copy.default)] = _to_copy_op
-
-
-# The active dispatcher; the eager-mode switch replaces it (see modes.apply_mode).
-_dispatch = _strict
-
-
-def set_dispatcher(fn: Any) -> None:
+def set_dispatcher(fn: Callable[[Any, tuple, dict], Any]) -> None:
+    """Every op on a tpu tensor goes to ``fn`` from now on (the dispatcher lives above this module)."""
     global _dispatch
     _dispatch = fn
-
-
-strict_dispatch = _strict

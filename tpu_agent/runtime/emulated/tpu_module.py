@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from tpu_agent.runtime.emulated import backends_tpu, compile_cache, generator, memory, modes, state, streams
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 from tpu_agent.runtime.emulated.state import (
     EagerMode,
     Precision,
@@ -173,7 +174,7 @@ class TpuModule(modes.ExecutionSettings):
     @staticmethod
     @internal("torch.accelerator.synchronize")
     def synchronize(device: Any = None) -> None:
-        synchronize_device("synchronize")
+        synchronize_device(FlushCause.SYNCHRONIZE)
 
     @staticmethod
     @internal("torch.accelerator.current_stream")

@@ -19,6 +19,7 @@ import torch
 from tpu_agent.runtime.emulated import liveness, state
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.deferred import CpuExecutor, Graph
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 from tpu_agent.runtime.xla import arrays, cache, graphs, planning, tracing
 from tpu_agent.runtime.xla.graphs import GraphRunner
 from tpu_agent.runtime.xla.planning import Plan
@@ -40,7 +41,7 @@ class XlaExecutor:
         floats = graph_plan.floats
         return graph_plan.key, tuple(floats) if constants is None else tuple(floats[i] for i in constants)
 
-    def run(self, graph: Graph, cause: str) -> None:
+    def run(self, graph: Graph, cause: FlushCause) -> None:
         key = None
         arrays.sweep()  # the storages of tensors gone since the last flush are freed, not kept as inputs
         try:

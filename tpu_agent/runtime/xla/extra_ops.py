@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_agent.runtime.xla import arrays, tpu_kernels
+from tpu_agent.runtime.xla import arrays, torchax_compat, tpu_kernels
 
 Block = tuple[list[int], list[int], int]  # (sizes of the dense block's axes, permutation, element count)
 
@@ -258,12 +258,41 @@ def _or_torchax(fast: Callable[..., Any], general: Callable[..., Any]) -> Callab
     return lowered
 
 
-def install(env: Any, operator_type: type) -> None:
+def set_lowering(
+    table: dict[Any, Any],
+    op: Any,
+    func: Callable[..., Any],
+    *,
+    torch_op: Any = None,
+    is_jax_function: bool = True,
+    is_user_defined: bool = False,
+    needs_env: bool = False,
+    is_view_op: bool = False,
+) -> None:
+    """Make ``func`` the lowering of ``op`` in one of a torchax environment's private op tables (``env._ops``,
+    ``env._decomps``): the one place this project writes them.
+
+    torchax has no public call that replaces an op's lowering in an environment; its ``Operator`` record is built
+    here with keywords, so a torchax release that renames or reorders its flags fails here, loudly, instead of
+    having a flag read as another. ``torch_op`` is the op the record names (default ``op``; an overload packet's
+    entry may name another); ``needs_env``: ``func`` takes the environment as ``env=`` (for the PRNG key)."""
+    operator = torchax_compat.load().ops.ops_registry.Operator
+    table[op] = operator(
+        torch_op=op if torch_op is None else torch_op,
+        func=func,
+        is_jax_function=is_jax_function,
+        is_user_defined=is_user_defined,
+        needs_env=needs_env,
+        is_view_op=is_view_op,
+    )
+
+
+def install(env: Any) -> None:
     """Add or replace this module's lowerings in a torchax environment's op table."""
     aten = torch.ops.aten
 
     def put(op: Any, func: Callable[..., Any], needs_env: bool = False) -> None:
-        env._ops[op] = operator_type(op, func, True, False, needs_env, False)
+        set_lowering(env._ops, op, func, needs_env=needs_env)
 
     def general(op: Any) -> Callable[..., Any]:
         return env._get_op_or_decomp(op).func

@@ -69,8 +69,9 @@ def mxu_round(x: Any, precision: state.Precision) -> Any:
     return x
 
 
-def _rounding(operator_entry: Any, positions: tuple[int, ...]) -> Any:
-    """torchax's operator for an MXU op, with its matmul operands rounded at the trace's precision."""
+def _round_mxu_operands(table: dict[Any, Any], key: Any, positions: tuple[int, ...]) -> None:
+    """Replace torchax's lowering of an MXU op by one that rounds its matmul operands at the trace's precision."""
+    operator_entry = table[key]
     inner = operator_entry.func
     is_jax = operator_entry.is_jax_function
 
@@ -84,9 +85,11 @@ def _rounding(operator_entry: Any, positions: tuple[int, ...]) -> Any:
                 values[p] = mxu_round(values[p], precision) if is_jax else _round_torchax(values[p], precision)
         return inner(*values, **kwargs)
 
-    return type(operator_entry)(
-        operator_entry.torch_op,
+    extra_ops.set_lowering(
+        table,
+        key,
         rounded,
+        torch_op=operator_entry.torch_op,
         is_jax_function=is_jax,
         is_user_defined=operator_entry.is_user_defined,
         needs_env=operator_entry.needs_env,
@@ -112,12 +115,12 @@ def environment() -> Any:
             torchax = torchax_compat.load()
             env = torchax.tensor.Environment()
             env._should_use_torchax_tensor = lambda device: True  # factories in a graph make traced arrays
-            extra_ops.install(env, torchax.ops.ops_registry.Operator)
+            extra_ops.install(env)
             for op, positions in ops.MXU_OPERANDS.items():
                 for table in (env._ops, env._decomps):
                     for key in (op, op.overloadpacket):
                         if key in table:
-                            table[key] = _rounding(table[key], positions)
+                            _round_mxu_operands(table, key, positions)
             _env = env
         return _env
 

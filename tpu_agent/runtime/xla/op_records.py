@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from tpu_agent.profile.kineto import XLA_EXECUTABLE_RECORD
+from tpu_agent.runtime.events import XLA_EXECUTABLE_RECORD
 
 T = TypeVar("T")
 

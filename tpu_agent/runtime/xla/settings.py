@@ -119,7 +119,7 @@ def install_deferred_executor() -> None:
     if deferred_uses_xla():
         from tpu_agent.runtime.emulated import deferred
 
-        deferred.executor_factory = _xla_executor
+        deferred.set_executor(_xla_executor)
 
 
 def announce_compiler_outputs() -> None:

@@ -14,12 +14,13 @@ import torch
 from torch.utils import _pytree
 
 from tpu_agent.runtime.emulated import streams
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
 
 def synchronize(tensors: torch.Tensor | Iterable[torch.Tensor] | None = None, wait: bool = True) -> None:
     """Run the pending work (the whole pending graph, which holds what the tensors depend on); ``wait=False`` is
     accepted, and the emulation waits either way."""
-    streams.synchronize_device("synchronize")
+    streams.synchronize_device(FlushCause.SYNCHRONIZE)
 
 
 def is_materialized(tensor: torch.Tensor) -> bool:
