@@ -17,6 +17,7 @@ from tpu_agent.migrate.rules import (
     backend_flags,
     bind_device,  # noqa: F401 - registers its handlers with the cuda-api family
     compile,
+    complex_rotary,  # noqa: F401 - registers the complex rotary rules and handlers with the third-party family
     cuda_api,
     cuda_classes,  # noqa: F401 - registers its rules and handlers with the cuda-api and backend-flags families
     dependencies,  # noqa: F401 - registers its rules and text fixes with the third-party family

@@ -9,13 +9,11 @@ rewritten, because none has a rewrite the tool can check locally:
 * TPU420 a ``.tolist()``/``.item()`` whose value sizes an ``all_to_all`` (MoE token routing): found here, in the
   source, because only the source shows that the host read feeds the collective's split sizes; a profile sees
   a host sync and a collective, not that one sizes the other.
-* TPU820 complex rotary embeddings (``torch.view_as_complex`` / ``torch.polar``): the real sin/cos rotation is
-  the fix, but the complex tensors usually cross functions (``freqs_cis`` built in one, applied in another), so
-  the rewrite is left to a person.
 * TPU821 antialiased resizing (``interpolate(..., antialias=True)``, torchvision's resize).
 * TPU822 ``is_torch_tpu_available`` (transformers): it meant torch_xla in older releases.
 
-``torch.compile(mode=...)`` with the tpu backend and ``backend="inductor"`` on TPU are TPU501's (compile).
+Complex rotary embeddings are :mod:`.complex_rotary`'s (TPU820, TPU823); ``torch.compile(mode=...)`` with the
+tpu backend and ``backend="inductor"`` on TPU are TPU501's (compile).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
 
 _PYTORCH = "https://docs.pytorch.org/docs/stable"
 INTERPOLATE = f"{_PYTORCH}/generated/torch.nn.functional.interpolate.html"
-VIEW_AS_COMPLEX = f"{_PYTORCH}/generated/torch.view_as_complex.html"
 ALL_TO_ALL = f"{_PYTORCH}/distributed.html#torch.distributed.all_to_all_single"
 TRANSFORMERS_IMPORT_UTILS = "https://huggingface.co/docs/transformers/main/en/internal/import_utils"
 
@@ -47,11 +44,6 @@ _HOST_READ_SPLITS = (
     "point on each rank, and ranks that reach it at different points run different collectives (multi-host runs "
     "deadlock). Exchange the counts with a collective first and read them at one point of the step on every "
     "rank, or keep sizes on device: fixed-capacity (padded) all_to_all, or torch.tpu.ops.ragged_all_to_all"
-)
-_COMPLEX_ROTARY = (
-    "complex rotary embeddings crash in TorchTPU's backward: rotate in real arithmetic instead, with "
-    "cos/sin tables (cos = freqs.cos(), sin = freqs.sin()) and the pairs x1, x2 = x[..., ::2], x[..., 1::2]: "
-    "out = stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)"
 )
 _ANTIALIAS = (
     "antialiased bilinear resizing (aten::_upsample_bilinear2d_aa) is not implemented for tpu: resize on the CPU "
@@ -92,20 +84,6 @@ distributed.FAMILY.rule(
     ),
 )
 third_party.FAMILY.rule(
-    code="TPU820",
-    name="complex-rotary-embedding",
-    safety=Safety.MANUAL,
-    summary="torch.view_as_complex / torch.polar: complex rotary position embeddings.",
-    rationale="Reported in TorchTitan's TPU experiments and bug notes against torch_tpu: " + _COMPLEX_ROTARY + ".",
-    before="freqs_cis = torch.polar(torch.ones_like(freqs), freqs)\n"
-    "xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))\n"
-    "xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)",
-    after="cos, sin = freqs.cos(), freqs.sin()\nx1, x2 = xq.float()[..., ::2], xq.float()[..., 1::2]\n"
-    "xq_out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(3)",
-    references=(VIEW_AS_COMPLEX, TORCH_TPU),
-    apis=(ApiEquivalent("torch.view_as_complex, torch.polar (rotary embeddings)", "real sin/cos rotation"),),
-)
-third_party.FAMILY.rule(
     code="TPU821",
     name="antialias-resize",
     safety=Safety.MANUAL,
@@ -134,14 +112,6 @@ def tpu_set_device_reference(
     ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
 ) -> cst.BaseExpression:
     ctx.report("TPU220", original, f"{qualname}: {_SET_DEVICE}")
-    return updated
-
-
-@third_party.FAMILY.reference("torch.view_as_complex", "torch.polar")
-def complex_rotary_reference(
-    ctx: PyContext, original: cst.BaseExpression, updated: cst.BaseExpression, qualname: str
-) -> cst.BaseExpression:
-    ctx.report("TPU820", original, f"{qualname}: {_COMPLEX_ROTARY}")
     return updated
 
 
