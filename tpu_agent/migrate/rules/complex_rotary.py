@@ -95,9 +95,9 @@ class _ComplexView:
     products: tuple[cst.Call, ...]
 
 
-def _view_source(ctx: PyContext, statement: cst.BaseStatement) -> tuple[str, cst.Call] | None:
+def _view_source(ctx: PyContext, statement: cst.SimpleStatementLine) -> tuple[str, cst.Call] | None:
     """(name, call) for a statement ``name = torch.view_as_complex(pairs)`` with one positional argument."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    if len(statement.body) != 1:
         return None
     assign = statement.body[0]
     if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
@@ -148,7 +148,7 @@ class _FunctionScan(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.names.add(node.value)
 
-    def _bind(self, target: cst.BaseExpression) -> None:
+    def _bind(self, target: cst.CSTNode) -> None:
         for name in _bound_names(target):
             self.bindings[name] = self.bindings.get(name, 0) + 1
 
@@ -165,7 +165,7 @@ class _FunctionScan(cst.CSTVisitor):
         self._bind(node.target)
 
     def visit_AsName(self, node: cst.AsName) -> None:
-        self._bind(cst.ensure_type(node.name, cst.BaseExpression))
+        self._bind(node.name)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self._bind(node.target)
@@ -175,7 +175,7 @@ class _FunctionScan(cst.CSTVisitor):
             self.real_views.append(node)
 
 
-def _bound_names(target: cst.BaseExpression) -> list[str]:
+def _bound_names(target: cst.CSTNode) -> list[str]:
     if isinstance(target, cst.Name):
         return [target.value]
     if isinstance(target, cst.Tuple | cst.List):
@@ -193,13 +193,13 @@ def _complex_views(ctx: PyContext, function: cst.FunctionDef) -> list[_ComplexVi
     scan = _FunctionScan(ctx)
     function.body.visit(scan)
     params = {param.name.value for param in (*function.params.params, *function.params.kwonly_params)}
-    candidates = {
-        found[0]: (statement, found[1])
-        for statement in function.body.body
-        if (found := _view_source(ctx, statement)) is not None
-        and scan.bindings.get(found[0]) == 1
-        and found[0] not in params
-    }
+    candidates: dict[str, tuple[cst.SimpleStatementLine, cst.Call]] = {}
+    for statement in function.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        found = _view_source(ctx, statement)
+        if found is not None and scan.bindings.get(found[0]) == 1 and found[0] not in params:
+            candidates[found[0]] = (statement, found[1])
     products: dict[str, list[cst.Call]] = {}
     for call in scan.real_views:
         operands = _product_operands(call, list(candidates))
