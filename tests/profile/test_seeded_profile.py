@@ -22,6 +22,9 @@ SEEDED = [
     ("slow_loader.py", "IP-1", ()),
     ("graph_break.py", "CO-2", ()),
     ("recompile.py", "CO-1", ()),
+    ("finetune_unfreeze.py", "CO-1", ()),  # requires_grad flipped by unfreezing: named at the flip
+    ("fused_accumulation_reads.py", "EM-2", ()),  # Fused eager switched on in the script, cut by .item() reads
+    ("classifier_syncs.py", "HS-2", ()),
 ]
 
 

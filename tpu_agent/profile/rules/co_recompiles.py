@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 
@@ -16,6 +17,8 @@ PER_STEP_ERROR = 0.5
 def _advice(reason: str) -> str:
     if "size mismatch" in reason or "stride mismatch" in reason:
         return "An input shape changes between calls: pad or bucket it to a few fixed sizes, or use drop_last=True."
+    if "requires_grad mismatch" in reason:
+        return "A parameter's requires_grad changed between calls (a layer frozen or unfrozen): the graph recompiles."
     if "___stack" in reason or "== " in reason or "id(" in reason:
         return (
             "A Python value the graph depends on changes: pass it as a tensor or hoist it out of the compiled region."
@@ -85,6 +88,58 @@ def _scalar_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentC
     return [], None
 
 
+_REQUIRES_GRAD_GUARD = re.compile(r"tensor '(?P<path>.*?)' requires_grad mismatch")
+_MODULE_NAME = re.compile(r"_modules\['(\w+)'\]")
+FREEZE_NO_DIFF = (
+    "the edit that avoids it changes which parameters train, or how (the optimizer's groups), and with them the losses "
+    "after the change: no edit keeps the script's numbers, which a verified diff must"
+)
+
+
+def _requires_grad_lines(path: str) -> list[int]:
+    """Lines that change a tensor's ``requires_grad``: ``p.requires_grad_(...)``, ``p.requires_grad = ...``."""
+    tree = sources.parse_source(path)
+    if tree is None:
+        return []
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "requires_grad_":
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in targets):
+                lines.add(node.lineno)
+    return sorted(lines)
+
+
+def _requires_grad_change(
+    recompiles: list[ev.Compile], script: str | None
+) -> tuple[list[Location], AgentChange | None]:
+    """A parameter frozen or unfrozen between calls (Dynamo guards ``requires_grad``): the line that flips it, in
+    the compiled function's file or the script, preferring one that names the guarded module."""
+    for event in recompiles:
+        match = _REQUIRES_GRAD_GUARD.search(event.reason)
+        if match is None:
+            continue
+        names = _MODULE_NAME.findall(match["path"])
+        files = dict.fromkeys(f for f in (event.site.file if event.site else None, script) if f)
+        found = [(f, line) for f in files for line in _requires_grad_lines(f)]
+        if not found:
+            continue
+        text = {place: patches.line_text(*place) for place in found}
+        named = [place for place in found if any(name in text[place] for name in names)]
+        file, line = (named or found)[0]
+        module = names[0] if names else "a module"
+        return [Location(file, line, sources.function_at(file, line))], AgentChange(
+            f"Line {line} changes `requires_grad` of {module}'s parameters, which the compiled graph is guarded on: "
+            "each change is a recompile. Once (unfreezing at an epoch boundary) it costs one compile; if it changes "
+            "often, keep requires_grad fixed and stop the updates another way (leave those parameters out of the "
+            "optimizer's groups, or set their learning rate to 0 until they train).",
+            no_diff_reason=FREEZE_NO_DIFF,
+        )
+    return [], None
+
+
 def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     steps = window_steps(rank)
@@ -102,6 +157,8 @@ def _check(model: ProfileModel) -> list[Finding]:
     created, padding = _shape_change(recompiles)
     if padding is None:
         created, padding = _scalar_change(recompiles)
+    if padding is None:
+        created, padding = _requires_grad_change(recompiles, model.config.script)
     locations = created + [Location.from_site(site) for site in list(sites)[:3]]
     return [
         RULE.finding(
@@ -128,7 +185,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CO-1",
+    code="CO-1",
     name="recompilation churn",
     category="compile",
     severity=Severity.error,
@@ -137,8 +194,10 @@ RULE = DiagnosticRule(
     after="batch = torch.randn(16 + 8 * step, 256, device=device)\n"
     "batch = torch.nn.functional.pad(batch, (0, 0, 0, -batch.shape[0] % 128))  # one shape; mask the padding\n"
     "loss = compiled_step(batch)",
-    reference="docs/tpu-performance.md#compilation; "
-    "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    references=(
+        "docs/tpu-performance.md#compilation",
+        "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    ),
     requires=(STEPS, HOOKS),
     check=_check,
 )
