@@ -12,6 +12,7 @@ from importlib import import_module
 from pathlib import Path
 
 import pytest
+from profile_helpers import SEEDED
 
 from tpu_agent.chips import get_chip
 from tpu_agent.profile import rules as rules_package
@@ -142,14 +143,15 @@ def test_every_diagnostic_has_a_fixture_that_shows_it_firing() -> None:
 
 @pytest.mark.parametrize("code", sorted(SHOWN_BY))
 def test_the_named_test_exists_and_checks_its_rule(code: str) -> None:
-    """The test :data:`SHOWN_BY` names is there, in a file that checks the rule: by its code, or through the rule
-    module itself (a compiled-program test calls ``RULE.check``)."""
+    """The test :data:`SHOWN_BY` names is there, in a file that checks the rule: by its code, through the rule
+    module itself (a compiled-program test calls ``RULE.check``), or as a seeded script's rule."""
     file, _, function = SHOWN_BY[code].partition("::")
     source = (HERE / file).read_text(encoding="utf-8")
     node = next((n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == function), None)
     assert node is not None, SHOWN_BY[code]
     module = next(name for name in RULE_MODULES if import_module(f"tpu_agent.profile.rules.{name}").RULE.code == code)
-    assert f'"{code}"' in source or f"tpu_agent.profile.rules.{module} import" in source, (
+    seeded = "SEEDED" in source and code in {rule for _, rule, _ in SEEDED}  # the seeded suite's list
+    assert f'"{code}"' in source or f"tpu_agent.profile.rules.{module} import" in source or seeded, (
         f"{file} does not check {code}"
     )
 

@@ -8,24 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from profile_helpers import REPO, SCRIPTS, Captures, run_cli, seed_line
+from profile_helpers import REPO, SCRIPTS, SEEDED, Captures, run_cli, seed_line
 
 pytestmark = pytest.mark.slow  # every test here launches `tpu-agent` (and torch) in a subprocess
-
-SEEDED = [
-    ("host_sync.py", "HS-1", ()),
-    ("dynamic_shapes.py", "SH-1", ()),
-    ("fp32_odd_dims.py", "PR-1", ()),
-    ("fp32_odd_dims.py", "SH-2", ()),
-    ("memory_fit.py", "SD-1", ("--chip", "v5e")),
-    ("strict_eager.py", "EM-1", ()),
-    ("slow_loader.py", "IP-1", ()),
-    ("graph_break.py", "CO-2", ()),
-    ("recompile.py", "CO-1", ()),
-    ("finetune_unfreeze.py", "CO-1", ()),  # requires_grad flipped by unfreezing: named at the flip
-    ("fused_accumulation_reads.py", "EM-2", ()),  # Fused eager switched on in the script, cut by .item() reads
-    ("classifier_syncs.py", "HS-2", ()),
-]
 
 
 @pytest.mark.parametrize(("script", "rule_id", "options"), SEEDED, ids=[f"{s}-{r}" for s, r, _ in SEEDED])
