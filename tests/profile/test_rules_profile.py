@@ -278,3 +278,24 @@ def test_the_varying_input_of_a_batch_is_preferred_to_a_collate_s_flat_lengths()
     assert _first_varying_input({0: step(40), 1: step(52)}) == (2, 1, [40, 52])
     flat_only = {i: [Op("aten::cat", 0, 1, 0, input_shapes=[[n]])] for i, n in enumerate((5, 9))}
     assert _first_varying_input(flat_only) == (1, 0, [5, 9])
+
+
+def test_a_step_that_runs_fewer_matmuls_on_the_same_shapes_is_no_shape_change() -> None:
+    """A layer frozen for two steps, then unfrozen: its weight-gradient matmul is missing from those steps, but no
+    op sees a new shape (SH-1 once counted those steps as shape changes); a new batch size is one."""
+    from tpu_agent.profile.model import Op
+
+    def run(last_batch: int) -> list:
+        rank = RankProfile(rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(6)])
+        for i in range(6):
+            batch = last_batch if i == 5 else 32
+            forward = Op("aten::mm", i * 1_000_000 + 10, 10, 0, [[batch, 128], [128, 128]], step=i)
+            weight_grad = Op("aten::mm", i * 1_000_000 + 30, 10, 0, [[128, batch], [batch, 128]], step=i)
+            rank.ops += [forward] + ([weight_grad] if i >= 2 else [])
+        rank.has_op_trace = True
+        model = ProfileModel(config=RunConfig(chip=get_chip("v6e"), source="tpu-agent"), ranks={0: rank})
+        return get_rule("SH-1").check(model)
+
+    assert run(32) == []
+    (changed,) = run(24)
+    assert changed.evidence.steps == (5,) and changed.evidence.value == 2
