@@ -299,3 +299,33 @@ def test_a_step_that_runs_fewer_matmuls_on_the_same_shapes_is_no_shape_change() 
     assert run(32) == []
     (changed,) = run(24)
     assert changed.evidence.steps == (5,) and changed.evidence.value == 2
+
+
+def test_a_model_inside_a_compiled_region_has_its_changing_input_named_by_sh1(tmp_path: Path) -> None:
+    """issue_churn.py's shape: the model runs inside a compiled lambda, so no forward call is seen; SH-1 takes the
+    tensor's line and the value that sizes it from the recompiles' guard (it once had no location at all)."""
+    from tpu_agent.profile.model import Op
+    from tpu_agent.runtime import events as ev
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        'step_fn = torch.compile(lambda t: t.float().sum(), backend="tpu")\n'
+        "for step in range(6):\n"
+        "    seq = 10 + step\n"
+        "    tokens = torch.randint(0, 5, (8, seq))\n"
+        "    loss = step_fn(tokens)\n",
+        encoding="utf-8",
+    )
+    site = ev.Site(str(script), 2, "<lambda>")
+    rank = RankProfile(rank=0, steps=[Step(i, i * 1_000_000, (i + 1) * 1_000_000, "optimizer") for i in range(6)])
+    rank.ops = [Op("aten::mm", i * 1_000_000 + 10, 10, 0, [[8, 10 + i], [10 + i, 4]], step=i) for i in range(6)]
+    rank.has_op_trace = True
+    rank.events = [
+        ev.Compile(i * 1_000_000 + 5, 0, i, "<lambda>", i, 3, True,
+                   f"tensor 't' size mismatch at index 1. expected {9 + i}, actual {10 + i}", 10, site)
+        for i in range(1, 6)
+    ]  # fmt: skip
+    config = RunConfig(chip=get_chip("v6e"), source="tpu-agent", script=str(script))
+    (finding,) = get_rule("SH-1").check(ProfileModel(config=config, ranks={0: rank}))
+    assert [(loc.file, loc.line) for loc in finding.locations[:2]] == [(str(script), 5), (str(script), 4)]

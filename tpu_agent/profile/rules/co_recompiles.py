@@ -26,8 +26,9 @@ def _advice(reason: str) -> str:
     return "Keep the compiled function's inputs (shapes, dtypes, Python constants) the same every call."
 
 
-def _shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentChange | None]:
-    """Where the tensor whose shape broke the guard is created, and the edit that pads it to a bucket.
+def shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentChange | None]:
+    """Where the tensor whose shape broke the guard is created, and the edit that pads it to a bucket (SH-1 takes
+    the place too, for a model called inside a compiled region, where no forward call is seen).
 
     The guard names the compiled function's argument and dimension; the first call that passes it is
     followed back to the assignment that creates the tensor (:mod:`tpu_agent.profile.sources`).
@@ -154,7 +155,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     top_reason = reasons.most_common(1)[0][0]
     sites = by_site(recompiles)
     functions = sorted({e.function for e in recompiles})
-    created, padding = _shape_change(recompiles)
+    created, padding = shape_change(recompiles)
     if padding is None:
         created, padding = _scalar_change(recompiles)
     if padding is None:

@@ -8,6 +8,8 @@ from tpu_agent.profile import patches, sources
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Op, ProfileModel, RankProfile, Severity
 from tpu_agent.profile.op_classes import MXU_OPS
 from tpu_agent.profile.rules._base import HOOKS, OP_TRACE, STEPS, DiagnosticRule, window_steps
+from tpu_agent.profile.rules.co_recompiles import shape_change
+from tpu_agent.runtime import events as ev
 
 Signature = tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
 
@@ -103,6 +105,9 @@ def _check(model: ProfileModel) -> list[Finding]:
     what = _varying_dims(first_ops)
     step_ops = {i: [op for op in rank.ops if op.top_level and op.step == i] for i in steps}
     locations, padding = _padding_change(rank, step_ops)
+    if not locations:  # the model runs inside a compiled region: the recompiles' guard names the changing argument
+        recompiles = [e for e in rank.events if isinstance(e, ev.Compile) and e.is_recompile]
+        locations = shape_change(recompiles)[0]
     change = padding or AgentChange(
         "Pad the varying dimension to a few fixed buckets (e.g. multiples of 128 up to the maximum) before the model, "
         "or fix the sequence length in the data pipeline."
