@@ -11,8 +11,8 @@
    step compiled for the TPU as ``tpu-agent estimate`` does: a second, short run of the script and a libtpu
    compile, an estimate rather than profiling) in the same alternation, and prints its ratio beside the
    target's (it has no target of its own). Diff verification is off here (``--no-verify``): it is one more run of
-   the script per diff, an opt-out check rather than capture overhead; ``benchmarks/profile_verify_bench.py`` prints
-   the seconds it adds per seeded case.
+   the script per diff, an opt-out check rather than capture overhead; ``benchmarks/profile_verify_bench.py`` prints,
+   per seeded case, the profile's overhead over a plain run beside the seconds verification adds.
 2. Analysis: a synthetic capture of 1,000 steps (``tpu_agent.profile.synthetic``, the on-disk format of a
    real capture) is diagnosed in-process (load, every rule, estimate, XSpace, json/md/html reports).
    Target: < 10 s.

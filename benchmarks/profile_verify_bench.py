@@ -1,13 +1,15 @@
-"""Verified diffs over the seeded suite: per case, the finding, its line, the diff's verdict, and the time verification
-adds.
+"""Verified diffs over the seeded suite: per case, the finding, its line, the diff's verdict, and, side by side, what
+profiling costs over a plain run and what verification adds over profiling.
 
-Each case is one script of ``tests/profile/scripts`` profiled once with ``--verify`` (one capture per script; every diff
-its findings offer is checked on a copy). Printed per case: the rule expected, whether it was found at the seeded line
-(``# SEED: <rule>``), the verdict of its diff (verified with the measure before and after, withheld with the reason,
-or advice without a diff), and the capture's seconds beside the seconds verification added. The sweep fails (exit 1)
-when any finding in any case offers a diff that is not verified, or the tuned script gets a warning.
+Each case is one script of ``tests/profile/scripts`` run once with ``tpu-agent run`` and profiled once with ``--verify``
+(every diff its findings offer is checked on a copy). Printed per case: the plain run's seconds, the capture's
+seconds (the profile without its verification) and their ratio (the profile overhead), the seconds verification added
+and its ratio to the capture, then the rule expected, whether it was found at the seeded line (``# SEED: <rule>``),
+the verdict of its diff (verified with the measure before and after, withheld with the reason, or advice in words
+with the reason there is no diff). A last line sums the sweep. Ratios, not timed asserts: the sweep fails (exit 1)
+only when a finding offers a diff that is not verified, or the tuned script gets a warning.
 
-    python benchmarks/profile_verify_bench.py [--only host_sync.py ...] [--json out.json]
+    python benchmarks/profile_verify_bench.py [--only host_sync.py ...] [--steps 5] [--warmup 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "profile" / "scripts"
@@ -53,6 +56,8 @@ CASES = (
     Case("memory_fit.py", (("SD-1", "SD-1"),), ("--chip", "v5e")),
     Case("memory_growth.py", (("SD-8", "SD-8"),)),
     Case("two_ranks.py", (("SD-2", "SD-2"),), ("--nproc", "2")),
+    Case("finetune_unfreeze.py", (("CO-1", "CO-1"),)),
+    Case("fused_accumulation_reads.py", (("EM-2", "EM-2"), ("HS-1", "EM-2"))),
     Case("well_tuned.py", ()),
 )
 
@@ -64,7 +69,7 @@ def _seed_line(script: Path, marker: str) -> int | None:
     return None
 
 
-def _verdict(finding: dict) -> str:  # type: ignore[type-arg]
+def _verdict(finding: dict[str, Any]) -> str:
     change = finding.get("agent_change") or {}
     checked = change.get("verification") or {}
     if change.get("diff") and change.get("verified"):
@@ -73,12 +78,25 @@ def _verdict(finding: dict) -> str:  # type: ignore[type-arg]
         return f"UNVERIFIED DIFF ({checked.get('reason', 'no verification')})"
     if checked:
         return f"withheld: {checked['reason']}"
+    if change.get("no_diff_reason"):
+        return f"advice in words: {change['no_diff_reason']}"
     return "advice only (the rule has no diff for it)"
 
 
-def run_case(case: Case, steps: int, warmup: int) -> dict:  # type: ignore[type-arg]
-    """Profile the case once with --verify and read its findings."""
+def plain_run_s(case: Case, env: dict[str, str]) -> float | None:
+    """Wall seconds of ``tpu-agent run`` of the case with its run options (``None`` when it fails)."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_agent", "run", *case.options, str(SCRIPTS / case.script)],
+        capture_output=True, text=True, env=env, timeout=1800, cwd=REPO,
+    )  # fmt: skip
+    return time.monotonic() - started if result.returncode == 0 else None
+
+
+def run_case(case: Case, steps: int, warmup: int) -> dict[str, Any]:
+    """Run the case once plainly, then profile it once with --verify and read its findings."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TPU_AGENT_PROFILE_VERIFY": "1"}
+    plain = plain_run_s(case, env)
     with tempfile.TemporaryDirectory() as scratch:
         command = [sys.executable, "-m", "tpu_agent", "profile", "--verify", "--logdir", f"{scratch}/log"]
         command += ["--steps", str(steps), "--warmup", str(warmup), "--format", "json", *case.options]
@@ -121,6 +139,7 @@ def run_case(case: Case, steps: int, warmup: int) -> dict:  # type: ignore[type-
         "unverified_diffs": unverified,
         "warnings": warnings,
         "wall_s": round(wall, 1),
+        "run_s": round(plain, 1) if plain is not None else None,
         "verify_s": verification.get("seconds", 0.0),
         "diffs": verification.get("diffs", 0),
     }
@@ -135,6 +154,7 @@ def main() -> int:
     args = parser.parse_args()
     cases = [c for c in CASES if args.only is None or c.script in args.only]
     results, failed = [], False
+    totals = dict.fromkeys(("run", "capture", "verify", "profiled", "diffs"), 0.0)
     for case in cases:
         result = run_case(case, args.steps, args.warmup)
         results.append(result)
@@ -143,9 +163,17 @@ def main() -> int:
             failed = True
             continue
         capture_s = result["wall_s"] - result["verify_s"]
+        totals["run"] += result["run_s"] or 0.0
+        totals["capture"] += capture_s if result["run_s"] else 0.0
+        totals["verify"] += result["verify_s"]
+        totals["profiled"] += capture_s
+        totals["diffs"] += result["diffs"]
+        overhead = f"{capture_s / result['run_s']:.2f}x" if result["run_s"] else "n/a (the plain run failed)"
+        per_diff = f", {result['verify_s'] / result['diffs']:.1f} s a diff" if result["diffs"] else ""
         print(
-            f"{result['case']}: capture {capture_s:.1f} s, verification +{result['verify_s']:.1f} s "
-            f"for {result['diffs']} diff(s)"
+            f"{result['case']}: run {result['run_s'] or 0:.1f} s | profile {capture_s:.1f} s ({overhead} the run) | "
+            f"verification +{result['verify_s']:.1f} s ({result['verify_s'] / capture_s:.2f}x the capture) "
+            f"for {result['diffs']} diff(s){per_diff}"
         )
         for row in result["rows"]:
             where = "at the seeded line" if row["at_line"] else f"lines {row['lines']} (seeded {row['seed_line']})"
@@ -156,6 +184,12 @@ def main() -> int:
         if result["unverified_diffs"] or (not case.rules and result["warnings"]):
             failed = True
             print(f"  FAIL: unverified diffs {result['unverified_diffs']}, warnings {result['warnings']}")
+    if totals["run"] and totals["profiled"]:
+        print(
+            f"sweep: profile {totals['capture'] / totals['run']:.2f}x a plain run (sum over the cases that ran plainly); "
+            f"verification adds {totals['verify'] / totals['profiled']:.2f}x the captures' time, "
+            f"{totals['verify']:.0f} s for {totals['diffs']:.0f} diffs"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 1 if failed else 0

@@ -13,6 +13,22 @@ from typing import Any
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
+# The seeded suite: (script, the rule it must show at its `# SEED: <rule>` line, the profile options it needs).
+SEEDED: list[tuple[str, str, tuple[str, ...]]] = [
+    ("host_sync.py", "HS-1", ()),
+    ("dynamic_shapes.py", "SH-1", ()),
+    ("fp32_odd_dims.py", "PR-1", ()),
+    ("fp32_odd_dims.py", "SH-2", ()),
+    ("memory_fit.py", "SD-1", ("--chip", "v5e")),
+    ("strict_eager.py", "EM-1", ()),
+    ("slow_loader.py", "IP-1", ()),
+    ("graph_break.py", "CO-2", ()),
+    ("recompile.py", "CO-1", ()),
+    ("finetune_unfreeze.py", "CO-1", ()),  # requires_grad flipped by unfreezing: named at the flip
+    ("fused_accumulation_reads.py", "EM-2", ()),  # Fused eager switched on in the script, cut by .item() reads
+    ("classifier_syncs.py", "HS-2", ()),
+    ("memory_growth.py", "SD-8", ()),
+]
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:

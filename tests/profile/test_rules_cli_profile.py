@@ -32,7 +32,7 @@ def test_rules_explains_one_diagnostic() -> None:
     result = run_cli("rules", "sh-1")
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
-    for part in (rule.id, rule.name, "Why", "Before", "After", "Reference", rule.before):
+    for part in (rule.code, rule.name, "Why", "Before", "After", "Reference", rule.before):
         assert " ".join(part.split()) in text
     record = json.loads(run_cli("rules", "HS-1", "--format", "json").stdout)
     assert record["kind"] == "diagnostic" and record["code"] == "HS-1" and record["reference"].startswith("docs/")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from profile_helpers import SCRIPTS, Captures, seed_line
+from profile_helpers import SCRIPTS, SEEDED, Captures, seed_line
 
 from tpu_agent.profile import patches, unidiff, verify
 from tpu_agent.profile.model import Verification
@@ -42,6 +42,55 @@ def test_host_sync_diffs_are_verified_on_a_copy(captures: Captures) -> None:
 
     again = {f.rule_id: f.agent_change for f in diagnose(logdir).findings if f.agent_change}
     assert again["HS-1"] is not None and again["HS-1"].verified and again["HS-1"].diff == hs1["agent_change"]["diff"]
+
+
+@pytest.mark.slow
+@pytest.mark.long  # one patched run per rule that offers a diff in the seeded suite: a dozen short profiles
+def test_no_rule_offers_an_unverified_diff_in_the_seeded_suite(
+    captures: Captures, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite-wide guard: each rule that builds a diff on any seeded script has its first such diff checked
+    (applied to a copy, run, losses compared, the rule read again): it must come out verified, or withdrawn with the
+    reason (the advice stays in words: a padding that changes a mean loss is refused, not offered); a diff that stays
+    offered unverified fails here, naming the rule, the script and the reason. The captures are the seeded tests'
+    own (only the patched copies run), and each rule's diff is checked once: the same rule builds its diff the same
+    way on every script, and a check per script and rule would cost the suite minutes."""
+    from tpu_agent.profile.api import diagnose
+    from tpu_agent.profile.options import ProfileOptions
+    from tpu_agent.runtime.api import LaunchTarget
+
+    monkeypatch.chdir(SCRIPTS)  # the copy verification makes is the scripts' folder, not the repository
+    checked: dict[str, tuple[str, str]] = {}
+    scripts = list(dict.fromkeys((script, options) for script, _, options in SEEDED))
+    for script, options in [*scripts, ("well_tuned.py", ())]:
+        logdir, report, _ = captures.get(script, *options)
+        diagnosis = diagnose(logdir)
+        diagnosis.exit_code = report["capture"]["exit_code"]
+        first = [
+            f
+            for f in diagnosis.findings
+            if f.agent_change is not None and f.agent_change.diff and f.rule_id not in checked
+        ]
+        first = [f for i, f in enumerate(first) if f.rule_id not in {g.rule_id for g in first[:i]}]
+        if not first:
+            continue
+        if script == "well_tuned.py":
+            pytest.fail(f"the tuned script offers diffs: {[f.rule_id for f in first]}")
+        diagnosis.findings = first
+        flags = dict(zip(options[::2], options[1::2], strict=True))
+        settings = ProfileOptions(
+            steps=5, warmup=2, chip=flags.get("--chip", "v6e"), eager_mode=flags.get("--eager-mode"), verify=True
+        )
+        verify.verify_diagnosis(diagnosis, LaunchTarget(str(SCRIPTS / script), []), settings, 1.0)
+        for finding in first:
+            change = finding.agent_change
+            assert change is not None and change.verification is not None
+            checked[finding.rule_id] = (script, f"{change.verification.status}: {change.verification.reason}")
+            if change.verification.status == "failed":
+                assert change.diff is None and change.verification.reason, finding.rule_id
+            else:
+                assert change.diff and change.verified, (finding.rule_id, script, change.verification)
+    assert any(place[1].startswith("verified") for place in checked.values()), checked
 
 
 def _script(tmp_path: Path) -> Path:

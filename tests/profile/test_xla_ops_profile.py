@@ -9,8 +9,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.profiler import ProfilerActivity, profile
 
-from tpu_agent.profile.kineto import MATMUL_OPS, XLA_EXECUTABLE_RECORD, read_ops
+from tpu_agent.profile.kineto import XLA_EXECUTABLE_RECORD, read_ops
 from tpu_agent.profile.model import Op
+from tpu_agent.profile.op_classes import MATMUL_OPS
 from tpu_agent.runtime.emulated.state import Precision
 from tpu_agent.runtime.xla.graphs import EagerOps, GraphRunner
 

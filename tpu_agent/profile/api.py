@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.chips import DEFAULT_CHIP, Chip, get_chip
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.fsutil import atomic_write_text
@@ -100,12 +100,10 @@ def _drop_xprof_caches(session: Path, root: Path) -> None:
                 path.unlink()
 
 
-def _diagnose_own(logdir: Path, root: Path, chip: str | None) -> Diagnosis:
+def _diagnose_own(logdir: Path, root: Path, chip: Chip | None) -> Diagnosis:
     raw = raw_dir(logdir)
     confined(root, raw)
-    model = load_raw(raw)
-    if chip:
-        model.config.chip = get_chip(chip)
+    model = load_raw(raw, chip)
     with reading(raw, "the capture"):  # values of the right type can still contradict each other
         diagnosis = _analyse(logdir, model)
     name = (
@@ -147,13 +145,13 @@ def _annotated_dir(session: Path, root: Path) -> Path:
     return report_dir(root) / name
 
 
-def _diagnose_xspace(files: list[Path], root: Path, chip: str | None) -> Diagnosis:
+def _diagnose_xspace(files: list[Path], root: Path, chip: Chip | None) -> Diagnosis:
     ranks = {}
     for index, path in enumerate(files):
         with reading(path, "the XSpace (.xplane.pb)"):
             rank = xplane.read_xspace(path, _rank_of(path, index))
         ranks[rank.rank] = rank
-    config = RunConfig(chip=get_chip(chip or DEFAULT_CHIP), world_size=len(ranks), source="xspace")
+    config = RunConfig(chip=chip or get_chip(DEFAULT_CHIP), world_size=len(ranks), source="xspace")
     model = ProfileModel(config=config, ranks=ranks)
     session = files[0].parent
     with reading(session, "the XSpace session"):
@@ -177,7 +175,7 @@ def _log_root(logdir: Path) -> Path:
 
 def _diagnose(
     logdir: Path,
-    chip: str | None,
+    chip: Chip | None,
     exit_code: int | None,
     no_compiler_note: str = "",
     verify: Callable[[Diagnosis], dict[str, Any]] | None = None,
@@ -222,7 +220,7 @@ def diagnose(logdir: Path, chip: str | None = None) -> Diagnosis:
     session is annotated into a copy, ``<session>_tpu-agent``, with a "tpu-agent diagnostics" line. Every
     file and path in the capture is untrusted: nothing is written or deleted outside ``logdir``.
     """
-    return _diagnose(logdir, chip, None)
+    return _diagnose(logdir, get_chip(chip) if chip else None, None)
 
 
 def _prepare_logdir(logdir: Path, target: LaunchTarget, options: ProfileOptions) -> Path:
@@ -305,7 +303,7 @@ def profile(
 
     The script's own exit code is returned in the result; a capture with no data at all is an error.
     """
-    options.check()
+    options.check()  # parses --chip, once: everything below takes options.tpu
     logdir = Path(options.logdir)
     raw = _prepare_logdir(logdir, target, options)
     hooks = ",".join(h for h in (os.environ.get(HOOKS_ENV, ""), HOOK_SPEC) if h)
@@ -336,7 +334,7 @@ def profile(
     try:
         diagnosis = _diagnose(
             logdir,
-            options.chip,
+            options.tpu.chip,
             exit_code,
             no_compiler_note,
             lambda found: verification.verify_diagnosis(found, target, options, capture_s, progress),

@@ -13,7 +13,8 @@ from typing import Any
 
 from tpu_agent.estimate.compiler import compiler_status
 from tpu_agent.profile.model import Estimate, ProfileModel
-from tpu_agent.profile.rules._base import MATMUL_OPS, window_steps
+from tpu_agent.profile.op_classes import MXU_OPS
+from tpu_agent.profile.rules._base import window_steps
 
 
 def roofline_label() -> str:
@@ -60,7 +61,7 @@ def estimate(model: ProfileModel) -> Estimate:
     flops = sum(op.flops for op in kernels) / n
     total_bytes = sum(op.bytes for op in kernels) / n
     eager = sum(max(op.flops / peak, op.bytes / bandwidth) for op in kernels) / n
-    matmul_bytes = sum(op.bytes for op in kernels if op.name in MATMUL_OPS) / n
+    matmul_bytes = sum(op.bytes for op in kernels if op.name in MXU_OPS) / n
     fused = max(flops / peak, matmul_bytes / bandwidth)
     intensity = flops / total_bytes if total_bytes else 0.0
     ridge = peak / bandwidth

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_agent.profile.model import Op
+from tpu_agent.profile.op_classes import CONV_OPS, MXU_OPS
 from tpu_agent.runtime.events import XLA_EXECUTABLE_RECORD
 
 DTYPE_BYTES: dict[str, int] = {
@@ -45,8 +46,6 @@ DTYPE_BYTES: dict[str, int] = {
 # The emulation's CPU does about this many FLOPs in the time it moves a byte from memory (~100 GFLOP/s against
 # ~10 GB/s per core): how the executable's time is split, a matmul by its FLOPs, an elementwise op by its bytes.
 _CPU_FLOPS_PER_BYTE = 8.0
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
-CONV_OPS = frozenset({"aten::convolution"})
 
 
 def _numel(dims: list[int]) -> int:
@@ -131,10 +130,10 @@ def _mark_nesting(ops: list[Op]) -> None:
             stack, thread = [], op.thread
         while stack and stack[-1][0].start_ns + stack[-1][0].duration_ns <= op.start_ns:
             stack.pop()
-        is_matmul = op.name in MATMUL_OPS or op.name in CONV_OPS
+        is_matmul = op.name in MXU_OPS
         inside = bool(stack) and stack[-1][1]
         op.top_level = not stack
-        if stack and stack[-1][0].name not in MATMUL_OPS and stack[-1][0].name not in CONV_OPS:
+        if stack and stack[-1][0].name not in MXU_OPS:
             stack[-1][0].costed = False  # has a child: its children are the kernels
         op.costed = not inside
         stack.append((op, inside or is_matmul))

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.chips import DEFAULT_CHIP, Chip, get_chip
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile import kineto
 from tpu_agent.profile.compiled import load_compiled
@@ -34,7 +34,9 @@ from tpu_agent.profile.model import (
 from tpu_agent.profile.options import DEFAULT_STEPS, DEFAULT_WARMUP
 from tpu_agent.profile.untrusted import damaged, reading, valid_dataclass, vet_files
 from tpu_agent.runtime import events as ev
+from tpu_agent.runtime.envvars import EAGER_MODES
 
+EAGER_MODE_NAMES = frozenset(mode.enum_name for mode in EAGER_MODES.values())
 _CAPTURE_NAME = re.compile(r"capture-rank(\d{1,6})\.json")
 
 
@@ -148,6 +150,8 @@ def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None
         rank.step_site = _site(record.get("step_site"))
         rank.forward_site = _site(record.get("forward_site"))
         rank.module_types = [str(t) for t in record.get("module_types", [])]
+        mode = record.get("window_eager_mode")
+        rank.window_eager_mode = mode if mode in EAGER_MODE_NAMES else None
         rank.weights = [
             Weight(w["module"], w["module_type"], tuple(w["shape"]), w["dtype"], _site(w.get("site")))
             for w in record.get("weights", [])
@@ -178,12 +182,13 @@ def _apply_record(rank: RankProfile, record: dict[str, Any], path: Path) -> None
         _checked(path, f"{what} entry", items)
 
 
-def load_raw(directory: Path) -> ProfileModel:
+def load_raw(directory: Path, chip: Chip | None = None) -> ProfileModel:
     """Load a capture written by ``tpu-agent profile`` (the raw directory).
 
     The ranks are the ranks' own logs; the processes they started (``events-rank<R>-pid<PID>.jsonl``) are
     left out, named in a warning when they ran steps, unless the ranks ran none: a script that only
-    ``mp.spawn``s its workers is profiled as those workers."""
+    ``mp.spawn``s its workers is profiled as those workers. ``chip`` replaces the chip the capture was made for
+    (parsed once by the caller: ``profile``'s options, ``diagnose --chip``)."""
     vet_files(directory)  # every record read below is then a plain file of bounded size
     options_path = directory / OPTIONS_FILE
     options: dict[str, Any] = _read_json_object(options_path, "the profile options") if options_path.exists() else {}
@@ -215,7 +220,7 @@ def load_raw(directory: Path) -> ProfileModel:
                 "not in this profile"
             )
     with reading(options_path, "the profile options"):
-        model = _model(options, ranks, run_info)
+        model = _model(options, ranks, run_info, chip)
     model.compiled = load_compiled(directory / COMPILED_FILE)
     return model
 
@@ -245,12 +250,18 @@ def _script_args(run_info: ev.RunInfo | None, options: dict[str, Any]) -> list[s
     return [str(arg) for arg in args] if isinstance(args, list) else []
 
 
-def _model(options: dict[str, Any], ranks: dict[int, RankProfile], run_info: ev.RunInfo | None) -> ProfileModel:
+def _model(
+    options: dict[str, Any], ranks: dict[int, RankProfile], run_info: ev.RunInfo | None, chip: Chip | None
+) -> ProfileModel:
     """The run's configuration from the lowest rank's own RunInfo (a worker's shows its interpreter's argv)."""
-    chip_key = str(options.get("chip") or (run_info.chip if run_info else DEFAULT_CHIP))
+    if chip is None:
+        chip = get_chip(str(options.get("chip") or (run_info.chip if run_info else DEFAULT_CHIP)))
     config = RunConfig(
-        chip=get_chip(chip_key),
-        eager_mode=(run_info.eager_mode if run_info else None) or options.get("eager_mode"),
+        chip=chip,
+        # the mode the window ran in (a script may switch it), else the one the run started in
+        eager_mode=ranks[min(ranks)].window_eager_mode
+        or (run_info.eager_mode if run_info else None)
+        or options.get("eager_mode"),
         backend=run_info.backend if run_info else None,
         world_size=max(run_info.world_size, len(ranks)) if run_info else max(len(ranks), int(options.get("nproc", 1))),
         env=dict(run_info.env) if run_info else {},

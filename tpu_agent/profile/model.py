@@ -92,11 +92,13 @@ class AgentChange:
     """What a coding agent should edit: a description and, when the change is local, a unified diff.
 
     ``verification`` says whether the diff was applied to a copy, run and shown to remove its finding; a diff the
-    check refused is not kept (``diff`` is None and the verification says why)."""
+    check refused is not kept (``diff`` is None and the verification says why). A rule that knows no edit the check
+    could prove says why in ``no_diff_reason`` (advice is a promise: words without a diff say why there is none)."""
 
     description: str
     diff: str | None = None
     verification: Verification | None = None
+    no_diff_reason: str = ""
 
     @property
     def verified(self) -> bool:
@@ -247,6 +249,7 @@ class RankProfile:
     weights: list[Weight] = field(default_factory=list)
     module_types: list[str] = field(default_factory=list)  # classes of the root modules that ran
     forward_site: Site | None = None  # the user line that called the root module
+    window_eager_mode: str | None = None  # the eager mode in force when the measured window began
     step_site: Site | None = None  # the user line that ended a step (optimizer.step / annotation)
     window: tuple[int, int] | None = None  # first and last step index inside the op-trace window
     has_op_trace: bool = False

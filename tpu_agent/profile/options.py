@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from tpu_agent.chips import DEFAULT_CHIP, get_chip
+from tpu_agent.chips import DEFAULT_CHIP, TpuTarget, parse_target
 from tpu_agent.errors import TpuAgentError
 
 DEFAULT_STEPS = 10  # measured steps: enough for a stable median without a long run
@@ -77,4 +78,9 @@ class ProfileOptions:
                 f"--verify-timeout must be positive (got {self.verify_timeout_s})",
                 f"use --verify-timeout {VERIFY_TIMEOUT_S:g}",
             )
-        get_chip(self.chip)
+        self.tpu  # noqa: B018  (parsed here, so that an unknown chip is refused before anything runs)
+
+    @cached_property
+    def tpu(self) -> TpuTarget:
+        """``chip`` parsed, once per run: the capture, the analysis and the compiler's pass all read this."""
+        return parse_target(self.chip)

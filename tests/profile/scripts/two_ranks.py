@@ -12,7 +12,7 @@ for step in range(8):
     loss = model(torch.randn(32, 256, device=device)).square().mean()
     loss.backward()
     for parameter in model.parameters():
-        dist.all_reduce(parameter.grad)
+        dist.all_reduce(parameter.grad)  # SEED: SD-2
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()

@@ -3,6 +3,8 @@ layer), and the memory parameters, gradients and optimizer state hold."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import linecache
 import re
@@ -89,6 +91,7 @@ class ModuleProbe(Probe):
         self.memory: dict[str, int] | None = None
         self.depth = 0
         self.forward_hooks: list[Any] = []
+        self.compile_callback: Any = None
         self.discovered = False
 
     def install(self) -> None:
@@ -118,6 +121,15 @@ class ModuleProbe(Probe):
         handle = optimizer_mod.register_optimizer_step_post_hook(lambda optimizer, *_: self.optimizers.add(optimizer))
         self.on_undo(handle.remove)
         self.on_undo(self._remove_forward_hooks)
+        original_compile = torch.compile
+
+        @functools.wraps(original_compile)
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            self._unhook_before_compiling()
+            return original_compile(*args, **kwargs)
+
+        torch.compile = compile
+        self.on_undo(lambda: setattr(torch, "compile", original_compile))
         self.clock.listeners.append(self._after_step)
 
     def _after_step(self, finished: int) -> None:
@@ -125,6 +137,31 @@ class ModuleProbe(Probe):
             self._discover()
         if finished <= 1:  # step 1 again: optimizers create their state lazily in their first step
             self._measure()
+
+    def _unhook_before_compiling(self) -> None:
+        """Remove the global forward hooks as Dynamo starts each compile, before it traces anything.
+
+        Dynamo guards a compiled module call on how many global forward hooks there are; a graph traced while these
+        hooks were installed would be recompiled in step 1, once they are gone: a recompile the profile itself
+        caused, whose guard (``len(_global_forward_hooks) != 1``) then hides the script's own reason when a later
+        guard fails (a ``requires_grad`` change). The roots called before the compile (a compiled module's wrapper)
+        are already seen; modules called inside a compiled region were never roots (the hooks skip while compiling).
+        Registered from ``torch.compile`` (wrapped at install): importing Dynamo for every eager script costs
+        seconds."""
+        if self.compile_callback is not None:
+            return
+        from torch._dynamo.callback import callback_handler
+
+        def started(*_: object) -> None:
+            self._remove_forward_hooks()
+
+        self.compile_callback = callback_handler.register_start_callback(started)
+
+        def unregister() -> None:
+            with contextlib.suppress(ValueError):
+                callback_handler.remove_start_callback(started)
+
+        self.on_undo(unregister)
 
     def _remove_forward_hooks(self) -> None:
         for handle in self.forward_hooks:

@@ -11,6 +11,17 @@ from tpu_agent.profile.capture.steps import StepClock
 from tpu_agent.profile.layout import TRACE_FILE
 
 
+def eager_mode_now() -> str | None:
+    """The eager mode in force (``torch.tpu.eager_mode``'s name), read as the window begins: TorchTPU's docs switch
+    to Fused eager in the script (``torch.tpu.eager_mode = EagerMode.DEFER_AND_FUSE``), after the run's start-up
+    recorded the environment's mode; the fused-eager rules must see the mode the measured steps ran in."""
+    import torch
+
+    mode = getattr(getattr(torch, "tpu", None), "eager_mode", None)
+    name = getattr(mode, "name", None)
+    return name if isinstance(name, str) else None
+
+
 class ProfilerWindow(Probe):
     """Starts as the first measured step begins and stops after the last.
 
@@ -26,6 +37,7 @@ class ProfilerWindow(Probe):
         self.prof: Any = None
         self.tried = False
         self.warnings: list[str] = []
+        self.eager_mode: str | None = None
 
     def install(self) -> None:
         self.clock.listeners.append(lambda _finished: self.advance())
@@ -44,6 +56,7 @@ class ProfilerWindow(Probe):
         from torch.profiler import ProfilerActivity, profile
 
         self.tried = True  # one attempt: on failure the window stays without an op trace
+        self.eager_mode = eager_mode_now()
         if autograd_profiler._is_profiler_enabled:
             self.warnings.append("the script runs its own torch.profiler: no op trace was recorded")
             return
@@ -72,4 +85,4 @@ class ProfilerWindow(Probe):
         super().uninstall()
 
     def record(self) -> dict[str, Any]:
-        return {"warnings": list(self.warnings)}
+        return {"warnings": list(self.warnings), "window_eager_mode": self.eager_mode}

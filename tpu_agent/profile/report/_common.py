@@ -20,11 +20,12 @@ def where(location: dict[str, Any], show: Callable[[str], str] = str) -> str:
 
 
 def verification_text(change: dict[str, Any]) -> str:
-    """One sentence on whether the change's diff was checked (:mod:`tpu_agent.profile.verify`); empty when the
-    change never had a diff."""
+    """One sentence on whether the change's diff was checked (:mod:`tpu_agent.profile.verify`), or why the change
+    is advice without a diff; empty when it never had a diff and gives no reason."""
     verification = change.get("verification")
     if not verification:
-        return ""
+        reason = change.get("no_diff_reason")
+        return f"Advice without a diff: {reason}." if reason else ""
     status, reason = verification["status"], verification["reason"]
     if status == "verified":
         measure = f"{verification['metric']} {verification['before']:g} -> {verification['after']:g}"

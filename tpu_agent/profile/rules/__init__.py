@@ -8,44 +8,33 @@ from __future__ import annotations
 
 from dataclasses import replace
 from importlib import import_module
+from pkgutil import iter_modules
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.profile.model import Finding, ProfileModel, RuleOutcome, Status
 from tpu_agent.profile.patches import line_text
 from tpu_agent.profile.rules._base import DiagnosticRule, Insufficient, available
 
-_MODULES = (
-    "cap_no_steps",
-    "cap_few_steps",
-    "cap_warmup",
-    "cap_debug_mode",
-    "hs_scalar_read",
-    "hs_device_copy",
-    "em_strict_eager",
-    "em_fused_fragmented",
-    "em_compile_region",
-    "em_graph_instability",
-    "co_recompiles",
-    "co_graph_breaks",
-    "sh_dynamic_shapes",
-    "sh_mxu_alignment",
-    "sh_batch_size",
-    "sh_compiled_padding",
-    "pr_fp32_matmul",
-    "pr_upcasts",
-    "ip_input_bound",
-    "sd_memory_fit",
-    "sd_memory_growth",
-    "sd_collective_bound",
-    "sd_compiled_hbm",
-    "sd_compiled_collectives",
-    "sd_data_parallel",
-    "sd_ranks_train_alone",
-)
+# The code families in report order (capture problems first: they make the rest unreliable); a module's name
+# starts with its family (``hs_device_copy`` holds HS-2).
+FAMILIES = ("CAP", "HS", "EM", "CO", "SH", "PR", "IP", "SD")
 
-ALL_RULES: dict[str, DiagnosticRule] = {
-    rule.id: rule for rule in (import_module(f"{__name__}.{name}").RULE for name in _MODULES)
-}
+
+def order(rule: DiagnosticRule) -> tuple[int, int]:
+    """Where ``rule`` stands in the catalogue: by family as :data:`FAMILIES` lists them, then by number."""
+    family, _, number = rule.code.partition("-")
+    return FAMILIES.index(family), int(number)
+
+
+def _discover() -> dict[str, DiagnosticRule]:
+    """Every ``RULE`` of this package's public modules (one diagnostic per module), in :func:`order`. Derived, not
+    listed: a rule module added here is run, shown by ``tpu-agent rules`` and documented without another list to
+    keep in step."""
+    rules = [import_module(f"{__name__}.{info.name}").RULE for info in iter_modules(__path__) if info.name[0] != "_"]
+    return {rule.code: rule for rule in sorted(rules, key=order)}
+
+
+ALL_RULES: dict[str, DiagnosticRule] = _discover()
 
 _DATA_HINTS = {
     "steps": "no step boundaries were recorded",
@@ -76,21 +65,21 @@ def run_rules(model: ProfileModel) -> tuple[list[Finding], list[RuleOutcome]]:
         missing = [need for need in rule.requires if need not in have]
         if missing:
             reason = "; ".join(_DATA_HINTS[m] for m in missing)
-            outcomes.append(RuleOutcome(rule.id, Status.insufficient_data, reason))
+            outcomes.append(RuleOutcome(rule.code, Status.insufficient_data, reason))
             continue
         try:
             found = rule.check(model)
         except Insufficient as why:
-            outcomes.append(RuleOutcome(rule.id, Status.insufficient_data, str(why)))
+            outcomes.append(RuleOutcome(rule.code, Status.insufficient_data, str(why)))
             continue
         for finding in found:
             finding.locations = [
                 replace(loc, code=loc.code or line_text(loc.file, loc.line)) for loc in finding.locations
             ]
         findings.extend(found)
-        outcomes.append(RuleOutcome(rule.id, Status.finding if found else Status.ok, "", len(found)))
+        outcomes.append(RuleOutcome(rule.code, Status.finding if found else Status.ok, "", len(found)))
     findings.sort(key=lambda f: (f.category != "capture", f.severity.rank, -f.estimated_saving_pct, f.rule_id))
     return findings, outcomes
 
 
-__all__ = ["ALL_RULES", "DiagnosticRule", "get_rule", "run_rules"]
+__all__ = ["ALL_RULES", "FAMILIES", "DiagnosticRule", "get_rule", "order", "run_rules"]

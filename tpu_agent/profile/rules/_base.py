@@ -18,6 +18,7 @@ from tpu_agent.profile.model import (
     RankProfile,
     Severity,
 )
+from tpu_agent.profile.op_classes import MXU_OPS
 from tpu_agent.runtime import events as ev
 
 EventT = TypeVar("EventT", bound=ev.Event)
@@ -30,32 +31,41 @@ EAGER_MODE = "eager_mode"  # the TorchTPU eager mode in force (runtime RunInfo o
 MEMORY = "memory"  # parameter / gradient / optimizer-state bytes
 COMPILED = "compiled"  # the step compiled for a TPU by libtpu (`tpu-agent estimate`)
 
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution"})
+
+# What a diagnostic is about.
+CATEGORIES = ("capture", "host sync", "eager-mode", "compile", "shapes", "precision", "input pipeline", "sharding")
 
 
 class Insufficient(Exception):
     """Raised by a check that found its inputs present but unusable (e.g. zero steps in the window)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DiagnosticRule:
-    """One diagnostic: stable id, what it looks for, why it matters, and the check itself."""
+    """One diagnostic: stable code, what it looks for, why it matters, and the check itself. Its fields are named as
+    the migration rules' (:class:`tpu_agent.migrate.model.Rule`): ``code`` and ``references``."""
 
-    id: str
+    code: str  # stable, e.g. "HS-1"; never reused once published
     name: str
-    category: str  # capture | host sync | eager-mode | compile | shapes | precision | input pipeline | sharding
+    category: str  # one of CATEGORIES
     severity: Severity  # the usual severity; a check may raise or lower it with the evidence
     rationale: str
     before: str
     after: str
-    reference: str
+    # where to read more: public URLs and sections of docs/ shipped with tpu-agent (docs/tpu-performance.md#...)
+    references: tuple[str, ...]
     requires: tuple[str, ...]
     check: Callable[[ProfileModel], list[Finding]]
+
+    @property
+    def reference(self) -> str:
+        """The references as one line (what the text report and ``tpu-agent rules CODE`` print)."""
+        return "; ".join(self.references)
 
     def to_dict(self) -> dict[str, object]:
         """The record as ``tpu-agent rules --format json`` shows it (keys shared with the migration rules)."""
         return {
-            "code": self.id,
+            "code": self.code,
             "name": self.name,
             "category": self.category,
             "severity": self.severity.value,
@@ -63,6 +73,7 @@ class DiagnosticRule:
             "before": self.before,
             "after": self.after,
             "reference": self.reference,
+            "references": list(self.references),
             "requires": list(self.requires),
         }
 
@@ -81,7 +92,7 @@ class DiagnosticRule:
         rank: int | None = None,
     ) -> Finding:
         return Finding(
-            rule_id=self.id,
+            rule_id=self.code,
             name=self.name,
             category=self.category,
             severity=severity or self.severity,
@@ -170,7 +181,7 @@ def matmul_time_share(rank: RankProfile) -> float:
     total = sum(op.duration_ns for op in kernels)
     if not total:
         return 0.5
-    return sum(op.duration_ns for op in kernels if op.name in MATMUL_OPS) / total
+    return sum(op.duration_ns for op in kernels if op.name in MXU_OPS) / total
 
 
 def first_time(events: Iterable[ev.Event]) -> int | None:

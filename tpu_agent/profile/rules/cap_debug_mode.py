@@ -38,14 +38,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CAP-6",
+    code="CAP-6",
     name="debug mode left on",
     category="capture",
     severity=Severity.error,
     rationale="Launch-blocking and debug checks serialise host and device; a profile under them measures the debugger.",
     before="TORCH_TPU_LAUNCH_BLOCKING=1 tpu-agent profile train.py",
     after="tpu-agent profile train.py",
-    reference="docs/tpu-performance.md#capture-validity",
+    references=("docs/tpu-performance.md#capture-validity",),
     requires=(HOOKS,),
     check=_check,
 )

@@ -26,14 +26,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CAP-2",
+    code="CAP-2",
     name="too few steps",
     category="capture",
     severity=Severity.warning,
     rationale="One or two steps cannot separate steady state from noise; medians need several.",
     before="tpu-agent profile --warmup 5 --steps 2 train.py",
     after="tpu-agent profile --warmup 2 --steps 10 train.py",
-    reference="docs/tpu-performance.md#capture-validity",
+    references=("docs/tpu-performance.md#capture-validity",),
     requires=(STEPS,),
     check=_check,
 )

@@ -24,7 +24,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CAP-1",
+    code="CAP-1",
     name="no step markers",
     category="capture",
     severity=Severity.error,
@@ -32,7 +32,7 @@ RULE = DiagnosticRule(
     before="for batch in loader:\n    out = model(batch)",
     after="import tpu_agent.profile\nfor batch in loader:\n    with tpu_agent.profile.step():\n        out = "
     "model(batch)",
-    reference="docs/tpu-performance.md#capture-validity",
+    references=("docs/tpu-performance.md#capture-validity",),
     requires=(),
     check=_check,
 )

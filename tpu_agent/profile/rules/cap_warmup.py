@@ -42,14 +42,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CAP-3",
+    code="CAP-3",
     name="warm-up inside the window",
     category="capture",
     severity=Severity.warning,
     rationale="Compilation and cache fills make the first steps slow; averaging them in misleads every rule.",
     before="tpu-agent profile --warmup 0 train.py",
     after="tpu-agent profile --warmup 3 train.py",
-    reference="docs/tpu-performance.md#capture-validity",
+    references=("docs/tpu-performance.md#capture-validity",),
     requires=(STEPS,),
     check=_check,
 )

@@ -11,6 +11,11 @@ from tpu_agent.runtime import events as ev
 
 GENERIC_REASON = "Encountered graph break"
 CAPTURE_SCALARS = "torch._dynamo.config.capture_scalar_outputs = True"
+NO_DIFF = (
+    "moving a statement out of a compiled function changes what the function does and what its callers must do "
+    "instead (the value it printed or used is not in scope there); no local edit is known to keep the script's "
+    "behaviour, and a diff that only deletes the line would drop what the user wanted from it"
+)
 
 
 def _fix(site: ev.Site, reason: str) -> AgentChange:
@@ -21,8 +26,12 @@ def _fix(site: ev.Site, reason: str) -> AgentChange:
             patches.insert_after_torch_import(site.file, CAPTURE_SCALARS),
         )
     if code.startswith("print(") or "print" in reason:
-        return AgentChange(f"Move `{code}` out of the compiled function (log from the caller every N steps).")
-    return AgentChange(f"Rewrite `{code}` so Dynamo can trace it, or move it out of the compiled function.")
+        return AgentChange(
+            f"Move `{code}` out of the compiled function (log from the caller every N steps).", no_diff_reason=NO_DIFF
+        )
+    return AgentChange(
+        f"Rewrite `{code}` so Dynamo can trace it, or move it out of the compiled function.", no_diff_reason=NO_DIFF
+    )
 
 
 def _best_reason(events: Sequence[ev.GraphBreak]) -> str:
@@ -57,15 +66,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CO-2",
+    code="CO-2",
     name="graph breaks under torch.compile",
     category="compile",
     severity=Severity.warning,
     rationale="Each break ends one XLA graph and starts another, with a host round trip and no fusion across it.",
     before='@torch.compile(backend="tpu")\ndef step(x):\n    print("loss", loss)',
     after='@torch.compile(backend="tpu")\ndef step(x):\n    ...  # log outside, every N steps',
-    reference="docs/tpu-performance.md#compilation; "
-    "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    references=(
+        "docs/tpu-performance.md#compilation",
+        "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    ),
     requires=(HOOKS,),
     check=_check,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 
@@ -10,12 +11,14 @@ from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Pr
 from tpu_agent.profile.rules._base import HOOKS, STEPS, DiagnosticRule, by_site, window_steps
 from tpu_agent.runtime import events as ev
 
-PER_STEP_ERROR = 0.5
+PER_STEP_ERROR = 0.5  # recompiles per step from which a finding is an error
 
 
 def _advice(reason: str) -> str:
     if "size mismatch" in reason or "stride mismatch" in reason:
         return "An input shape changes between calls: pad or bucket it to a few fixed sizes, or use drop_last=True."
+    if "requires_grad mismatch" in reason:
+        return "A parameter's requires_grad changed between calls (a layer frozen or unfrozen): the graph recompiles."
     if "___stack" in reason or "== " in reason or "id(" in reason:
         return (
             "A Python value the graph depends on changes: pass it as a tensor or hoist it out of the compiled region."
@@ -23,8 +26,9 @@ def _advice(reason: str) -> str:
     return "Keep the compiled function's inputs (shapes, dtypes, Python constants) the same every call."
 
 
-def _shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentChange | None]:
-    """Where the tensor whose shape broke the guard is created, and the edit that pads it to a bucket.
+def shape_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentChange | None]:
+    """Where the tensor whose shape broke the guard is created, and the edit that pads it to a bucket (SH-1 takes
+    the place too, for a model called inside a compiled region, where no forward call is seen).
 
     The guard names the compiled function's argument and dimension; the first call that passes it is
     followed back to the assignment that creates the tensor (:mod:`tpu_agent.profile.sources`).
@@ -85,6 +89,58 @@ def _scalar_change(recompiles: list[ev.Compile]) -> tuple[list[Location], AgentC
     return [], None
 
 
+_REQUIRES_GRAD_GUARD = re.compile(r"tensor '(?P<path>.*?)' requires_grad mismatch")
+_MODULE_NAME = re.compile(r"_modules\['(\w+)'\]")
+FREEZE_NO_DIFF = (
+    "the edit that avoids it changes which parameters train, or how (the optimizer's groups), and with them the losses "
+    "after the change: no edit keeps the script's numbers, which a verified diff must"
+)
+
+
+def _requires_grad_lines(path: str) -> list[int]:
+    """Lines that change a tensor's ``requires_grad``: ``p.requires_grad_(...)``, ``p.requires_grad = ...``."""
+    tree = sources.parse_source(path)
+    if tree is None:
+        return []
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "requires_grad_":
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in targets):
+                lines.add(node.lineno)
+    return sorted(lines)
+
+
+def _requires_grad_change(
+    recompiles: list[ev.Compile], script: str | None
+) -> tuple[list[Location], AgentChange | None]:
+    """A parameter frozen or unfrozen between calls (Dynamo guards ``requires_grad``): the line that flips it, in
+    the compiled function's file or the script, preferring one that names the guarded module."""
+    for event in recompiles:
+        match = _REQUIRES_GRAD_GUARD.search(event.reason)
+        if match is None:
+            continue
+        names = _MODULE_NAME.findall(match["path"])
+        files = dict.fromkeys(f for f in (event.site.file if event.site else None, script) if f)
+        found = [(f, line) for f in files for line in _requires_grad_lines(f)]
+        if not found:
+            continue
+        text = {place: patches.line_text(*place) for place in found}
+        named = [place for place in found if any(name in text[place] for name in names)]
+        file, line = (named or found)[0]
+        module = names[0] if names else "a module"
+        return [Location(file, line, sources.function_at(file, line))], AgentChange(
+            f"Line {line} changes `requires_grad` of {module}'s parameters, which the compiled graph is guarded on: "
+            "each change is a recompile. Once (unfreezing at an epoch boundary) it costs one compile; if it changes "
+            "often, keep requires_grad fixed and stop the updates another way (leave those parameters out of the "
+            "optimizer's groups, or set their learning rate to 0 until they train).",
+            no_diff_reason=FREEZE_NO_DIFF,
+        )
+    return [], None
+
+
 def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     steps = window_steps(rank)
@@ -99,9 +155,11 @@ def _check(model: ProfileModel) -> list[Finding]:
     top_reason = reasons.most_common(1)[0][0]
     sites = by_site(recompiles)
     functions = sorted({e.function for e in recompiles})
-    created, padding = _shape_change(recompiles)
+    created, padding = shape_change(recompiles)
     if padding is None:
         created, padding = _scalar_change(recompiles)
+    if padding is None:
+        created, padding = _requires_grad_change(recompiles, model.config.script)
     locations = created + [Location.from_site(site) for site in list(sites)[:3]]
     return [
         RULE.finding(
@@ -109,7 +167,7 @@ def _check(model: ProfileModel) -> list[Finding]:
             Evidence(
                 "recompiles per step",
                 round(per_step, 2),
-                PER_STEP_ERROR,
+                0,  # any recompile after warm-up is a finding (one unfreeze included); PER_STEP_ERROR sets the severity
                 "per step",
                 tuple(sorted({e.step for e in recompiles if e.step is not None})),
             ),
@@ -128,7 +186,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="CO-1",
+    code="CO-1",
     name="recompilation churn",
     category="compile",
     severity=Severity.error,
@@ -137,8 +195,10 @@ RULE = DiagnosticRule(
     after="batch = torch.randn(16 + 8 * step, 256, device=device)\n"
     "batch = torch.nn.functional.pad(batch, (0, 0, 0, -batch.shape[0] % 128))  # one shape; mask the padding\n"
     "loss = compiled_step(batch)",
-    reference="docs/tpu-performance.md#compilation; "
-    "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    references=(
+        "docs/tpu-performance.md#compilation",
+        "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    ),
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -152,14 +152,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="EM-3",
+    code="EM-3",
     name="region to compile",
     category="compile",
     severity=Severity.info,
     rationale='torch.compile(backend="tpu") turns the step into one XLA program; TorchTPU recommends it over eager.',
     before="def train_step(x, y):",
     after='@torch.compile(backend="tpu")\ndef train_step(x, y):',
-    reference="docs/tpu-performance.md#eager-modes; https://pytorch.org/docs/stable/torch.compiler.html",
+    references=(
+        "docs/tpu-performance.md#eager-modes",
+        "https://pytorch.org/docs/stable/torch.compiler.html",
+    ),
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -53,7 +53,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="EM-2",
+    code="EM-2",
     name="fused-eager fragmentation",
     category="eager-mode",
     severity=Severity.warning,
@@ -61,7 +61,7 @@ RULE = DiagnosticRule(
     "launches.",
     before="for x, y in loader:\n    ...\n    total += loss.item()",
     after="for x, y in loader:\n    ...\n    total += loss.detach()",
-    reference="docs/tpu-performance.md#eager-modes",
+    references=("docs/tpu-performance.md#eager-modes",),
     requires=(STEPS, EAGER_MODE),
     check=_check,
 )

@@ -49,14 +49,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="EM-4",
+    code="EM-4",
     name="per-step graph instability",
     category="eager-mode",
     severity=Severity.warning,
     rationale="A graph seen for the first time is compiled before it runs; steady state should reuse cached graphs.",
     before="x = x[: lengths.max()]  # data-dependent slice",
     after="x = x[:, :MAX_LEN]  # fixed shape",
-    reference="docs/tpu-performance.md#eager-modes",
+    references=("docs/tpu-performance.md#eager-modes",),
     requires=(STEPS, EAGER_MODE),
     check=_check,
 )

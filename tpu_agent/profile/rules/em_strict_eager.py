@@ -48,14 +48,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="EM-1",
+    code="EM-1",
     name="strict eager dispatch overhead",
     category="eager-mode",
     severity=Severity.warning,
     rationale="Strict eager compiles and launches every op on its own: no fusion, and host dispatch bounds the step.",
     before="import torch",
     after="import torch\n" + SET_FUSED,
-    reference="docs/tpu-performance.md#eager-modes",
+    references=("docs/tpu-performance.md#eager-modes",),
     requires=(STEPS, EAGER_MODE),
     check=_check,
 )

@@ -14,14 +14,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="HS-2",
+    code="HS-2",
     name="device-to-host copy in step",
     category="host sync",
     severity=Severity.warning,
     rationale="Copies to the host and printing tensors materialise pending work and wait for the transfer.",
     before="print(f'loss {loss}')",
     after="if step % 100 == 0:\n    print(f'loss {loss.item():.4f}')",
-    reference="docs/tpu-performance.md#host-syncs",
+    references=("docs/tpu-performance.md#host-syncs",),
     requires=(STEPS, HOOKS),
     check=_check,
 )

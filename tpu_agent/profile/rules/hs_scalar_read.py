@@ -14,14 +14,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="HS-1",
+    code="HS-1",
     name="scalar read in step",
     category="host sync",
     severity=Severity.warning,
     rationale="A scalar read blocks the host until the TPU finishes all queued work, serialising host and device.",
     before="total += loss.item()",
     after="total += loss.detach()  # read float(total) once, after the loop",
-    reference="docs/tpu-performance.md#host-syncs; https://cloud.google.com/tpu/docs/performance-guide",
+    references=(
+        "docs/tpu-performance.md#host-syncs",
+        "https://cloud.google.com/tpu/docs/performance-guide",
+    ),
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -56,14 +56,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="IP-1",
+    code="IP-1",
     name="input-bound",
     category="input pipeline",
     severity=Severity.warning,
     rationale="Time in DataLoader.__next__ inside the step is time the TPU has nothing to do.",
     before="DataLoader(ds, batch_size=64)",
     after="DataLoader(ds, batch_size=64, num_workers=4, persistent_workers=True)",
-    reference="docs/tpu-performance.md#input-pipeline; https://pytorch.org/docs/stable/data.html",
+    references=(
+        "docs/tpu-performance.md#input-pipeline",
+        "https://pytorch.org/docs/stable/data.html",
+    ),
     requires=(STEPS, HOOKS),
     check=_check,
 )

@@ -9,9 +9,9 @@ from tpu_agent.profile import patches
 from tpu_agent.profile.amp_context import AutocastContext, enclosing_autocast
 from tpu_agent.profile.flags import command_line_value
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, ProfileModel, Severity
+from tpu_agent.profile.op_classes import MXU_OPS
 from tpu_agent.profile.rules._base import (
     HOOKS,
-    MATMUL_OPS,
     OP_TRACE,
     STEPS,
     DiagnosticRule,
@@ -77,7 +77,7 @@ def _context_change(path: str, line: int, context: AutocastContext, args: list[s
 def _check(model: ProfileModel) -> list[Finding]:
     rank = model.primary
     steps = set(window_steps(rank))
-    matmuls = [op for op in rank.ops if op.costed and op.step in steps and op.name in MATMUL_OPS and op.flops]
+    matmuls = [op for op in rank.ops if op.costed and op.step in steps and op.name in MXU_OPS and op.flops]
     total = sum(op.flops for op in matmuls)
     if not total:
         return []
@@ -127,14 +127,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="PR-1",
+    code="PR-1",
     name="fp32 matmuls",
     category="precision",
     severity=Severity.warning,
     rationale="fp32 matmuls need several bf16 MXU passes and move twice the bytes of bf16.",
     before="loss = loss_fn(model(x), y)",
     after='with torch.autocast("tpu", dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)',
-    reference="docs/tpu-performance.md#precision; https://cloud.google.com/tpu/docs/bfloat16",
+    references=(
+        "docs/tpu-performance.md#precision",
+        "https://cloud.google.com/tpu/docs/bfloat16",
+    ),
     requires=(STEPS, OP_TRACE, HOOKS),
     check=_check,
 )

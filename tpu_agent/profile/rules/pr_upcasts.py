@@ -47,14 +47,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="PR-2",
+    code="PR-2",
     name="needless up-casts",
     category="precision",
     severity=Severity.warning,
     rationale="Casting large bf16 activations to fp32 doubles their HBM traffic and often is not needed.",
     before="probs = logits.float().softmax(-1)",
     after="probs = logits.softmax(-1)",
-    reference="docs/tpu-performance.md#precision",
+    references=("docs/tpu-performance.md#precision",),
     requires=(STEPS, OP_TRACE),
     check=_check,
 )

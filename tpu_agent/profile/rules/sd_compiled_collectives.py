@@ -105,7 +105,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SD-4",
+    code="SD-4",
     name="compiled step collective-bound",
     category="sharding",
     severity=Severity.warning,
@@ -116,7 +116,10 @@ RULE = DiagnosticRule(
     "    with model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():\n"
     "        loss_fn(model(batch)).backward()\n"
     "optimizer.step()",
-    reference="docs/tpu-performance.md#the-compiled-program; https://cloud.google.com/tpu/docs/system-architecture-tpu-vm",
+    references=(
+        "docs/tpu-performance.md#the-compiled-program",
+        "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm",
+    ),
     requires=(COMPILED,),
     check=_check,
 )

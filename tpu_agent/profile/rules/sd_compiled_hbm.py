@@ -93,7 +93,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SD-3",
+    code="SD-3",
     name="compiled step beyond HBM",
     category="sharding",
     severity=Severity.error,
@@ -102,8 +102,11 @@ RULE = DiagnosticRule(
     before="model = DDP(model)  # every chip holds all parameters and optimizer state",
     after='mesh = init_device_mesh("tpu", (8,))\nfor block in model.layers:\n    fully_shard(block, mesh=mesh)\n'
     "fully_shard(model, mesh=mesh)",
-    reference="docs/tpu-performance.md#the-compiled-program; docs/estimate-json-schema.md; "
-    "https://docs.jax.dev/en/latest/aot.html",
+    references=(
+        "docs/tpu-performance.md#the-compiled-program",
+        "docs/estimate-json-schema.md",
+        "https://docs.jax.dev/en/latest/aot.html",
+    ),
     requires=(COMPILED,),
     check=_check,
 )

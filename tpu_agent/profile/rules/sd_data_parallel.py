@@ -31,14 +31,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SD-6",
+    code="SD-6",
     name="DataParallel instead of DDP/FSDP",
     category="sharding",
     severity=Severity.warning,
     rationale="Single-process multi-device replication is slow and unsupported by TorchTPU's distributed stack.",
     before="model = nn.DataParallel(model)",
     after='dist.init_process_group("tpu_dist")\nmodel = DistributedDataParallel(model)',
-    reference="docs/tpu-performance.md#sharding-and-memory; https://pytorch.org/docs/stable/notes/ddp.html",
+    references=(
+        "docs/tpu-performance.md#sharding-and-memory",
+        "https://pytorch.org/docs/stable/notes/ddp.html",
+    ),
     requires=(HOOKS,),
     check=_check,
 )

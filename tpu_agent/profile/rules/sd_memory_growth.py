@@ -103,14 +103,14 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SD-8",
+    code="SD-8",
     name="memory grows across steps",
     category="sharding",
     severity=Severity.warning,
     rationale="A tensor kept from every step keeps its graph and saved activations alive: HBM fills, then OOM.",
     before="losses.append(loss)  # every step's graph stays alive",
     after="losses.append(loss.detach())",
-    reference="https://pytorch.org/docs/stable/notes/faq.html#my-model-reports-cuda-runtime-error-2-out-of-memory",
+    references=("https://pytorch.org/docs/stable/notes/faq.html#my-model-reports-cuda-runtime-error-2-out-of-memory",),
     requires=(STEPS, HOOKS),
     check=_check,
 )

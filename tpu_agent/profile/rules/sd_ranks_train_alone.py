@@ -40,14 +40,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SD-7",
+    code="SD-7",
     name="ranks-train-alone",
     category="sharding",
     severity=Severity.warning,
     rationale="Ranks whose gradients are never averaged train N unrelated models on N shards of the data.",
     before="model = Net().to(device)  # under tpu-agent run --nproc 2",
     after='dist.init_process_group("tpu_dist")\nmodel = DistributedDataParallel(Net().to(device))',
-    reference="docs/tpu-performance.md#sharding-and-memory; https://pytorch.org/docs/stable/notes/ddp.html",
+    references=(
+        "docs/tpu-performance.md#sharding-and-memory",
+        "https://pytorch.org/docs/stable/notes/ddp.html",
+    ),
     requires=(STEPS, HOOKS),
     check=_check,
 )

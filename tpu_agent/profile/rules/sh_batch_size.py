@@ -33,14 +33,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SH-3",
+    code="SH-3",
     name="batch size not TPU friendly",
     category="shapes",
     severity=Severity.info,
     rationale="Batch dims are padded to 8 rows per tile; odd batches waste rows and small ones starve the MXU.",
     before="DataLoader(ds, batch_size=30)",
     after="DataLoader(ds, batch_size=32)",
-    reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",
+    references=(
+        "docs/tpu-performance.md#shapes",
+        "https://cloud.google.com/tpu/docs/performance-guide",
+    ),
     requires=(HOOKS,),
     check=_check,
 )

@@ -105,7 +105,7 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SH-4",
+    code="SH-4",
     name="compiled program tile padding",
     category="shapes",
     severity=Severity.warning,
@@ -113,7 +113,10 @@ RULE = DiagnosticRule(
     "multiples are padded, and the padding costs HBM, bandwidth and MXU cycles for nothing.",
     before="self.proj = nn.Linear(1000, 3000)",
     after="self.proj = nn.Linear(1024, 3072)  # multiples of 128 (v5e); of 256 on v6e/v7",
-    reference="docs/tpu-performance.md#the-compiled-program; https://cloud.google.com/tpu/docs/performance-guide",
+    references=(
+        "docs/tpu-performance.md#the-compiled-program",
+        "https://cloud.google.com/tpu/docs/performance-guide",
+    ),
     requires=(COMPILED,),
     check=_check,
 )

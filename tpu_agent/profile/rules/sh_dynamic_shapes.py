@@ -6,7 +6,10 @@ from collections import Counter
 
 from tpu_agent.profile import patches, sources
 from tpu_agent.profile.model import AgentChange, Evidence, Finding, Location, Op, ProfileModel, RankProfile, Severity
-from tpu_agent.profile.rules._base import HOOKS, MATMUL_OPS, OP_TRACE, STEPS, DiagnosticRule, window_steps
+from tpu_agent.profile.op_classes import MXU_OPS
+from tpu_agent.profile.rules._base import HOOKS, OP_TRACE, STEPS, DiagnosticRule, window_steps
+from tpu_agent.profile.rules.co_recompiles import shape_change
+from tpu_agent.runtime import events as ev
 
 Signature = tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
 
@@ -83,22 +86,28 @@ def _check(model: ProfileModel) -> list[Finding]:
         return []
     per_step: dict[int, list[Op]] = {i: [] for i in steps}
     for op in rank.ops:
-        if op.costed and op.step in per_step and op.name in MATMUL_OPS:
+        if op.costed and op.step in per_step and op.name in MXU_OPS:
             per_step[op.step].append(op)
     if not any(per_step.values()):
         for op in rank.ops:
             if op.top_level and op.step in per_step:
                 per_step[op.step].append(op)
-    signatures = {i: _signature(ops) for i, ops in per_step.items()}
+    signatures = {i: frozenset(_signature(ops)) for i, ops in per_step.items()}
     common, _ = Counter(signatures.values()).most_common(1)[0]
-    changed = [i for i in steps if signatures[i] != common]
-    distinct = len(set(signatures.values()))
-    if distinct < 2:
+    # A step whose (op, input shapes) pairs are a subset or a superset of the usual step's ran fewer or more ops on
+    # the same shapes (a layer frozen, then unfrozen: its weight-gradient matmuls come and go); only a step with a
+    # pair the usual one lacks and the other way round saw a shape change.
+    changed = [i for i in steps if not (signatures[i] <= common or signatures[i] >= common)]
+    if not changed:
         return []
+    distinct = len({signatures[i] for i in changed} | {common})
     first_ops = {i: ops[0] for i, ops in per_step.items() if ops}
     what = _varying_dims(first_ops)
     step_ops = {i: [op for op in rank.ops if op.top_level and op.step == i] for i in steps}
     locations, padding = _padding_change(rank, step_ops)
+    if not locations:  # the model runs inside a compiled region: the recompiles' guard names the changing argument
+        recompiles = [e for e in rank.events if isinstance(e, ev.Compile) and e.is_recompile]
+        locations = shape_change(recompiles)[0]
     change = padding or AgentChange(
         "Pad the varying dimension to a few fixed buckets (e.g. multiples of 128 up to the maximum) before the model, "
         "or fix the sequence length in the data pipeline."
@@ -140,14 +149,17 @@ def _check(model: ProfileModel) -> list[Finding]:
 
 
 RULE = DiagnosticRule(
-    id="SH-1",
+    code="SH-1",
     name="shapes change between steps",
     category="shapes",
     severity=Severity.warning,
     rationale="Static shapes are mandatory for TorchTPU graphs; a new shape means a cache miss and a full compile.",
     before="batch = pad_sequence(samples)  # length = longest sample",
     after="batch = pad_to_bucket(samples, buckets=(128, 256, 512))",
-    reference="docs/tpu-performance.md#shapes; https://cloud.google.com/tpu/docs/performance-guide",
+    references=(
+        "docs/tpu-performance.md#shapes",
+        "https://cloud.google.com/tpu/docs/performance-guide",
+    ),
     requires=(STEPS, OP_TRACE, HOOKS),
     check=_check,
 )
