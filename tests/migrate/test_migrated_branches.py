@@ -41,7 +41,7 @@ import torch
 
 rank = int(os.environ["LOCAL_RANK"])
 torch.accelerator.set_device_index(rank)
-print("rank", rank, "bound", torch.zeros(1, device=torch.accelerator.current_accelerator()).device.type)
+print(f"rank {rank} bound {torch.zeros(1, device=torch.accelerator.current_accelerator()).device.type}\\n", end="")
 """
 # the same through an alias of torch.cuda.set_device, held by a module global and by an attribute
 BIND_RANK_ALIAS = """\
@@ -60,7 +60,7 @@ class Setup:
 rank = int(os.environ["LOCAL_RANK"])
 bind(rank)
 Setup().select(rank)
-print("rank", rank, "bound", torch.zeros(1, device="cuda").device.type)
+print(f"rank {rank} bound {torch.zeros(1, device='cuda').device.type}\\n", end="")
 """
 
 # a rank's device built every way training scripts build it (nanoGPT, the DDP tutorials, pytorch/examples'
@@ -84,7 +84,7 @@ devices = [
     torch.zeros(1).to(local_rank).device,
     torch.zeros(1).cuda(local_rank).device,
 ]
-print("rank", local_rank, "devices", sorted({(torch.device(d).type, torch.device(d).index or 0) for d in devices}))
+print(f"rank {local_rank} devices {sorted({(torch.device(d).type, torch.device(d).index or 0) for d in devices})}\\n", end="")
 """
 
 

@@ -89,8 +89,9 @@ child = "import torch; print(torch.ones(1, device='tpu').device, torch.accelerat
 out["python_child"] = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip()
 worker = os.path.join(os.path.dirname(sys.argv[1]), "worker.py")
 with open(worker, "w") as handle:
-    handle.write("import os, torch\nprint('worker', os.environ['LOCAL_RANK'], torch.accelerator.device_count(), "
-                 "torch.ones(1, device='tpu').device, flush=True)\n")
+    # one write per line: ranks share the pipe, and under PYTHONUNBUFFERED print's pieces interleave
+    handle.write("import os, torch\nprint(f\"worker {os.environ['LOCAL_RANK']} {torch.accelerator.device_count()} "
+                 "{torch.ones(1, device='tpu').device}\\n\", end='', flush=True)\n")
 ranks = subprocess.run(
     [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", sys.argv[2], worker],
     capture_output=True, text=True,
