@@ -17,6 +17,9 @@ What needs values cannot be answered without computing them:
   the user's line: a guessed branch would estimate another program;
 * ops whose output shape depends on values are *bounded*: ``nonzero`` and ``masked_select`` answer with their
   largest possible output (every element selected), so the estimate is of the costliest such step;
+* sizes read on the host and given back to an op (``counts.tolist()`` then ``x.split(counts)``: a MoE layer's
+  tokens per expert) come back as placeholder zeros, which no longer sum to the split dimension; a split whose
+  sizes were such placeholders is *bounded* to an even split that sums to the dimension (balanced routing);
 * initialisers that loop on values (``nn.init.trunc_normal_`` redraws until ``mask.any()`` is false) are skipped:
   initial values never change the step's program.
 
@@ -228,6 +231,7 @@ class _Reads:
 
     warned: set[tuple[str, str]] = field(default_factory=set)
     stopped: ValuesNeeded | None = None
+    integer_placeholders: bool = False  # integers were answered with placeholder zeros (sizes may be made of them)
     assumptions: list[str] = field(default_factory=list)  # each value-dependent op bounded or skipped, once a line
 
     def assume(self, text: str) -> None:
@@ -298,6 +302,8 @@ def host_read(t: torch.Tensor, cause: FlushCause) -> torch.Tensor:
             return data
         raise _stop(what, site)
     _placeholder_warning(what, site)
+    if not t.dtype.is_floating_point and not t.dtype.is_complex:
+        reads.integer_placeholders = True
     return torch.zeros(t.shape, dtype=t.dtype)
 
 
@@ -316,7 +322,7 @@ def eager_op(func: Any, args: tuple, kwargs: dict, cause: FlushCause) -> Any:
     site = _site()
     if cause == FlushCause.FALLBACK:  # shapes meta inference could not give, or storage changes: run on the meta data
         deferred.flush(cause, site)
-        return dispatch.strict_dispatch(func, args, kwargs)
+        return dispatch.strict_dispatch(func, _even_split_sizes(func, args, kwargs, site), kwargs)
     if cause not in _PLACEHOLDER_CAUSES:
         deferred.flush(cause, site)
         if _has_data(args) and _has_data(list(kwargs.values())):
@@ -341,6 +347,29 @@ def eager_op(func: Any, args: tuple, kwargs: dict, cause: FlushCause) -> Any:
     if func is torch.ops.aten._to_copy.default and source is not None:
         return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype)
     raise _stop(what, site)
+
+
+_SIZED_SPLITS = frozenset({torch.ops.aten.split_with_sizes.default, torch.ops.aten.split_with_sizes_copy.default})
+
+
+def _even_split_sizes(func: Any, args: tuple, kwargs: dict, site: events.Site | None) -> tuple:
+    """``args`` of a sized split whose sizes were placeholders (they do not sum to the split dimension after a
+    host read answered integers with zeros) with those sizes replaced by an even split that sums to it; any
+    other op's ``args`` as they are (a wrong sum in the script itself fails as it would on the device)."""
+    if func not in _SIZED_SPLITS or not reads.integer_placeholders:
+        return args
+    x, sizes, *rest = args
+    dim = rest[0] if rest else kwargs.get("dim", 0)
+    total = x.shape[dim]
+    if not sizes or sum(sizes) == total:
+        return args
+    share, extra = divmod(total, len(sizes))
+    even = [share + (1 if n < extra else 0) for n in range(len(sizes))]
+    reads.assume(
+        f"{func} at {_where(site)}: its sizes were read from the device (placeholder zeros here); bounded by an "
+        f"even split of {total} into {len(sizes)} parts (balanced routing, every part's work counted)"
+    )
+    return (x, even, *rest)
 
 
 def _nonzero_bound(x: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:

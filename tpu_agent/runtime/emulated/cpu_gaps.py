@@ -1,5 +1,5 @@
-"""Ops whose CPU kernel refuses inputs that TorchTPU's (XLA's) kernels accept, and how the emulation computes
-them instead: one record per gap, as data, so the table can be read, tested and extended.
+"""Ops whose CPU kernel (or torch's shape function for it) refuses inputs that TorchTPU's (XLA's) kernels accept, and
+how the emulation computes them instead: one record per gap, as data, so the table can be read, tested and extended.
 
 The emulated device runs every op with the CPU's kernel. Where that kernel lacks a dtype the device has
 (transformers' mixture-of-experts path calls ``torch.histc`` on int tensors on every device except cpu/mps),
@@ -132,6 +132,47 @@ _OUT_DTYPE_MATMULS = tuple(
     getattr(aten, name).dtype for name in ("mm", "bmm", "addmm", "baddbmm") if hasattr(getattr(aten, name), "dtype")
 )
 
+# torch's shape function of ``_grouped_mm`` (the mixture-of-experts grouped matmul) mirrors the CUDA kernel and refuses
+# every dtype but bf16; TorchTPU lowers it for every float dtype (transformers calls it on "tpu" whatever the
+# weights' dtype), and the CPU kernel takes f32 too. The op below is the same product under a name whose shape
+# function accepts what TorchTPU does, so recording (meta inference) and tracing (fake tensors) keep one node
+# that the XLA lowering (:mod:`tpu_agent.runtime.xla.extra_ops`) compiles as a ragged dot.
+_LIBRARY = torch.library.Library("tpu_agent", "DEF")
+_LIBRARY.define(
+    "grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor"
+)
+
+
+def _grouped_mm_cpu(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    return aten._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def _grouped_mm_shape(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """torch's own shape rules (sizes, groups, offsets), asked of bf16 operands, in the dtype the op returns."""
+    shaped = aten._grouped_mm(mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), offs, None, None)
+    return torch.empty(shaped.shape, dtype=out_dtype or mat_a.dtype, device=mat_a.device)
+
+
+_LIBRARY.impl("grouped_mm", _grouped_mm_cpu, "CPU")
+torch.library.register_fake("tpu_agent::grouped_mm", _grouped_mm_shape, lib=_LIBRARY)
+
+
+def _grouped_mm_any_float(func: Any, cargs: list, ckwargs: dict) -> Any:
+    return torch.ops.tpu_agent.grouped_mm(*cargs, **ckwargs)
+
+
 GAPS: tuple[CpuGap, ...] = (
     CpuGap(
         name="histc-integer",
@@ -159,6 +200,16 @@ GAPS: tuple[CpuGap, ...] = (
         rationale="TorchTPU's precision guide forces a wider output with out_dtype (bf16 inputs, f32 result); torch "
         "has only CUDA kernels for these overloads, and f32 operands give the same f32-accumulated product",
     ),
+    CpuGap(
+        name="grouped-mm-any-float",
+        ops=(aten._grouped_mm.default,),
+        refused_dtypes=FLOAT_DTYPES - {torch.bfloat16},
+        compute=_grouped_mm_any_float,
+        cpu_error="Expected inputs of BF16 type but got mat_a.dtype=torch.float32 (its shape function, on meta "
+        "and fake tensors)",
+        rationale="TorchTPU lowers the grouped matmul for every float dtype and transformers' MoE layers call it on "
+        "tpu whatever the weights' dtype; the CPU kernel computes f32 as it is, and the shape is torch's own",
+    ),
     _cuda_only("lstm-cell", aten._thnn_fused_lstm_cell.default, _lstm_cell),
     _cuda_only("lstm-cell-backward", aten._thnn_fused_lstm_cell_backward_impl.default, _lstm_cell_backward),
     _cuda_only("gru-cell", aten._thnn_fused_gru_cell.default, _gru_cell),
@@ -168,9 +219,11 @@ GAPS: tuple[CpuGap, ...] = (
 BY_OP: dict[Any, CpuGap] = {op: gap for gap in GAPS for op in gap.ops}
 
 
-def compute(gap: CpuGap, func: Any, cargs: list, ckwargs: dict) -> Any:
-    """``func`` on CPU arguments: the CPU kernel, or the gap's computation when its input is one the CPU refuses."""
+def compute(gap: CpuGap | None, func: Any, cargs: list, ckwargs: dict) -> Any:
+    """``func`` on CPU (or meta) arguments: the kernel, or the gap's computation when its input is one the kernel
+    refuses. Meta inference comes here too: where torch's shape function refuses what the device accepts
+    (``_grouped_mm`` on f32), the gap's computation has a shape function that accepts it."""
     first = cargs[0] if cargs else None
-    if isinstance(first, torch.Tensor) and first.dtype in gap.refused_dtypes:
+    if gap is not None and isinstance(first, torch.Tensor) and first.dtype in gap.refused_dtypes:
         return gap.compute(func, cargs, ckwargs)
     return func(*cargs, **ckwargs)

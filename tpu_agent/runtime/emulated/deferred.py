@@ -11,6 +11,10 @@ A flush runs the whole pending graph, at TorchTPU's triggers (reference §2.4; e
 reads, collectives (functional collectives then run at once), synchronize, compiled calls, a graph size limit,
 ops whose output shape depends on data, and process exit. Errors in recorded ops therefore surface at the flush,
 naming the op and the user line that recorded it.
+
+Why this module is long: :func:`record` is the per-op hot path, and the decisions it takes for each op (run now,
+infer on meta, answer through the eager override, cut the graph) read this module's globals directly; spread over
+modules they would cost attribute lookups per op, which DeferAndFuse must keep below what Strict pays.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from tpu_agent.runtime import events
-from tpu_agent.runtime.emulated import compile_cache, dispatch, kernels, ops, shape_cache, state, telemetry
+from tpu_agent.runtime.emulated import compile_cache, cpu_gaps, dispatch, kernels, ops, shape_cache, state, telemetry
 from tpu_agent.runtime.emulated import tensor as tt
 from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
@@ -338,7 +342,7 @@ def _infer(
     if mkwargs and "device" in mkwargs and mkwargs["device"] is not None:
         mkwargs["device"] = _META
     try:
-        mout = func(*margs, **mkwargs)
+        mout = cpu_gaps.compute(ops.plan_of(func).gap, func, margs, mkwargs)  # shapes as the device accepts them
     except Exception:  # noqa: BLE001 - any op whose shapes cannot be inferred runs eagerly (with an event)
         return None
     outputs = dispatch.rewrap(mout, args, margs, kwargs, mkwargs, make=tt.wrap_pending)
@@ -431,7 +435,12 @@ def record(func: Any, args: tuple, kwargs: dict) -> Any:
         if plan.host_read is not None or (plan.transfer and _is_host_transfer(func, args, kwargs)):
             return _eager(func, args, kwargs, plan.host_read or FlushCause.CPU)
         if (plan.transfer and _is_host_upload(func, args)) or (plan.is_view and _all_materialized(args)):
-            return dispatch.strict_dispatch(func, args, kwargs)
+            try:
+                return dispatch.strict_dispatch(func, args, kwargs)
+            except RuntimeError:  # a view its data refuses (capture-only's placeholder sizes): the override answers
+                if eager_override is None or not plan.is_view:
+                    raise
+                return eager_override(func, args, kwargs, FlushCause.FALLBACK)
         if plan.data_dependent:
             return _eager(func, args, kwargs, FlushCause.DATA_DEPENDENT)
         if plan.collective:

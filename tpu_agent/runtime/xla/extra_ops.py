@@ -21,6 +21,12 @@
   input position its forward index names, in one scatter-add. torchax's rule loops over the output positions in
   Python, one scatter per position over the whole window and at the wrong dims: wrong gradients, and a program
   too large to compile (BiT's backward traced 2400 scatters and had not compiled after 15 minutes).
+* ``_grouped_mm`` (and ``tpu_agent::grouped_mm``, the same op on any float dtype, :mod:`..emulated.cpu_gaps`):
+  the mixture-of-experts grouped matmul, which torchax does not lower, as XLA's ragged dot (what a TPU runs for
+  it): tokens sorted by expert times each expert's weight, or, in its backward, each expert's weight gradient.
+* ``convolution_backward``: torchax has no rule; here it is the vector-Jacobian product of torchax's own
+  ``convolution`` lowering (input and weight; a transposed one as the adjoint of the direct one), and the bias
+  gradient a sum, each only where ``output_mask`` asks.
 * ``gelu``: torch's formula, ``x/2 * (1 + erf(x/sqrt 2))``. torchax calls ``jax.nn.gelu``, whose exact form goes
   through ``erfc`` and ran ~5x slower than torch's GELU on XLA:CPU (the MLP of a transformer block spent more
   time there than in its matmuls).
@@ -37,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from tpu_agent.runtime.emulated import cpu_gaps  # noqa: F401 - registers tpu_agent::grouped_mm, lowered below
 from tpu_agent.runtime.xla import arrays, torchax_compat, tpu_kernels
 
 Block = tuple[list[int], list[int], int]  # (sizes of the dense block's axes, permutation, element count)
@@ -250,6 +257,84 @@ def max_pool_backward(
     return out.astype(grads.dtype).reshape(self.shape)
 
 
+def grouped_mm(
+    mat_a: jax.Array,
+    mat_b: jax.Array,
+    offs: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> jax.Array:
+    """``_grouped_mm``: ``offs`` holds each group's end (cumulative sizes) along the ragged dimension: the rows of a
+    2-D ``mat_a`` against a 3-D ``mat_b`` (one matrix per group), the contracted dimension of two 2-D operands (a
+    result per group), the columns of a 2-D ``mat_b`` against a 3-D ``mat_a``; no ``offs``: a batched matmul.
+    Accumulated in f32 as the MXU does."""
+    from tpu_agent.runtime.xla import torchax_compat
+
+    if bias is not None:
+        raise NotImplementedError("_grouped_mm with a bias has no lowering (torch's kernels take none either)")
+    dtype = mat_a.dtype if out_dtype is None else torchax_compat.load().ops.mappings.t2j_dtype(out_dtype)
+    wide = jnp.float32 if mat_a.dtype in (jnp.bfloat16, jnp.float16) else None
+    if offs is None:
+        return jnp.matmul(mat_a, mat_b, preferred_element_type=wide).astype(dtype)
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=jnp.zeros((1,), jnp.int32))
+    if mat_a.ndim == 2 and mat_b.ndim == 3:
+        out = jax.lax.ragged_dot(mat_a, mat_b, sizes, preferred_element_type=wide)
+    elif mat_a.ndim == 2 and mat_b.ndim == 2:
+        numbers = jax.lax.RaggedDotDimensionNumbers(
+            dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+        )
+        out = jax.lax.ragged_dot_general(mat_a, mat_b, sizes, numbers, preferred_element_type=wide)
+    else:  # (G, M, K) x (K, N), columns grouped: each column from its group's product (rare: not in MoE layers)
+        full = jnp.einsum("gmk,kn->gmn", mat_a, mat_b, preferred_element_type=wide)
+        group = jnp.searchsorted(offs, jnp.arange(mat_b.shape[1]), side="right")
+        out = jnp.take_along_axis(full, group[None, None, :], axis=0)[0]
+    return out.astype(dtype)
+
+
+def convolution_backward(
+    convolution: Callable[..., jax.Array],
+    grad_output: jax.Array,
+    input: jax.Array,
+    weight: jax.Array,
+    bias_sizes: Any,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+    output_mask: Sequence[bool],
+) -> tuple[jax.Array | None, jax.Array | None, jax.Array | None]:
+    """The gradients of ``convolution`` (torchax's lowering of the forward) w.r.t. its input and weight, by
+    ``jax.vjp``, and the bias's (the output gradient summed over all but the channel dim), as torch returns them:
+    ``None`` where ``output_mask`` asks for none."""
+
+    def direct(y: jax.Array, w: jax.Array) -> jax.Array:
+        return convolution(y, w, None, stride, padding, dilation, False, [0] * len(stride), groups)
+
+    def forward(x: jax.Array, w: jax.Array) -> jax.Array:
+        if not transposed:
+            return direct(x, w)
+        # a transposed convolution is the adjoint of the direct one with the same weight (torchax's own transposed
+        # rule regroups a grouped weight wrongly), on the output size torch gives it
+        sizes = [
+            (n - 1) * s - 2 * p + d * (k - 1) + o + 1
+            for n, s, p, d, k, o in zip(
+                x.shape[2:], stride, padding, dilation, w.shape[2:], output_padding, strict=True
+            )
+        ]
+        shape = (x.shape[0], w.shape[1] * groups, *sizes)
+        _, adjoint = jax.vjp(lambda y: direct(y, w), jnp.zeros(shape, x.dtype))
+        return adjoint(x)[0]
+
+    _, pullback = jax.vjp(forward, input, weight)
+    grad_input, grad_weight = pullback(grad_output.astype(input.dtype))
+    grad_bias = None
+    if output_mask[2]:
+        grad_bias = jnp.sum(grad_output, axis=(0, *range(2, grad_output.ndim))).astype(grad_output.dtype)
+    return (grad_input if output_mask[0] else None, grad_weight if output_mask[1] else None, grad_bias)
+
+
 def _or_torchax(fast: Callable[..., Any], general: Callable[..., Any]) -> Callable[..., Any]:
     def lowered(*args: Any, **kwargs: Any) -> Any:
         result = fast(*args, **kwargs)
@@ -326,6 +411,12 @@ def install(env: Any) -> None:
     put(getattr(aten.random, "from"), random_from, needs_env=True)
     put(aten.random.to, random_to, needs_env=True)
     put(aten.gelu.default, gelu)
+    put(aten._grouped_mm.default, grouped_mm)
+    put(torch.ops.tpu_agent.grouped_mm.default, grouped_mm)
+    put(
+        aten.convolution_backward.default,
+        functools.partial(convolution_backward, general(aten.convolution.default)),
+    )
     put(aten.max_pool2d_with_indices_backward.default, functools.partial(max_pool_backward, 2))
     put(aten.max_pool3d_with_indices_backward.default, functools.partial(max_pool_backward, 3))
     put(aten._scaled_dot_product_flash_attention_for_cpu.default, flash_attention)

@@ -1,0 +1,39 @@
+"""Capture-only's answer to sizes read from the device: a mixture-of-experts layer counts its tokens per expert
+(``counts.tolist()``) and splits its tokens by them; the placeholder zeros no longer sum to the tokens, and the split
+is bounded to an even one (stated in the assumptions), while a split whose wrong sizes are the script's own still
+fails as on the device. Run without the TPU compiler: only the recording is under test."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from runtime_launch_util import run_script  # noqa: E402
+
+SCRIPT = r"""
+import json, torch
+from tpu_agent.runtime.api import activate
+activate()
+from tpu_agent.estimate import capture_only
+capture_only.install()
+router = torch.nn.Linear(8, 4).to("tpu")  # built under capture-only: no data, nor has what it computes
+tokens = router(torch.randn(30, 8, device="tpu"))
+try:
+    tokens.split([1, 2])  # the script's own wrong sizes
+    own = "no error"
+except RuntimeError as error:
+    own = str(error)
+counts = (tokens > 0).long().sum(0).tolist()
+parts = tokens.split(counts)
+print(json.dumps({"counts": counts, "parts": [p.shape[0] for p in parts], "own": own,
+                  "assumptions": capture_only.reads.assumptions}))
+"""
+
+
+def test_sizes_read_from_the_device_are_bounded_to_an_even_split(tmp_path: Path) -> None:
+    out = run_script(SCRIPT, tmp_path, TORCH_TPU_DEFER_AND_FUSE="1")
+    assert out["counts"] == [0, 0, 0, 0], out  # placeholders: no values computed
+    assert out["parts"] == [8, 8, 7, 7], out
+    assert "split_with_sizes expects split_sizes to sum exactly to 30" in out["own"], out
+    assert any("even split of 30 into 4 parts" in text for text in out["assumptions"]), out
