@@ -29,8 +29,8 @@ from tpu_agent.migrate.analysis.unpacked import Unpacked
 from tpu_agent.migrate.analysis.unpacked import analyse as analyse_unpacked
 from tpu_agent.migrate.analysis.valueflow import ValueFlow
 from tpu_agent.migrate.analysis.valueflow import analyse as analyse_value_flow
+from tpu_agent.migrate.engine.nodes import dotted, string_like
 from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
-from tpu_agent.migrate.rules._cst import dotted, string_like
 
 T = TypeVar("T")
 # what the tree's modules importing this one do with its constants, by analysis key (``name:ACCEL``)

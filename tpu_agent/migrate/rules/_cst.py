@@ -17,31 +17,12 @@ if TYPE_CHECKING:
 _ASCII_STR_PREFIXES = frozenset({"", "r", "u", "R", "U"})
 
 
-def dotted(path: str) -> cst.Name | cst.Attribute:
-    """``"torch.accelerator.synchronize"`` as an attribute chain (cheaper than parsing an expression)."""
-    parts = path.split(".")
-    node: cst.Name | cst.Attribute = cst.Name(parts[0])
-    for part in parts[1:]:
-        node = cst.Attribute(value=node, attr=cst.Name(part))
-    return node
-
-
 def string_value(node: cst.CSTNode) -> str | None:
     """The text of a plain (non-bytes, non-f) string literal, else None."""
     if isinstance(node, cst.SimpleString) and node.prefix in _ASCII_STR_PREFIXES:
         value = node.evaluated_value
         return value if isinstance(value, str) else None
     return None
-
-
-def string_like(template: cst.CSTNode | None, value: str) -> cst.SimpleString:
-    """A string literal holding ``value``, quoted the way ``template`` was (double quotes by default)."""
-    quote = '"'
-    if isinstance(template, cst.SimpleString) and template.quote in ("'", '"'):
-        quote = template.quote
-    elif isinstance(template, cst.FormattedString) and template.end in ("'", '"'):
-        quote = template.end
-    return cst.SimpleString(f"{quote}{value}{quote}")
 
 
 def keep_parens(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.engine.nodes import string_like
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import call, source, string_like
+from tpu_agent.migrate.rules._cst import call, source
 from tpu_agent.migrate.rules.references import BACKENDS, MATMUL_PRECISION
 
 if TYPE_CHECKING:

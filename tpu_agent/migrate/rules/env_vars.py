@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.engine.nodes import string_like
 from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
-from tpu_agent.migrate.rules._cst import positional, source, string_like, string_value
+from tpu_agent.migrate.rules._cst import positional, source, string_value
 from tpu_agent.migrate.rules.references import (
     CLOUD_TPU_PYTORCH,
     DETERMINISM,
