@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.engine.nodes import string_like
+from tpu_agent.migrate.cstnodes import string_like
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import call, is_pure, source

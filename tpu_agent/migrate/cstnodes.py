@@ -1,6 +1,7 @@
 """The two libcst builders the engine's context and the rule families both use.
 
-They live below both (the rules import the engine's context, so the context may not import the rules' helpers).
+They live below both, beside the data model: the rules import the engine's context, so the context may not import
+the rules' helpers, and the rules may not import the engine package, whose __init__ imports the rules.
 """
 
 from __future__ import annotations
