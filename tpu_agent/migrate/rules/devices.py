@@ -300,8 +300,12 @@ def rewrite_device(
     only the CUDA branch changes (the flag may be the user's choice), unless the flag is the availability
     check itself; ``updated`` is the transformed expression whose other parts are kept. A device built from a
     rank (``f"cuda:{rank}"``, or ``index``: the one ``torch.device("cuda", rank)`` gave) keeps its index off TPU
-    (:func:`~tpu_agent.migrate.rules._rank.rank_device`).
+    (:func:`~tpu_agent.migrate.rules._rank.rank_device`). In ``detected() or "cuda"`` only the fallback changes.
     """
+    if isinstance(original, cst.BooleanOperation) and isinstance(original.operator, cst.Or):
+        fallback = rewrite_device(ctx, original.right, "type" if form == "device" else form, code)
+        base = updated if isinstance(updated, cst.BooleanOperation) else original
+        return base.with_changes(right=fallback) if fallback is not None else None
     found = cuda_device_code(ctx, original)
     if found is None:
         return None
@@ -478,6 +482,18 @@ def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.P
         new = rewrite_device(ctx, original.default, "type", updated=updated.default)
         if new is not None:
             return updated.with_changes(default=new)
+    return updated
+
+
+@FAMILY.leave(cst.Return)
+def device_function_result(ctx: PyContext, original: cst.Return, updated: cst.Return) -> cst.Return:
+    """``return "cuda"`` from a function or property whose name says device (a test case's ``device_type``, a
+    ``get_device()`` helper): the value is a device as surely as a variable of that name holds one."""
+    function = next((s for s in reversed(ctx.stmt_stack) if isinstance(s, cst.FunctionDef)), None)
+    if original.value is not None and function is not None and DEVICE_VAR_RE.search(function.name.value):
+        new = rewrite_device(ctx, original.value, "type", updated=updated.value)
+        if new is not None:
+            return updated.with_changes(value=new)
     return updated
 
 
