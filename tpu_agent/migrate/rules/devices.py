@@ -304,8 +304,8 @@ def rewrite_device(
     """
     if isinstance(original, cst.BooleanOperation) and isinstance(original.operator, cst.Or):
         fallback = rewrite_device(ctx, original.right, "type" if form == "device" else form, code)
-        base = updated if isinstance(updated, cst.BooleanOperation) else original
-        return base.with_changes(right=fallback) if fallback is not None else None
+        either = updated if isinstance(updated, cst.BooleanOperation) else original
+        return either.with_changes(right=fallback) if fallback is not None else None
     found = cuda_device_code(ctx, original)
     if found is None:
         return None
