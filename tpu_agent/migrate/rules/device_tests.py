@@ -20,6 +20,7 @@ there), and ``str()`` of one. ``x.device.type == "cuda"`` is TPU104's.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -36,7 +37,7 @@ from tpu_agent.migrate.rules._cst import (
     string_value,
     updated_index,
 )
-from tpu_agent.migrate.rules.devices import is_device_variable
+from tpu_agent.migrate.rules.devices import DEVICE_VAR_RE, is_device_variable, rewrite_device
 
 if TYPE_CHECKING:
     from tpu_agent.migrate.engine.context import PyContext
@@ -376,3 +377,32 @@ def _case_device(
     items = list(current.elements)
     items[at] = items[at].with_changes(value=value)
     return current.with_changes(elements=items)
+
+
+_PATCHERS = frozenset({"unittest.mock.patch", "unittest.mock.patch.object", "mock.patch", "mock.patch.object"})
+
+
+@devices.FAMILY.leave(cst.Call)
+def patched_device(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    """A test that patches a device-named attribute with a CUDA device: ``monkeypatch.setattr("pkg.utils.device_type",
+    "cuda")``, ``monkeypatch.setattr(utils, "device_type", "cuda")``, ``mock.patch("pkg.device_type", "cuda")``,
+    ``patch.object(utils, "device", "cuda")``. The value stands where the module's own device value stood, so it is
+    rewritten as that one is (torchtitan's tests patch its ``device_type`` so)."""
+    func = original.func
+    monkeypatch = (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "setattr"
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "monkeypatch"
+    )
+    if not monkeypatch and ctx.qualname(original) not in _PATCHERS:
+        return updated
+    args = [arg for arg in original.args if arg.keyword is None and not arg.star]
+    for name, value in pairwise(args):
+        text = string_value(name.value)
+        if text is not None and DEVICE_VAR_RE.search(text.rpartition(".")[2]):
+            new = rewrite_device(
+                ctx, value.value, "type", updated=updated.args[updated_index(original, updated, value)].value
+            )
+            return replace_original_arg(original, updated, value, new) if new is not None else updated
+    return updated
