@@ -24,6 +24,12 @@ no finding covers as missed, 0 files skipped by an internal error, <= 30 s in pl
 target, the share, what is left by rule, skipped files and dropped edits; then the timed in-place run, a check
 that every output parses and a second run changes nothing, and TorchFix's time on a copy of the same tree
 (``--torchfix PATH``, default ``torchfix`` on PATH; install it in a separate environment: it pins an older libcst).
+
+``--repos DIR...`` measures checked-out repositories the same way as ``--breadth`` (one directory each; they are
+copied, never changed): per repository and in total, per target, the converted share of the references with a
+TorchTPU form (silent misses counted as not converted), files skipped (by an internal error) and what is left by
+rule; then, on the copies, the in-place run with the default settings, outputs that do not parse and what a second
+run still changes.
 """
 
 from __future__ import annotations
@@ -341,10 +347,58 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def repos(directories: list[Path]) -> None:
+    """Issue 28's measurement on real repositories (see the module docstring)."""
+    for target in (Target.ACCELERATOR, Target.TPU):
+        totals = [0, 0, 0, 0]  # converted, convertible, skipped, skipped by an internal error
+        left: dict[str, int] = {}
+        for directory in directories:
+            plan = api.plan([directory], MigrateOptions(target=target))
+            share = breadth_share(plan)
+            skipped = [f"{f.path}: {f.skipped_reason}" for f in plan.files if f.skipped_reason]
+            for code, count in conversion_share(plan).left.items():
+                left[code] = left.get(code, 0) + count
+            for i, value in enumerate((share.converted, share.convertible, len(skipped), share.skipped_internal)):
+                totals[i] += value
+            print(
+                f"{target.value:<11} {directory.name:<24} {share.converted:>5}/{share.convertible:<5} "
+                f"({share.share:6.1%}) {share.silent.references:>4} silent, {len(skipped)} skipped "
+                f"({share.skipped_internal} internal), {share.internal_findings} edits dropped internally"
+            )
+            for reason in skipped[:3]:
+                print(f"  skipped: {reason}")
+        top = ", ".join(f"{code} {count}" for code, count in sorted(left.items(), key=lambda kv: -kv[1])[:10])
+        converted, convertible, skipped_files, internal = totals
+        print(
+            f"{target.value:<11} TOTAL {converted}/{convertible} ({converted / max(convertible, 1):.1%}; target 95%), "
+            f"{skipped_files} files skipped ({internal} by an internal error); left: {top}"
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-repos-"))
+    try:
+        copies = [shutil.copytree(d, workdir / d.name) for d in directories]
+        lines = sum(
+            p.read_text(encoding="utf-8", errors="replace").count("\n") for c in copies for p in c.rglob("*.py")
+        )
+        parsing = [p for c in copies for p in c.rglob("*.py") if _parses(p)]  # some repositories keep Python 2 files
+        load = os.getloadavg()[0]
+        start = time.perf_counter()
+        api.apply(api.plan(copies, MigrateOptions()), allow_dirty=True)
+        in_place = time.perf_counter() - start
+        broken = [p for p in parsing if not _parses(p)]
+        again = api.plan(copies, MigrateOptions())
+        print(
+            f"in place on copies: {lines:,} lines in {in_place:.1f} s wall (default jobs, load average {load:.1f} "
+            f"before, {os.getloadavg()[0]:.1f} after); {len(broken)} outputs that do not parse; a second run "
+            f"changes {len(again.changed_files)} files"
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _parses(path: Path) -> bool:
     try:
         ast.parse(path.read_text(encoding="utf-8"))
-    except SyntaxError:
+    except (SyntaxError, UnicodeDecodeError, ValueError):
         return False
     return True
 
@@ -364,7 +418,11 @@ def main() -> None:
     parser.add_argument(
         "--torchfix-copies", type=int, default=10, help="--breadth: files per kind of the tree TorchFix is timed on"
     )
+    parser.add_argument("--repos", type=Path, nargs="+", help="measure these checked-out repositories instead")
     args = parser.parse_args()
+    if args.repos:
+        repos(args.repos)
+        return
     if args.breadth:
         breadth(args.copies, 200, args.torchfix, args.torchfix_copies)
         return

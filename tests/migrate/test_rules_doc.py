@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conftest import REGEN
 
+from tpu_agent.migrate.model import Rule
 from tpu_agent.migrate.rules import ALL_RULES, FAMILIES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
@@ -28,7 +29,7 @@ def render() -> str:
         "|---|---|---|---|---|",
     ]
     out += [
-        f"| [{r.code}](#{r.code.lower()}) | {r.name} | {r.family} | {r.safety.value} | {r.summary.replace('|', '/')} |"
+        f"| [{r.code}](#{r.code.lower()}) | {r.name} | {r.family} | {_safety(r)} | {r.summary.replace('|', '/')} |"
         for r in ALL_RULES.values()
     ]
     for family in FAMILIES:
@@ -38,7 +39,7 @@ def render() -> str:
                 "",
                 f"### {r.code}",
                 "",
-                f"`{r.name}`, {r.safety.value}" + (f", needs torch >= {r.since_torch}" if r.since_torch else ""),
+                f"`{r.name}`, {_safety(r)}" + (f", needs torch >= {r.since_torch}" if r.since_torch else ""),
                 "",
             ]
             out += [r.summary, "", r.rationale, "", "Before:", "", f"{_FENCE}", r.before, _FENCE]
@@ -46,6 +47,13 @@ def render() -> str:
                 out += ["", "After:", "", _FENCE, r.after, _FENCE]
             out += ["", "References: " + ", ".join(_link(ref) for ref in r.references)]
     return "\n".join(out) + "\n"
+
+
+def _safety(rule: Rule) -> str:
+    """The safety tier, with the tpu target's where it differs."""
+    if rule.tpu_safety is None:
+        return rule.safety.value
+    return f"{rule.safety.value} ({rule.tpu_safety.value} for `--target tpu`)"
 
 
 def _link(reference: str) -> str:

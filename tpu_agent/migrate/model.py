@@ -63,6 +63,13 @@ class Rule:
     references: tuple[str, ...]
     since_torch: str | None = None  # the oldest torch that has the emitted API, when it matters
     apis: tuple[ApiEquivalent, ...] = ()  # the CUDA APIs the rule covers, one row each for the API lookup
+    # the safety under the tpu target where it differs: a fix that is unsafe only because the same script may still
+    # run on a CUDA cluster (dropping an NCCL or cuBLAS setting) is safe once the migrated code targets TPU alone
+    tpu_safety: Safety | None = None
+
+    def safety_for(self, target: Target) -> Safety:
+        """How far the rule goes on its own when migrating for ``target``."""
+        return self.tpu_safety if target is Target.TPU and self.tpu_safety is not None else self.safety
 
     @property
     def reference(self) -> str:
@@ -83,6 +90,7 @@ class Rule:
             "references": list(self.references),
             "since_torch": self.since_torch,
             "apis": [api.to_dict() for api in self.apis],
+            "tpu_safety": self.tpu_safety.value if self.tpu_safety is not None else None,
         }
 
 

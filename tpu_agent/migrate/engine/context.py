@@ -29,8 +29,8 @@ from tpu_agent.migrate.analysis.unpacked import Unpacked
 from tpu_agent.migrate.analysis.unpacked import analyse as analyse_unpacked
 from tpu_agent.migrate.analysis.valueflow import ValueFlow
 from tpu_agent.migrate.analysis.valueflow import analyse as analyse_value_flow
+from tpu_agent.migrate.cstnodes import dotted, string_like
 from tpu_agent.migrate.model import FileKind, MigrateOptions, Rule, Safety, Target
-from tpu_agent.migrate.rules._cst import dotted, string_like
 
 T = TypeVar("T")
 # what the tree's modules importing this one do with its constants, by analysis key (``name:ACCEL``)
@@ -341,7 +341,7 @@ class PyContext:
         text = message or rule.summary
         if fixable and not self.options.torch_allows(rule.since_torch):
             text += f" (not rewritten: needs torch >= {rule.since_torch}, --min-torch is {self.options.min_torch})"
-        self.findings.append(PendingFinding(code, node, text, rule.safety, fixed, self.top_index))
+        self.findings.append(PendingFinding(code, node, text, rule.safety_for(self.target), fixed, self.top_index))
         if not fixed:
             self._add_todo(code, text)
         return fixed
@@ -403,7 +403,8 @@ class PyContext:
             "it is and the rest of the file was migrated; please report it with this line to "
             "https://github.com/tpu-agent/tpu-agent/issues"
         )
-        self.findings.append(PendingFinding(code, node, message, self.rules[code].safety, False, self.top_index))
+        safety = self.rules[code].safety_for(self.target)
+        self.findings.append(PendingFinding(code, node, message, safety, False, self.top_index))
         self._add_todo(code, message)
 
     # ---- builders ----------------------------------------------------------------------------------
@@ -490,7 +491,7 @@ def decide(options: MigrateOptions, rules: Mapping[str, Rule], code: str, fixabl
     """Whether a finding of rule ``code`` is fixed: None when the rule is disabled (no finding at all)."""
     if not options.rule_enabled(code):
         return None
-    safety = rules[code].safety
+    safety = rules[code].safety_for(options.target)
     fixable = fixable and options.torch_allows(rules[code].since_torch)
     return fixable and (safety is Safety.SAFE or (safety is Safety.UNSAFE and options.unsafe_fixes))
 

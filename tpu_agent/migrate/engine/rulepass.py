@@ -21,6 +21,7 @@ import libcst as cst
 from tpu_agent.migrate.engine.context import PyContext
 from tpu_agent.migrate.engine.dispatch import Dispatch
 from tpu_agent.migrate.engine.imports import finish_module
+from tpu_agent.migrate.rules._cst import is_pure
 
 _COMPOUND = (
     cst.FunctionDef,
@@ -274,50 +275,6 @@ class RulePass(cst.CSTTransformer):
         marker = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)
         self.removed[id(marker)] = marker
         return marker
-
-
-# Calls that only read state; an ``if`` testing nothing else can go once its body is gone.
-PURE_CALLS = frozenset(
-    {
-        "torch.cuda.is_available",
-        "torch.cuda.device_count",
-        "torch.accelerator.is_available",
-        "torch.accelerator.device_count",
-        "torch.distributed.is_available",
-        "torch.distributed.is_initialized",
-        "torch.distributed.get_backend",
-        "torch.distributed.get_rank",
-        "torch.distributed.get_world_size",
-        "os.environ.get",
-        "os.getenv",
-    }
-)
-_PURE_BUILTINS = frozenset({"len", "isinstance", "hasattr", "bool"})
-_PURE_LEAVES = (cst.Name, cst.SimpleString, cst.Integer, cst.Float, cst.Imaginary)
-
-
-def is_pure(ctx: PyContext, node: cst.CSTNode) -> bool:
-    """True when evaluating the expression ``node`` (an original node) changes nothing: names, attribute
-    reads, literals, comparisons, ``and``/``or``/``not`` and calls of :data:`PURE_CALLS` with pure arguments."""
-    if isinstance(node, _PURE_LEAVES):
-        return True
-    if isinstance(node, cst.Attribute):
-        return is_pure(ctx, node.value)
-    if isinstance(node, cst.Comparison):
-        return is_pure(ctx, node.left) and all(is_pure(ctx, target.comparator) for target in node.comparisons)
-    if isinstance(node, cst.BooleanOperation):
-        return is_pure(ctx, node.left) and is_pure(ctx, node.right)
-    if isinstance(node, cst.UnaryOperation):
-        return is_pure(ctx, node.expression)
-    if isinstance(node, (cst.Tuple, cst.List)):
-        return all(isinstance(el, cst.Element) and is_pure(ctx, el.value) for el in node.elements)
-    if isinstance(node, cst.Call):
-        func = node.func
-        known = ctx.qualname(func) in PURE_CALLS or (
-            isinstance(func, cst.Name) and func.value in _PURE_BUILTINS and func.value not in ctx.aliases
-        )
-        return known and all(not arg.star and is_pure(ctx, arg.value) for arg in node.args)
-    return False
 
 
 def _with_todos(statement: Any, todos: list[str]) -> Any:

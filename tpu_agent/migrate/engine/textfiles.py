@@ -56,7 +56,7 @@ def migrate_text(
                         lineno,
                         match.start() + 1,
                         message,
-                        rules[fix.code].safety,
+                        rules[fix.code].safety_for(options.target),
                         fixed,
                         lineno,
                         match.end() + 1,

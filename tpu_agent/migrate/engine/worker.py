@@ -164,7 +164,7 @@ def migrate_file(candidate: Candidate, data: bytes, options: MigrateOptions) -> 
     if file_rules is not None:
         for rule in file_rules:
             if options.rule_enabled(rule.code):
-                safety = ALL_RULES[rule.code].safety
+                safety = ALL_RULES[rule.code].safety_for(options.target)
                 result.findings.append(Finding(rule.code, where, 1, 1, rule.message(data), safety, False))
         return result
     if not may_need_migration(data):

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from tpu_agent.errors import ECHO_CHARS, ExitCode, TpuAgentError, clipped
 from tpu_agent.migrate.model import MigrateOptions, Rule
 from tpu_agent.migrate.rules import (
+    accelerator_guards,  # noqa: F401 - registers its handlers with the cuda-api family
     amp,
     backend_flags,
     bind_device,  # noqa: F401 - registers its handlers with the cuda-api family

@@ -126,6 +126,7 @@ class Family:
         references: tuple[str, ...],
         since_torch: str | None = None,
         apis: tuple[ApiEquivalent, ...] = (),
+        tpu_safety: Safety | None = None,
     ) -> Rule:
         """Declare a rule of this family; the family's guide section is appended to ``references``."""
         rule = Rule(
@@ -139,6 +140,7 @@ class Family:
             after=after,
             references=(*references, self.guide),
             since_torch=since_torch,
+            tpu_safety=tpu_safety,
             apis=apis,
         )
         self.rules.append(rule)

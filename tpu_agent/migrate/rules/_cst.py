@@ -17,31 +17,12 @@ if TYPE_CHECKING:
 _ASCII_STR_PREFIXES = frozenset({"", "r", "u", "R", "U"})
 
 
-def dotted(path: str) -> cst.Name | cst.Attribute:
-    """``"torch.accelerator.synchronize"`` as an attribute chain (cheaper than parsing an expression)."""
-    parts = path.split(".")
-    node: cst.Name | cst.Attribute = cst.Name(parts[0])
-    for part in parts[1:]:
-        node = cst.Attribute(value=node, attr=cst.Name(part))
-    return node
-
-
 def string_value(node: cst.CSTNode) -> str | None:
     """The text of a plain (non-bytes, non-f) string literal, else None."""
     if isinstance(node, cst.SimpleString) and node.prefix in _ASCII_STR_PREFIXES:
         value = node.evaluated_value
         return value if isinstance(value, str) else None
     return None
-
-
-def string_like(template: cst.CSTNode | None, value: str) -> cst.SimpleString:
-    """A string literal holding ``value``, quoted the way ``template`` was (double quotes by default)."""
-    quote = '"'
-    if isinstance(template, cst.SimpleString) and template.quote in ("'", '"'):
-        quote = template.quote
-    elif isinstance(template, cst.FormattedString) and template.end in ("'", '"'):
-        quote = template.end
-    return cst.SimpleString(f"{quote}{value}{quote}")
 
 
 def keep_parens(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
@@ -207,3 +188,47 @@ def source(node: cst.CSTNode) -> str:
 def arg_source(arg: cst.Arg) -> str:
     """``name=value`` or ``value`` of one argument, without its comma."""
     return source(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+
+
+# Calls that only read state; an ``if`` testing nothing else can go once its body is gone.
+PURE_CALLS = frozenset(
+    {
+        "torch.cuda.is_available",
+        "torch.cuda.device_count",
+        "torch.accelerator.is_available",
+        "torch.accelerator.device_count",
+        "torch.distributed.is_available",
+        "torch.distributed.is_initialized",
+        "torch.distributed.get_backend",
+        "torch.distributed.get_rank",
+        "torch.distributed.get_world_size",
+        "os.environ.get",
+        "os.getenv",
+    }
+)
+_PURE_BUILTINS = frozenset({"len", "isinstance", "hasattr", "bool"})
+_PURE_LEAVES = (cst.Name, cst.SimpleString, cst.Integer, cst.Float, cst.Imaginary)
+
+
+def is_pure(ctx: PyContext, node: cst.CSTNode) -> bool:
+    """True when evaluating the expression ``node`` (an original node) changes nothing: names, attribute
+    reads, literals, comparisons, ``and``/``or``/``not`` and calls of :data:`PURE_CALLS` with pure arguments."""
+    if isinstance(node, _PURE_LEAVES):
+        return True
+    if isinstance(node, cst.Attribute):
+        return is_pure(ctx, node.value)
+    if isinstance(node, cst.Comparison):
+        return is_pure(ctx, node.left) and all(is_pure(ctx, target.comparator) for target in node.comparisons)
+    if isinstance(node, cst.BooleanOperation):
+        return is_pure(ctx, node.left) and is_pure(ctx, node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return is_pure(ctx, node.expression)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(isinstance(el, cst.Element) and is_pure(ctx, el.value) for el in node.elements)
+    if isinstance(node, cst.Call):
+        func = node.func
+        known = ctx.qualname(func) in PURE_CALLS or (
+            isinstance(func, cst.Name) and func.value in _PURE_BUILTINS and func.value not in ctx.aliases
+        )
+        return known and all(not arg.star and is_pure(ctx, arg.value) for arg in node.args)
+    return False

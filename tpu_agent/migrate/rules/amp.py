@@ -27,7 +27,7 @@ from tpu_agent.migrate.rules._cst import (
     source,
     string_value,
 )
-from tpu_agent.migrate.rules.cuda_api import off_tpu
+from tpu_agent.migrate.rules.accelerator_guards import off_tpu
 from tpu_agent.migrate.rules.devices import cuda_device_code
 from tpu_agent.migrate.rules.references import AMP
 

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.model import ApiEquivalent, Safety
+from tpu_agent.migrate.cstnodes import string_like
+from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import call, source, string_like
+from tpu_agent.migrate.rules._cst import call, is_pure, source
 from tpu_agent.migrate.rules.references import BACKENDS, MATMUL_PRECISION
 
 if TYPE_CHECKING:
@@ -25,9 +26,12 @@ FAMILY.rule(
     code="TPU601",
     name="cudnn-flags",
     safety=Safety.SAFE,
-    summary="cuDNN tuning flags: torch.backends.cudnn.benchmark / enabled / allow_tf32, deterministic = False.",
+    summary="cuDNN tuning flags: torch.backends.cudnn.benchmark / enabled / allow_tf32, deterministic = False (for "
+    "the tpu target, deterministic = any value that is read without side effects).",
     rationale="They select cuDNN algorithms and have no TPU meaning; removing them changes CUDA speed, never results "
-    "(deterministic = False is the default).",
+    "(deterministic = False is the default). Code migrated for the tpu target no longer runs on CUDA, so there "
+    "cudnn.deterministic = True (or a flag such as args.deterministic) is removed as well: TorchTPU never reads it, "
+    "and its porting table maps it to nothing.",
     before="torch.backends.cudnn.benchmark = True",
     after="",
     references=(BACKENDS,),
@@ -44,7 +48,8 @@ FAMILY.rule(
     safety=Safety.UNSAFE,
     summary="torch.backends.cudnn.deterministic = True.",
     rationale="The device-agnostic switch is torch.use_deterministic_algorithms(True); it is stricter (it raises on "
-    "operations without a deterministic implementation), hence unsafe.",
+    "operations without a deterministic implementation), hence unsafe. For the tpu target TPU601 removes the flag "
+    "instead when its value is read without side effects.",
     before="torch.backends.cudnn.deterministic = True",
     after="torch.use_deterministic_algorithms(True)",
     references=(BACKENDS,),
@@ -138,6 +143,15 @@ def _literal_bool(node: cst.BaseExpression) -> bool | None:
     return None
 
 
+def _no_meaning(ctx: PyContext, assignment: cst.Assign) -> bool:
+    """Whether ``torch.backends.cudnn.deterministic = <value>`` means nothing where the migrated code runs: False is
+    cuDNN's default anywhere; on the tpu target any value does (cuDNN is never used), when reading it has no side
+    effect to keep (``args.torch_deterministic``, ``True``; not ``parse_flag()``)."""
+    if _literal_bool(assignment.value) is False:
+        return True
+    return ctx.target is Target.TPU and is_pure(ctx, assignment.value)
+
+
 @FAMILY.leave(cst.Assign)
 def flag_assignment(
     ctx: PyContext, original: cst.Assign, updated: cst.Assign
@@ -149,7 +163,7 @@ def flag_assignment(
         return updated
     value = _literal_bool(original.value)
     shown = source(original)
-    if qualname in _REMOVE_FLAGS or (qualname == "torch.backends.cudnn.deterministic" and value is False):
+    if qualname in _REMOVE_FLAGS or (qualname == "torch.backends.cudnn.deterministic" and _no_meaning(ctx, original)):
         code = _REMOVE_FLAGS.get(qualname, "TPU601")
         if ctx.report(code, original, f"removed `{shown}`: no meaning outside cuDNN/cuBLAS"):
             return cst.RemovalSentinel.REMOVE

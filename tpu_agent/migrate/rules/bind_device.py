@@ -22,7 +22,8 @@ import libcst as cst
 from tpu_agent.migrate.model import Target
 from tpu_agent.migrate.rules._bound import alias_of
 from tpu_agent.migrate.rules._cst import arg_position, keyword, positional, replace_arg_value, source, string_value
-from tpu_agent.migrate.rules.cuda_api import FAMILY, device_function, guarded_statement, off_tpu, sole_call
+from tpu_agent.migrate.rules.accelerator_guards import device_function, guarded_statement, off_tpu, sole_call
+from tpu_agent.migrate.rules.cuda_api import FAMILY
 from tpu_agent.migrate.rules.devices import known_cuda_index
 
 if TYPE_CHECKING:

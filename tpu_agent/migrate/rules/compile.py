@@ -11,15 +11,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.cstnodes import string_like
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
-from tpu_agent.migrate.rules._cst import (
-    arg_source,
-    drop_original_args,
-    replace_original_arg,
-    string_like,
-    string_value,
-)
+from tpu_agent.migrate.rules._cst import arg_source, drop_original_args, replace_original_arg, string_value
 from tpu_agent.migrate.rules.references import COMPILE, TORCH_TPU
 
 if TYPE_CHECKING:

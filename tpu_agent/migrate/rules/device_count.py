@@ -19,8 +19,9 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._cst import source
+from tpu_agent.migrate.rules.accelerator_guards import off_tpu
 from tpu_agent.migrate.rules.bind_device import ONE_DEVICE, keep_off_tpu, kept_off_tpu, tests_off_tpu
-from tpu_agent.migrate.rules.cuda_api import FAMILY, off_tpu
+from tpu_agent.migrate.rules.cuda_api import FAMILY
 from tpu_agent.migrate.rules.references import ACCELERATOR, TORCH_TPU_GUIDE, TORCHRUN
 
 if TYPE_CHECKING:

@@ -6,8 +6,10 @@ substring: a log line that mentions CUDA stays as it is. For the accelerator tar
 module's resolver (``DEVICE``) and variables get its type string (``DEVICE.type``), which every API that
 took ``"cuda"`` also takes; for the TPU target both become ``"tpu"``.
 
-Why this module is long: it is one rule family (device strings, objects and moves). Its rules share the
-device-expression classifier and the resolver they all write, so they are kept with them in one module.
+Why this module is long: it is one rule family (device strings, objects and moves), and its rules share the
+device-expression classifier and the resolver they all write, so they are kept with them in one module. The
+tests of a device (``x.is_cuda``, ``x.device.type == "cuda"``, ``device == "cuda"``) live in
+:mod:`~tpu_agent.migrate.rules.device_tests`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.analysis.valueflow import attr_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._bound import bound_earlier
@@ -299,8 +300,12 @@ def rewrite_device(
     only the CUDA branch changes (the flag may be the user's choice), unless the flag is the availability
     check itself; ``updated`` is the transformed expression whose other parts are kept. A device built from a
     rank (``f"cuda:{rank}"``, or ``index``: the one ``torch.device("cuda", rank)`` gave) keeps its index off TPU
-    (:func:`~tpu_agent.migrate.rules._rank.rank_device`).
+    (:func:`~tpu_agent.migrate.rules._rank.rank_device`). In ``detected() or "cuda"`` only the fallback changes.
     """
+    if isinstance(original, cst.BooleanOperation) and isinstance(original.operator, cst.Or):
+        fallback = rewrite_device(ctx, original.right, "type" if form == "device" else form, code)
+        either = updated if isinstance(updated, cst.BooleanOperation) else original
+        return either.with_changes(right=fallback) if fallback is not None else None
     found = cuda_device_code(ctx, original)
     if found is None:
         return None
@@ -480,145 +485,16 @@ def device_parameter_default(ctx: PyContext, original: cst.Param, updated: cst.P
     return updated
 
 
-_COLLECTIONS = (cst.Tuple, cst.List, cst.Set)
-
-
-def holds_cuda(node: cst.CSTNode) -> bool:
-    """``"cuda"``, or a tuple, list or set literal with a ``"cuda"`` element (``device in ("cuda", "mps")``)."""
-    if isinstance(node, _COLLECTIONS):
-        return any(isinstance(e, cst.Element) and string_value(e.value) == "cuda" for e in node.elements)
-    return string_value(node) == "cuda"
-
-
-def on_accelerator(
-    ctx: PyContext, device_type: cst.BaseExpression, negated: bool = False, among: cst.BaseExpression | None = None
-) -> cst.BaseExpression:
-    """``<device_type> == DEVICE.type != "cpu"`` (for the tpu target ``<device_type> == "tpu"``): the device
-    is the accelerator in use; exactly 'on CUDA' on a CUDA machine and False on a CPU-only one. ``negated``
-    wraps it in ``not (...)``.
-
-    ``among`` is the collection of a membership test holding "cuda" (``device in ("cuda", "mps")``): "cuda"
-    there means the accelerator too, so its other members are asked after it (``... != "cpu" or device ==
-    "mps"``). Swapping "cuda" for ``DEVICE.type`` inside the collection would hold for "cpu" on a CPU-only
-    machine, which the original test never did."""
-    collection = among if isinstance(among, _COLLECTIONS) else None
-    others = [e for e in collection.elements if not holds_cuda(e.value)] if collection is not None else []
-    if ctx.target.value == "tpu":
-        operator = cst.NotEqual() if negated and not others else cst.Equal()
-        check: cst.BaseExpression = cst.Comparison(
-            left=device_type, comparisons=[cst.ComparisonTarget(operator, ctx.device_type())]
-        )
-    else:
-        targets = [
-            cst.ComparisonTarget(operator=cst.Equal(), comparator=ctx.device_type()),
-            cst.ComparisonTarget(operator=cst.NotEqual(), comparator=ctx.string("cpu")),
-        ]
-        check = cst.Comparison(left=device_type, comparisons=targets)
-    if collection is not None and others:
-        member = _member(device_type.deep_clone(), collection, others)
-        check = cst.BooleanOperation(left=check, operator=cst.Or(), right=member)
-    if negated and (others or ctx.target.value != "tpu"):
-        check = cst.UnaryOperation(
-            operator=cst.Not(), expression=check.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        )
-    return check
-
-
-def cuda_comparison(target: cst.ComparisonTarget) -> bool:
-    """``== "cuda"`` / ``!= "cuda"``, or ``in`` / ``not in`` a collection literal holding "cuda"."""
-    if isinstance(target.operator, (cst.Equal, cst.NotEqual)):
-        return string_value(target.comparator) == "cuda"
-    return (
-        isinstance(target.operator, (cst.In, cst.NotIn))
-        and isinstance(target.comparator, _COLLECTIONS)
-        and holds_cuda(target.comparator)
-    )
-
-
-def needs_room(ctx: PyContext, original: cst.BaseExpression, test: cst.BaseExpression) -> bool:
-    """Whether the test :func:`on_accelerator` built in place of the comparison ``original`` needs parentheses:
-    ``not (...)`` where no comparison could stand bare, ``... or ...`` there or as an operand of ``and``/``not``."""
-    if isinstance(test, cst.BooleanOperation):
-        return not ctx.is_bare(original) or ctx.is_operand(original)
-    return isinstance(test, cst.UnaryOperation) and not ctx.is_bare(original)
-
-
-def _member(
-    subject: cst.BaseExpression, collection: cst.Tuple | cst.List | cst.Set, others: list[cst.BaseElement]
-) -> cst.Comparison:
-    """``subject == "mps"`` for one other member, ``subject in ("mps", "xpu")`` (the collection without its
-    "cuda") for more."""
-    if len(others) == 1 and isinstance(others[0], cst.Element):
-        return cst.Comparison(left=subject, comparisons=[cst.ComparisonTarget(cst.Equal(), others[0].value)])
-    kept = [*others[:-1], others[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
-    if isinstance(collection, cst.Tuple) and len(kept) == 1:  # a starred element alone: (*extra,)
-        kept = [kept[0].with_changes(comma=cst.Comma())]
-    rest = collection.with_changes(elements=kept)
-    return cst.Comparison(left=subject, comparisons=[cst.ComparisonTarget(cst.In(), rest)])
-
-
-@FAMILY.leave(cst.Attribute)
-def is_cuda_attribute(ctx: PyContext, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-    if original.attr.value != "is_cuda" or ctx.is_call_func(original) or ctx.qualname(original) is not None:
-        return updated
-    if _own_is_cuda(ctx, original):
-        return updated
-
-    def build() -> cst.BaseExpression:
-        device = cst.Attribute(value=updated.value, attr=cst.Name("device"))
-        return on_accelerator(ctx, cst.Attribute(value=device, attr=cst.Name("type")))
-
-    new = ctx.fix("TPU104", original, build, lambda n: f"{source(original)} -> {source(n)}")
-    if new is None:
-        return updated
-    if not ctx.is_bare(original):
-        new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return keep_parens(original, new)
-
-
-def _own_is_cuda(ctx: PyContext, node: cst.Attribute) -> bool:
-    """Whether ``node`` is a class's own ``is_cuda`` flag, not ``Tensor.is_cuda`` (read-only, so never assigned):
-    assigned here, or read on ``self`` in a module that assigns it (timm's loaders set ``self.is_cuda =
-    device.type == 'cuda' and torch.cuda.is_available()``, whose value the other rules port, and read it back)."""
-    if ctx.is_target(node):
-        return True
-    receiver = node.value
-    return (
-        isinstance(receiver, cst.Name)
-        and receiver.value in ("self", "cls")
-        and bool(ctx.bindings.of(attr_key("is_cuda")))
-    )
-
-
-@FAMILY.leave(cst.Comparison)
-def device_type_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
-    # x.device.type == "cuda"  ->  x.device.type == DEVICE.type != "cpu"; also `in ("cuda", "mps")`
-    if not (isinstance(original.left, cst.Attribute) and original.left.attr.value == "type"):
-        return updated
-    cuda = [c for c in original.comparisons if cuda_comparison(c)]
-    if not cuda:
-        return updated
-    if len(original.comparisons) != 1:
-        ctx.report(
-            "TPU104",
-            original,
-            f"{source(original)}: compare x.device.type with DEVICE.type (a chain of comparisons is left as it is)",
-            fixable=False,
-        )
-        return updated
-    negated = isinstance(cuda[0].operator, (cst.NotEqual, cst.NotIn))
-    among = updated.comparisons[0].comparator
-    new = ctx.fix(
-        "TPU104",
-        original,
-        lambda: on_accelerator(ctx, updated.left, negated, among),
-        lambda n: f"{source(original)} -> {source(n)}",
-    )
-    if new is None:
-        return updated
-    if needs_room(ctx, original, new):
-        new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return keep_parens(original, new)
+@FAMILY.leave(cst.Return)
+def device_function_result(ctx: PyContext, original: cst.Return, updated: cst.Return) -> cst.Return:
+    """``return "cuda"`` from a function or property whose name says device (a test case's ``device_type``, a
+    ``get_device()`` helper): the value is a device as surely as a variable of that name holds one."""
+    function = next((s for s in reversed(ctx.stmt_stack) if isinstance(s, cst.FunctionDef)), None)
+    if original.value is not None and function is not None and DEVICE_VAR_RE.search(function.name.value):
+        new = rewrite_device(ctx, original.value, "type", updated=updated.value)
+        if new is not None:
+            return updated.with_changes(value=new)
+    return updated
 
 
 # ---- launch scripts and configs -----------------------------------------------------------------------

@@ -170,6 +170,11 @@ _MESHES = frozenset(
         "torch.distributed.device_mesh.DeviceMesh",
         "torch.distributed.DeviceMesh",
         "torch.distributed.init_device_mesh",
+        # DTensor's package re-exports both (what DTensor and FSDP2 tests import them from)
+        "torch.distributed.tensor.init_device_mesh",
+        "torch.distributed.tensor.DeviceMesh",
+        "torch.distributed._tensor.init_device_mesh",
+        "torch.distributed._tensor.DeviceMesh",
     }
 )
 _BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"})

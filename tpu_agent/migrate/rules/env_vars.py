@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.cstnodes import string_like
 from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
-from tpu_agent.migrate.rules._cst import positional, source, string_like, string_value
+from tpu_agent.migrate.rules._cst import positional, source, string_value
 from tpu_agent.migrate.rules.references import (
     CLOUD_TPU_PYTORCH,
     DETERMINISM,
@@ -77,7 +78,9 @@ FAMILY.rule(
     safety=Safety.UNSAFE,
     summary="Other NCCL variables: NCCL_SOCKET_IFNAME, NCCL_IB_*, NCCL_P2P_DISABLE...",
     rationale="They tune NCCL transport and are ignored on TPU, but may still be needed where the same script runs on "
-    "the CUDA cluster; TPU interconnect settings are TORCH_TPU_TOPOLOGY and the slice-builder addresses instead.",
+    "the CUDA cluster; TPU interconnect settings are TORCH_TPU_TOPOLOGY and the slice-builder addresses instead. "
+    "Code migrated for the tpu target no longer runs on CUDA, so there the removal is safe.",
+    tpu_safety=Safety.SAFE,
     before="export NCCL_SOCKET_IFNAME=eth0",
     after="",
     references=(DISTRIBUTED,),
@@ -121,11 +124,12 @@ FAMILY.rule(
     rationale="CUBLAS_WORKSPACE_CONFIG makes cuBLAS deterministic and NVIDIA_TF32_OVERRIDE=0 turns TF32 off on "
     "NVIDIA GPUs; neither is read on TPU, so setting them there does nothing and removing them changes no TPU result. "
     "The removal is unsafe because the same script run on the CUDA cluster loses its determinism or precision "
-    "setting. On every device, torch.use_deterministic_algorithms(True) asks for deterministic kernels and "
+    "setting (safe for the tpu target, whose code no longer runs on CUDA). On every device, torch.use_deterministic_algorithms(True) asks for deterministic kernels and "
     'torch.set_float32_matmul_precision("highest") for full float32 matmuls.',
     before='os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"\ntorch.use_deterministic_algorithms(True)',
     after="torch.use_deterministic_algorithms(True)",
     references=(DETERMINISM, MATMUL_PRECISION),
+    tpu_safety=Safety.SAFE,
     apis=(
         ApiEquivalent("CUBLAS_WORKSPACE_CONFIG", "delete it (determinism: torch.use_deterministic_algorithms(True))"),
         ApiEquivalent(

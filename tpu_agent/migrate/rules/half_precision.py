@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.analysis.bindings import dotted as ast_dotted
+from tpu_agent.migrate.cstnodes import dotted
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._bound import key_of
-from tpu_agent.migrate.rules._cst import arg_source, dotted, keyword, positional, source, string_value
+from tpu_agent.migrate.rules._cst import arg_source, keyword, positional, source, string_value
 from tpu_agent.migrate.rules.amp import AUTOCASTS, FAMILY
 from tpu_agent.migrate.rules.devices import cuda_device_code
 from tpu_agent.migrate.rules.references import AMP

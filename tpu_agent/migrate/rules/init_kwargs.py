@@ -24,7 +24,7 @@ from tpu_agent.migrate.rules._cst import (
     string_value,
     updated_index,
 )
-from tpu_agent.migrate.rules.cuda_api import already_guarded, availability_call, not_tpu
+from tpu_agent.migrate.rules.accelerator_guards import already_guarded, availability_call, not_tpu
 from tpu_agent.migrate.rules.devices import known_cuda_index
 from tpu_agent.migrate.rules.distributed import FAMILY, INITS
 from tpu_agent.migrate.rules.references import DISTRIBUTED

@@ -12,6 +12,7 @@ already rewritten by the call-site families; this module does not report them tw
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.analysis.crossmodule import merged
-from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key
+from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
 from tpu_agent.migrate.rules._backend import fix_backend_value, is_nccl_backend
@@ -283,3 +284,41 @@ def _device_choices(ctx: PyContext, original: cst.Call, updated: cst.Call, choic
     if not changed:
         return updated
     return replace_arg_value(updated, position, updated.args[position].value.with_changes(elements=elements))
+
+
+@devices.FAMILY.leave(cst.Call)
+def device_parameter_argument(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    """``create_model(cfg, "cuda", dtype)`` calling a function of this module defined once as ``def
+    create_model(cfg, device="cuda", dtype=...)``: a CUDA literal passed by position to a parameter whose name says
+    device is a device value, as it is when passed as ``device="cuda"``."""
+    tree = ctx.ast_tree
+    if tree is None or not isinstance(original.func, cst.Name):
+        return updated
+    literals = [
+        (i, arg)
+        for i, arg in enumerate(original.args)
+        if arg.keyword is None and not arg.star and cuda_device_code(ctx, arg.value)
+    ]
+    if not literals or any(arg.star for arg in original.args[: literals[-1][0]]):
+        return updated
+    parameters = _module_function_parameters(ctx, original.func.value)
+    for i, arg in literals:
+        if i < len(parameters) and DEVICE_VAR_RE.search(parameters[i]):
+            new = rewrite_device(
+                ctx, arg.value, "type", updated=updated.args[updated_index(original, updated, arg)].value
+            )
+            if new is not None:
+                updated = replace_arg_value(updated, updated_index(original, updated, arg), new)
+    return updated
+
+
+def _module_function_parameters(ctx: PyContext, name: str) -> list[str]:
+    """The positional parameters of the module-level function ``name``, when the module binds that name once, by
+    that ``def`` (a name bound twice, or a method, may be another function at the call)."""
+    tree = ctx.ast_tree
+    if tree is None or len(ctx.bindings.of(name_key(name))) != 1:
+        return []
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == name:
+            return [a.arg for a in (*statement.args.posonlyargs, *statement.args.args)]
+    return []
