@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_agent.runtime.xla import arrays, tpu_kernels
+from tpu_agent.runtime.xla import arrays, barrier, tpu_kernels
 
 Block = tuple[list[int], list[int], int]  # (sizes of the dense block's axes, permutation, element count)
 
@@ -301,6 +301,8 @@ def install(env: Any, operator_type: type) -> None:
     put(aten.max_pool3d_with_indices_backward.default, functools.partial(max_pool_backward, 3))
     put(aten._scaled_dot_product_flash_attention_for_cpu.default, flash_attention)
     put(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, flash_attention_backward)
+
+    put(barrier.OP, barrier.lowered)
 
     def view_dtype(x: jax.Array, dtype: torch.dtype) -> jax.Array:
         # the MXU rounding at "high" precision reinterprets f32 bits as int32 (same width: a pure bitcast)
