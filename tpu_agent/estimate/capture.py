@@ -370,7 +370,7 @@ def _finish(
                 "(loss.item(), print) saw zeros"
             )
         estimate.assumptions += capture_only.reads.assumptions
-        recomputed = recompute.assumption([graph.runner.gm for graph in graphs])
+        recomputed = recompute.assumption([(graph.runner.gm, graph.calls) for graph in graphs])
         if recomputed:
             estimate.assumptions.append(recomputed)
         staged = sorted(step.staging - {str(graph.runner.name) for graph in graphs})

@@ -66,10 +66,10 @@ def install() -> Callable[[], None]:
     return undo
 
 
-def assumption(graphs: Sequence[torch.fx.GraphModule]) -> str | None:
-    """The estimate's line on checkpointing when the step's ``graphs`` recompute anything (one barrier per
-    recomputed checkpoint region), else None."""
-    count = sum(node.target is barrier.OP for graph in graphs for node in graph.graph.nodes)
+def assumption(graphs: Sequence[tuple[torch.fx.GraphModule, int]]) -> str | None:
+    """The estimate's line on checkpointing when the step's graphs (each with its runs per step) recompute
+    anything (one barrier per recomputed checkpoint region), else None."""
+    count = sum(calls for graph, calls in graphs for node in graph.graph.nodes if node.target is barrier.OP)
     if not count:
         return None
     return (
