@@ -104,8 +104,9 @@ def calibration_from_runs(kind: str, runs: tuple[PublishedRun, ...]) -> Calibrat
 # No run has an estimated time yet: benchmarks/estimate_calibration.py captured the v6e-8 run (libtpu 0.0.42.1),
 # and the compiler refused part of its step for HBM (66.88 GiB of temporaries with the loss on whole f32
 # logits; 33.9 GiB with a chunked loss, where the step was two programs and XLA merged the checkpointed layers'
-# recomputation with their forward), so there is no step time to set against the measured one. Until there
-# is, no calibrated time is given and the report says so.
+# recomputation with their forward, which tpu_agent.estimate.recompute now prevents; the benchmark has not been
+# run again since), so there is no step time to set against the measured one. Until there is, no calibrated
+# time is given and the report says so.
 CALIBRATION_KIND = "compiled XLA training step (MaxText on v6e)"
 CALIBRATION = calibration_from_runs(CALIBRATION_KIND, PUBLISHED_RUNS)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.estimate import capture_only, host_bound
+from tpu_agent.estimate import capture_only, host_bound, recompute
 from tpu_agent.estimate.capture_only import storage_identity
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
@@ -372,6 +372,9 @@ def _finish(
                 "(loss.item(), print) saw zeros"
             )
         estimate.assumptions += capture_only.reads.assumptions
+        recomputed = recompute.assumption([(graph.runner.gm, graph.calls) for graph in graphs])
+        if recomputed:
+            estimate.assumptions.append(recomputed)
         staged = sorted(step.staging - {str(graph.runner.name) for graph in graphs})
         if staged:
             estimate.assumptions.append(
@@ -423,9 +426,11 @@ def install() -> Callable[[], None] | None:
     graphs.fallback_observers.append(watcher.fell_back)
     deferred.flush_observers.append(watcher.flushed)
     step_hook = optimizer_module.register_optimizer_step_post_hook(watcher.end_step)
+    undo_recompute = recompute.install()
 
     def undo() -> None:
         step_hook.remove()
+        undo_recompute()
         if watcher.flushed in deferred.flush_observers:
             deferred.flush_observers.remove(watcher.flushed)
         if watcher.observe in graphs.graph_observers:

@@ -88,16 +88,18 @@ class CapturedGraph:
         self.signature = hashlib.sha1(self.gm.code.encode()).hexdigest()[:20]
 
 
-def _meta_planner() -> Any:
+def _meta_planner(live: set[int]) -> Any:
     """The XLA executor's planner with storages keyed by :func:`storage_identity` and fake CPU input buffers
-    (the trace sees the devices the XLA path sees; the buffers hold no memory)."""
+    (the trace sees the devices the XLA path sees; the buffers hold no memory). Only the ``live`` results are
+    outputs, as on the XLA path: a program that returned every intermediate would be estimated holding every
+    activation at once (and a checkpointed step no smaller than one without)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from tpu_agent.runtime.xla import arrays, planning
 
     class MetaPlanner(planning.Planner):
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__(live)
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
             self.by_storage_and_dtype: dict[tuple[int | None, torch.dtype], int] = {}
             self.meta_buffers: list[torch.Tensor] = []  # what the observers get: storages shared with the tensors
@@ -137,12 +139,12 @@ class CaptureOnlyExecutor:
             _give_meta_data(graph)
 
     def _observe(self, graph: Any) -> None:
-        from tpu_agent.runtime.emulated import state
+        from tpu_agent.runtime.emulated import liveness, state
         from tpu_agent.runtime.xla import graphs, lowering, planning, tracing
 
         name = f"deferred graph {graph.hash}"
         try:
-            planner = _meta_planner()
+            planner = _meta_planner(liveness.live_results(graph))
             graph_plan = planning.plan(graph, planner)
             key = (graph_plan.key, tuple(graph_plan.floats))
             if key not in self.traced:

@@ -216,9 +216,9 @@ def estimate_step(
     )
     if len(compiled) > 1:
         estimate.assumptions.append(
-            "a tensor the step keeps between its programs counts in the programs that read it: under activation "
-            "checkpointing (whose recomputation is its own programs, in FLOPs and time) the checkpoints of the "
-            "other layers are not in the peak program's figure"
+            "a tensor the step keeps between its programs counts only in the programs that read it, so the peak "
+            "program's figure leaves out what the others keep (under activation checkpointing, the saved inputs "
+            "of the other layers)"
         )
     kernels = sorted({kernel for program in compiled for kernel in program.kernels})
     if kernels:

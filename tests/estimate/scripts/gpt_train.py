@@ -1,6 +1,7 @@
 """A small GPT trained the way public scripts write it (nanoGPT-style): the device from ``torch.accelerator``,
 ``nn.Embedding``, RMSNorm or LayerNorm, ``F.scaled_dot_product_attention(is_causal=True)``, a SwiGLU MLP, AdamW,
-random tokens made on the device and ``loss.item()`` printed every step.
+random tokens made on the device and ``loss.item()`` printed every step; ``--checkpointing`` wraps each block
+in ``torch.utils.checkpoint``.
 
 The defaults are the toy model of the estimate's tests (d128 x 2 layers, seq 64); ``--preset 0.7b`` is a
 0.7B-parameter GPT (d2048 x 12 layers, batch 16, seq 2048) that a laptop cannot train for real."""
@@ -12,6 +13,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 PRESETS = {"0.7b": {"d_model": 2048, "layers": 12, "heads": 16, "batch": 16, "seq": 2048}}
@@ -58,8 +60,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, d_model: int, layers: int, heads: int, seq: int, norm: str) -> None:
+    def __init__(
+        self, vocab: int, d_model: int, layers: int, heads: int, seq: int, norm: str, checkpointing: str = "none"
+    ) -> None:
         super().__init__()
+        self.checkpointing = checkpointing
+        self.preserve_rng = True
         norm_class = nn.RMSNorm if norm == "rmsnorm" else nn.LayerNorm
         self.tokens = nn.Embedding(vocab, d_model)
         self.positions = nn.Embedding(seq, d_model)
@@ -77,7 +83,12 @@ class GPT(nn.Module):
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.tokens(idx) + self.positions(positions)
         for block in self.blocks:
-            x = block(x)
+            if self.checkpointing == "none":
+                x = block(x)
+            else:  # each block's activations are recomputed in the backward
+                x = torch.utils.checkpoint.checkpoint(
+                    block, x, use_reentrant=self.checkpointing == "reentrant", preserve_rng_state=self.preserve_rng
+                )
         logits = self.head(self.norm(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -93,6 +104,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--norm", choices=("rmsnorm", "layernorm"), default="rmsnorm")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--no-preserve-rng", dest="preserve_rng", action="store_false", help="checkpoint(preserve_rng_state=False)"
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=("none", "reentrant", "non-reentrant"),
+        default="none",
+        help="torch.utils.checkpoint around each block",
+    )
     parser.add_argument("--lr", type=float, default=3e-4)
     args = parser.parse_args()
     for name, value in PRESETS.get(args.preset or "", {}).items():
@@ -104,7 +124,10 @@ def main() -> None:
     args = parse_args()
     device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.d_model, args.layers, args.heads, args.seq, args.norm).to(device)
+    model = GPT(args.vocab, args.d_model, args.layers, args.heads, args.seq, args.norm, args.checkpointing).to(
+        device
+    )
+    model.preserve_rng = args.preserve_rng
     print(f"parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     for step in range(args.steps):

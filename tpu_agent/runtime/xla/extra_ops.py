@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_agent.runtime.emulated import cpu_gaps  # noqa: F401 - registers tpu_agent::grouped_mm, lowered below
-from tpu_agent.runtime.xla import arrays, torchax_compat, tpu_kernels
+from tpu_agent.runtime.xla import arrays, barrier, torchax_compat, tpu_kernels
 
 Block = tuple[list[int], list[int], int]  # (sizes of the dense block's axes, permutation, element count)
 
@@ -421,6 +421,8 @@ def install(env: Any) -> None:
     put(aten.max_pool3d_with_indices_backward.default, functools.partial(max_pool_backward, 3))
     put(aten._scaled_dot_product_flash_attention_for_cpu.default, flash_attention)
     put(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, flash_attention_backward)
+
+    put(barrier.OP, barrier.lowered)
 
     def view_dtype(x: jax.Array, dtype: torch.dtype) -> jax.Array:
         # the MXU rounding at "high" precision reinterprets f32 bits as int32 (same width: a pure bitcast)
