@@ -1,8 +1,8 @@
 """When ``tpu-agent estimate`` must stop computing: the host-memory bound that switches a run to capture-only.
 
 ``estimate`` runs a script for real by default (its values are then real: ``loss.item()``, branches on tensors),
-but a model sized for a TPU slice does not fit the host that estimates it: a 0.7B GPT grew to 21 GB and the kernel
-killed it. The bound (``--host-memory``, by default a quarter of the host's RAM) is checked
+but a model sized for a TPU slice does not fit the host that estimates it: the kernel kills the run (a 0.7B GPT's
+case is in docs/estimate.md). The bound (``--host-memory``, by default a quarter of the host's RAM) is checked
 
 * as the model is built: each registered parameter adds its bytes, and training needs about
   :data:`TRAINING_COPIES` times those (weights, gradients, two AdamW moments), so the run switches before the

@@ -155,7 +155,7 @@ def _parse_ops(path: Path) -> list[Op]:
 def well_typed(op: Op) -> bool:
     """Whether the fields :func:`_build_ops` copies from the trace unconverted have their types (the others are
     computed, and a wrong input there raises while they are): a trace is untrusted input, and ~10^4 ops are
-    checked in a few milliseconds this way, against ~0.1 s for a generic type walk."""
+    checked this way far faster than by a generic type walk."""
     return (
         type(op.name) is str
         and type(op.thread) is int

@@ -416,7 +416,7 @@ def keep_dynamo_out() -> None:
 
     Dynamo cannot trace into a Python ProcessGroup (a TorchScript object), e.g. DDP's buffer broadcast in a
     compiled module. Called once, when the tpu backend sets Dynamo up (``compile._register``): wrapping at
-    import would import Dynamo in every run, 1.5 s that runs which never compile should not pay.
+    import would import Dynamo in every run, a cost that runs which never compile should not pay.
     """
     for name in _COLLECTIVES:
         setattr(ProcessGroupTpu, name, torch.compiler.disable(getattr(ProcessGroupTpu, name)))

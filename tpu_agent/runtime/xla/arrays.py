@@ -1,8 +1,8 @@
 """CPU tensors and JAX arrays over the same memory, kept from one executable call to the next.
 
 Every executable call passes its inputs to XLA as JAX arrays and takes its results back as CPU tensors, through
-DLPack, without copying (:func:`to_jax`, :func:`to_torch`). Making one array still costs ~10 us in jaxlib, and a
-training step passes a hundred or more (a model's parameters and optimizer state, to every DeferAndFuse flush
+DLPack, without copying (:func:`to_jax`, :func:`to_torch`). Making one array still costs jaxlib several microseconds
+(docs/runtime.md, "Measurements behind the design"), and a training step passes a hundred or more (a model's parameters and optimizer state, to every DeferAndFuse flush
 and every compiled forward and backward): on a small model more than the executable's own run. Those are the
 same tensors step after step, and an array over a tensor's memory stays right whatever is written into it, as
 long as the memory and layout stay. So :func:`array` keeps each tensor's array while the tensor lives with the

@@ -20,7 +20,7 @@
 * ``max_pool2d_with_indices_backward`` / ``max_pool3d_with_indices_backward``: each output's gradient added at the
   input position its forward index names, in one scatter-add. torchax's rule loops over the output positions in
   Python, one scatter per position over the whole window and at the wrong dims: wrong gradients, and a program
-  too large to compile (BiT's backward traced 2400 scatters and had not compiled after 15 minutes).
+  too large to compile (docs/runtime.md, "Measurements behind the design").
 * ``_grouped_mm`` (and ``tpu_agent::grouped_mm``, the same op on any float dtype, :mod:`..emulated.cpu_gaps`):
   the mixture-of-experts grouped matmul, which torchax does not lower, as XLA's ragged dot (what a TPU runs for
   it): tokens sorted by expert times each expert's weight, or, in its backward, each expert's weight gradient.
@@ -28,8 +28,8 @@
   ``convolution`` lowering (input and weight; a transposed one as the adjoint of the direct one), and the bias
   gradient a sum, each only where ``output_mask`` asks.
 * ``gelu``: torch's formula, ``x/2 * (1 + erf(x/sqrt 2))``. torchax calls ``jax.nn.gelu``, whose exact form goes
-  through ``erfc`` and ran ~5x slower than torch's GELU on XLA:CPU (the MLP of a transformer block spent more
-  time there than in its matmuls).
+  through ``erfc`` and runs several times slower than torch's GELU on XLA:CPU (docs/runtime.md, "Measurements
+  behind the design").
 """
 
 from __future__ import annotations

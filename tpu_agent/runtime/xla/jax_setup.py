@@ -6,8 +6,8 @@
   tier-2 folder ``/dev/shm/torch_tpu_cache/<name>`` as ``.bin`` files when ``TORCH_TPU_TIER2_COMPILATION_CACHE``
   names one (:mod:`.outputs`): a second run of
   the same script loads its executables instead of compiling them again, as TorchTPU's host-local ("tier-2")
-  compilation cache does. XLA's compile is most of a first step (a tiny GPT-2's three DeferAndFuse graphs: 38 s of
-  compile in the first run, 5-6 s of tracing in the next). JAX keys each entry by the program, the compile
+  compilation cache does. XLA's compile is most of a first step (measured in docs/runtime.md, "Measurements behind the
+  design"). JAX keys each entry by the program, the compile
   options and its own version, so a changed model or JAX never loads a stale one. ``TPU_AGENT_XLA_PERSIST=0``
   turns it off, as does TorchTPU's own ``TORCH_TPU_TIER2_COMPILATION_CACHE=disabled``; a cache directory set for JAX itself (``JAX_COMPILATION_CACHE_DIR``) is left as it is; a
   directory that cannot be created leaves the cache off.
