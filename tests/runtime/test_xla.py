@@ -107,27 +107,25 @@ def test_foreach_ops_decompose_to_per_tensor_loops_with_keyword_scalars() -> Non
 
 
 def test_the_ops_after_an_eager_multi_output_op_still_compile() -> None:
-    """``convolution_backward`` has no lowering and returns a tuple: its segment hands the next one the tensors
-    (it handed over the tuple, and Qwen3.5's backward ran its last 74 ops op by op at every step)."""
+    """An op with no lowering that returns a tuple (``geqrf``; ``convolution_backward`` was one until it got its
+    lowering): its segment hands the next one the tensors (it handed over the tuple, and Qwen3.5's backward ran its
+    last 74 ops op by op at every step)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from tpu_agent.runtime.emulated import state
     from tpu_agent.runtime.xla import cache, graphs
 
-    def backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
-            g, x, w, [0], [1], [0], [1], False, [0], 1, [True, True, False]
-        )
-        return (grad_x * 2).tanh().sum(), grad_w.square() + 1
+    def factor(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        reflectors, tau = torch.ops.aten.geqrf(x @ w)
+        return (reflectors * 2).tanh().sum(), tau.square() + 1
 
-    x, w = torch.randn(2, 3, 8), torch.randn(4, 3, 3)
-    g = torch.randn(2, 4, 6)
-    runner = graphs.GraphRunner(make_fx(backward)(x, w, g), "multi-output", precision=state.Precision.HIGHEST)
+    x, w = torch.randn(3, 6, 5), torch.randn(5, 4)
+    runner = graphs.GraphRunner(make_fx(factor)(x, w), "multi-output", precision=state.Precision.HIGHEST)
     assert runner.split is not None
     compiles = cache.executables.stats.compiles
-    got = runner(x, w, g)
+    got = runner(x, w)
     assert cache.executables.stats.compiles > compiles  # the segment after the eager op is an executable
-    for got_value, expected in zip(got, backward(x, w, g), strict=True):
+    for got_value, expected in zip(got, factor(x, w), strict=True):
         torch.testing.assert_close(got_value, expected, rtol=1e-5, atol=1e-5)
 
 
