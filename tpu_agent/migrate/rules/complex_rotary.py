@@ -126,15 +126,8 @@ def _product_operands(call: cst.Call, names: Sequence[str]) -> tuple[str, cst.Ba
     return None
 
 
-class _FunctionScan(cst.CSTVisitor):
-    """In one function body (nested functions and classes are scanned on their own): how often each name is
-    bound, every name read, and the ``torch.view_as_real`` calls."""
-
-    def __init__(self, ctx: PyContext) -> None:
-        self.ctx = ctx
-        self.bindings: dict[str, int] = {}
-        self.names: set[str] = set()
-        self.real_views: list[cst.Call] = []
+class _OwnBody:
+    """Walks one function's own body: nested functions, classes and lambdas are handled on their own visit."""
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False
@@ -144,6 +137,17 @@ class _FunctionScan(cst.CSTVisitor):
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         return False
+
+
+class _FunctionScan(_OwnBody, cst.CSTVisitor):
+    """In one function body (nested functions and classes are scanned on their own): how often each name is
+    bound, every name read, and the ``torch.view_as_real`` calls."""
+
+    def __init__(self, ctx: PyContext) -> None:
+        self.ctx = ctx
+        self.bindings: dict[str, int] = {}
+        self.names: set[str] = set()
+        self.real_views: list[cst.Call] = []
 
     def visit_Name(self, node: cst.Name) -> None:
         self.names.add(node.value)
@@ -224,7 +228,7 @@ def _real_product(ctx: PyContext, pairs_name: str, factor: cst.BaseExpression) -
     return cst.parse_expression(f"{stack}(({a} * {c} - {b} * {d}, {a} * {d} + {b} * {c}), dim=-1)")
 
 
-class _RewriteProducts(cst.CSTTransformer):
+class _RewriteProducts(_OwnBody, cst.CSTTransformer):
     """The products of the planned views in an (updated) function body, and the views' statements split."""
 
     def __init__(self, ctx: PyContext, views: Sequence[_ComplexView]) -> None:
@@ -233,15 +237,6 @@ class _RewriteProducts(cst.CSTTransformer):
         # matched by their text: the qualified-name cache is keyed by node ids, which new nodes may reuse
         self.functions = {source(product.func) for view in views for product in view.products}
         self.products = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if source(updated.func) not in self.functions:
