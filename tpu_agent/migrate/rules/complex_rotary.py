@@ -268,10 +268,16 @@ def _split_view(statement: cst.BaseStatement, view: _ComplexView) -> list[cst.Ba
     return [keep, statement.with_changes(body=[complex_view], leading_lines=[])]
 
 
+def _may_rewrite(ctx: PyContext) -> bool:
+    """Whether functions of this file are worth scanning: the rule is on and the file names the complex view (the
+    scan walks each function's body, which every other file is spared)."""
+    return "view_as_complex" in ctx.source and ctx.options.rule_enabled("TPU823")
+
+
 @third_party.FAMILY.visit(cst.FunctionDef)
 def _plan_real_products(ctx: PyContext, node: cst.FunctionDef) -> None:
     """Claim the planned views' ``torch.view_as_complex`` so TPU820 does not report what TPU823 rewrites."""
-    if not ctx.options.rule_enabled("TPU823"):
+    if not _may_rewrite(ctx):
         return
     for view in _complex_views(ctx, node):
         ctx.claim(view.call.func)
@@ -279,7 +285,7 @@ def _plan_real_products(ctx: PyContext, node: cst.FunctionDef) -> None:
 
 @third_party.FAMILY.leave(cst.FunctionDef)
 def real_products(ctx: PyContext, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-    if not ctx.options.rule_enabled("TPU823"):
+    if not _may_rewrite(ctx):
         return updated
     views = [view for view in _complex_views(ctx, original) if ctx.is_claimed(view.call.func)]
     if not views or not isinstance(updated.body, cst.IndentedBlock):
