@@ -199,6 +199,7 @@ def _give_meta_data(graph: Any) -> None:
     from tpu_agent.runtime.emulated import deferred
     from tpu_agent.runtime.emulated import tensor as tt
     from tpu_agent.runtime.emulated.liveness import tensors_in
+    from tpu_agent.runtime.xla import arrays
 
     cpu = deferred.CpuExecutor()
     for node in graph.nodes:
@@ -217,9 +218,7 @@ def _give_meta_data(graph: Any) -> None:
             if node.func.is_view and base is not None and base._elem is not None:
                 tt.materialized(wrapper, base._elem.as_strided(*layout))
                 continue
-            spans = [(n - 1) * s for n, s in zip(wrapper.shape, wrapper.stride(), strict=True)]
-            extent = wrapper.storage_offset() + sum(spans) + 1 if wrapper.numel() else 0
-            flat = torch.empty(extent, dtype=wrapper.dtype, device=_META)
+            flat = torch.empty(arrays.storage_end(*layout), dtype=wrapper.dtype, device=_META)
             tt.materialized(wrapper, flat.as_strided(*layout))
 
 

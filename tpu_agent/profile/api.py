@@ -186,7 +186,8 @@ def _diagnose(
             "no-logdir", f"{logdir} does not exist", "pass the --logdir of an earlier `tpu-agent profile` run"
         )
     root = _log_root(logdir)
-    if logdir.is_dir() and raw_dir(logdir).is_dir():
+    own = raw_dir(logdir) if logdir.is_dir() and raw_dir(logdir).is_dir() else None
+    if own is not None:
         with kineto.gc_paused():  # the op model and its XSpace: ~10^5 acyclic objects built in one go
             diagnosis = _diagnose_own(logdir, root, chip)
     else:
@@ -202,7 +203,6 @@ def _diagnose(
     diagnosis.exit_code = exit_code
     compiled = diagnosis.model.compiled
     attach_compiler_estimate(diagnosis.estimate, compiled.document if compiled else None, no_compiler_note)
-    own = raw_dir(logdir) if logdir.is_dir() and raw_dir(logdir).is_dir() else None
     if verify is not None and own is not None:
         diagnosis.verification = verify(diagnosis)
         verification.save(own, diagnosis)

@@ -137,10 +137,8 @@ def run_bounded(command: list[str], cwd: Path, env: dict[str, str], timeout_s: f
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True)
         try:
             process.wait(timeout=timeout_s)
-        except BaseException:
-            stop_group(process, STOP_GRACE_S)
-            raise
-        stop_group(process, STOP_GRACE_S)  # ranks the child left behind
+        finally:
+            stop_group(process, STOP_GRACE_S)  # ranks the child left behind, and the child itself when interrupted
         out.seek(0)
         stdout = out.read(MAX_REPORT_BYTES).decode("utf-8", errors="replace")
         err.seek(max(0, err.seek(0, os.SEEK_END) - STDERR_TAIL_BYTES))

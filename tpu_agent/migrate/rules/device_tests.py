@@ -346,8 +346,10 @@ def device_parametrization(ctx: PyContext, original: cst.Call, updated: cst.Call
     at = next(
         (i for i, name in enumerate(argnames) if name.isidentifier() and is_device_variable(cst.Name(name))), None
     )
+    if at is None:
+        return updated
     current = updated.args[updated_index(original, updated, cases)].value
-    if at is None or not isinstance(current, (cst.List, cst.Tuple)):
+    if not isinstance(current, (cst.List, cst.Tuple)) or len(current.elements) != len(cases.value.elements):
         return updated
     elements = list(current.elements)
     changed = False

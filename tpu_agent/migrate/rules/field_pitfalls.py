@@ -24,6 +24,7 @@ import libcst as cst
 
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import cuda_api, distributed, third_party
+from tpu_agent.migrate.rules._cst import keyword
 from tpu_agent.migrate.rules.references import ACCELERATOR, DISTRIBUTED, TORCH_TPU
 
 if TYPE_CHECKING:
@@ -138,10 +139,6 @@ _TORCHVISION_RESIZE = frozenset(
 )
 
 
-def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    return next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
-
-
 def _is_name(node: cst.BaseExpression | None, value: str) -> bool:
     return isinstance(node, cst.Name) and node.value == value
 
@@ -149,7 +146,8 @@ def _is_name(node: cst.BaseExpression | None, value: str) -> bool:
 @third_party.FAMILY.leave(cst.Call)
 def antialias_call(ctx: PyContext, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
     qualname = ctx.qualname(original.func)
-    antialias = _keyword(original, "antialias")
+    flag = keyword(original, "antialias")
+    antialias = flag.value if flag is not None else None
     if (qualname in _INTERPOLATE and _is_name(antialias, "True")) or (
         qualname in _TORCHVISION_RESIZE and not _is_name(antialias, "False")
     ):

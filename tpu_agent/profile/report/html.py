@@ -138,8 +138,8 @@ def _finding_html(f: dict[str, Any]) -> str:
     ]
     if change:
         parts.append(f"<p><b>Change:</b> {escape(change['description'])}</p>")
-        if verification_text(change):
-            parts.append(f"<p><i>{escape(verification_text(change))}</i></p>")
+        if checked := verification_text(change):
+            parts.append(f"<p><i>{escape(checked)}</i></p>")
         if change.get("diff"):
             parts.append(f'<pre class="diff">{escape(change["diff"])}</pre>')
     parts.append("</div>")

@@ -39,8 +39,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         change = f.get("agent_change") or {}
         if change:
             out += [f"Change: {change['description']}", ""]
-            if verification_text(change):
-                out += [verification_text(change), ""]
+            if checked := verification_text(change):
+                out += [checked, ""]
             if change.get("diff"):
                 out += ["```diff", change["diff"].rstrip("\n"), "```", ""]
     steps = data["step_time"]

@@ -84,7 +84,7 @@ def _check(model: ProfileModel) -> list[Finding]:
     if rank.step_site is not None:
         locations.append(Location.from_site(rank.step_site))
     hbm = model.config.chip.hbm_bytes_per_device
-    steps_to_full = (hbm - peaks[-1]) / growth if growth else float("inf")
+    steps_to_full = (hbm - peaks[-1]) / growth  # growth >= MIN_GROWTH_BYTES here
     return [
         RULE.finding(
             f"Device memory left allocated grows {growth / 2**20:.2f} MiB per step ({peaks[0] / 2**20:.1f} -> "

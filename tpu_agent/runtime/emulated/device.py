@@ -101,8 +101,8 @@ def _factory(op: Any) -> Callable[..., Any]:
         _placed(kwargs.get("device"))
         kwargs["device"] = placement.DATA_DEVICE
         made = op(*args, **kwargs)
-        if made.is_meta and placement.data_device_for(made.numel(), made.dtype).type == "cpu":
-            made = op(*args, **{**kwargs, "device": placement.data_device_for(made.numel(), made.dtype)})
+        if made.is_meta and (home := placement.data_device_for(made.numel(), made.dtype)).type == "cpu":
+            made = op(*args, **{**kwargs, "device": home})
         return tensor.wrap(made)
 
     return kernel

@@ -268,8 +268,6 @@ def grouped_mm(
     2-D ``mat_a`` against a 3-D ``mat_b`` (one matrix per group), the contracted dimension of two 2-D operands (a
     result per group), the columns of a 2-D ``mat_b`` against a 3-D ``mat_a``; no ``offs``: a batched matmul.
     Accumulated in f32 as the MXU does."""
-    from tpu_agent.runtime.xla import torchax_compat
-
     if bias is not None:
         raise NotImplementedError("_grouped_mm with a bias has no lowering (torch's kernels take none either)")
     dtype = mat_a.dtype if out_dtype is None else torchax_compat.load().ops.mappings.t2j_dtype(out_dtype)
@@ -426,8 +424,6 @@ def install(env: Any) -> None:
 
     def view_dtype(x: jax.Array, dtype: torch.dtype) -> jax.Array:
         # the MXU rounding at "high" precision reinterprets f32 bits as int32 (same width: a pure bitcast)
-        from tpu_agent.runtime.xla import torchax_compat
-
         return jax.lax.bitcast_convert_type(x, torchax_compat.load().ops.mappings.t2j_dtype(dtype))
 
     for op in (aten.view.dtype, aten.view_copy.dtype):
