@@ -39,7 +39,7 @@ import tokenize
 from pathlib import Path
 from typing import NamedTuple
 
-from real_tree import PLAIN_SNIPPETS, conversion_share
+from real_tree import PLAIN_SNIPPETS, conversion_share, counts_as_convertible
 
 from tpu_agent.migrate.model import Plan
 
@@ -604,17 +604,41 @@ class Silent(NamedTuple):
     files: int  # files holding at least one
 
 
-def silent_references(plan: Plan) -> Silent:
-    """CUDA references in the plan's Python files that no finding (fixed or not) covers: missed silently."""
-    count = files = 0
+def silent_lines(plan: Plan) -> dict[str, list[tuple[int, str]]]:
+    """Per Python file of the plan (by display path), the CUDA references no finding (fixed or not) covers: their
+    line numbers and texts, one entry per reference."""
+    out: dict[str, list[tuple[int, str]]] = {}
     for result in plan.files:
         if result.path.suffix != ".py" or result.skipped_reason is not None:
             continue
-        covered = {line for f in result.findings for line in range(f.line, f.end_line + 1)}
-        missed = [line for line in _cuda_tokens(result.path.read_text(encoding="utf-8")) if line not in covered]
-        count += len(missed)
-        files += bool(missed)
-    return Silent(count, files)
+        covered = {line for f in result.findings for line in range(f.line, (f.end_line or f.line) + 1)}
+        source = result.path.read_text(encoding="utf-8")
+        texts = source.splitlines()
+        missed = [(line, texts[line - 1].strip()) for line in _cuda_tokens(source) if line not in covered]
+        if missed:
+            out[result.display_path] = missed
+    return out
+
+
+def silent_references(plan: Plan) -> Silent:
+    """CUDA references in the plan's Python files that no finding (fixed or not) covers: missed silently."""
+    lines = silent_lines(plan)
+    return Silent(sum(len(missed) for missed in lines.values()), len(lines))
+
+
+def misses(plan: Plan) -> dict[tuple[str, str], list[str]]:
+    """What the share counts as not converted, grouped by (rule code, or SILENT, and the message or line text up to
+    its first colon or 60 characters), each with its ``path:line`` places: findings with a TorchTPU form that
+    were not fixed, and silently missed references."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for finding in plan.findings:
+        if not finding.fixed and counts_as_convertible(finding):
+            key = (finding.code, re.sub(r"`[^`]*`", "`...`", finding.message).split(":")[0][:60])
+            groups.setdefault(key, []).append(f"{finding.path}:{finding.line}")
+    for path, missed in silent_lines(plan).items():
+        for line, text in missed:
+            groups.setdefault(("SILENT", text[:60]), []).append(f"{path}:{line}")
+    return groups
 
 
 class BreadthShare(NamedTuple):

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from breadth_tree import breadth_share, make_breadth_tree
+from breadth_tree import breadth_share, make_breadth_tree, misses
 from real_tree import conversion_share, make_tree
 
 from tpu_agent.migrate import api
@@ -347,14 +347,17 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def repos(directories: list[Path]) -> None:
+def repos(directories: list[Path], torchfix: str, show_misses: int) -> None:
     """Issue 28's measurement on real repositories (see the module docstring)."""
     for target in (Target.ACCELERATOR, Target.TPU):
         totals = [0, 0, 0, 0]  # converted, convertible, skipped, skipped by an internal error
         left: dict[str, int] = {}
+        missed: dict[tuple[str, str], list[str]] = {}
         for directory in directories:
             plan = api.plan([directory], MigrateOptions(target=target))
             share = breadth_share(plan)
+            for key, places in misses(plan).items():
+                missed.setdefault(key, []).extend(places)
             skipped = [f"{f.path}: {f.skipped_reason}" for f in plan.files if f.skipped_reason]
             for code, count in conversion_share(plan).left.items():
                 left[code] = left.get(code, 0) + count
@@ -373,6 +376,8 @@ def repos(directories: list[Path]) -> None:
             f"{target.value:<11} TOTAL {converted}/{convertible} ({converted / max(convertible, 1):.1%}; target 95%), "
             f"{skipped_files} files skipped ({internal} by an internal error); left: {top}"
         )
+        for (code, what), places in sorted(missed.items(), key=lambda kv: -len(kv[1]))[:show_misses]:
+            print(f"  miss {len(places):>3} {code:<6} {what:<60} {' '.join(places[:2])}")
     workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-repos-"))
     try:
         copies = [shutil.copytree(d, workdir / d.name) for d in directories]
@@ -419,9 +424,12 @@ def main() -> None:
         "--torchfix-copies", type=int, default=10, help="--breadth: files per kind of the tree TorchFix is timed on"
     )
     parser.add_argument("--repos", type=Path, nargs="+", help="measure these checked-out repositories instead")
+    parser.add_argument(
+        "--misses", type=int, default=0, help="--repos: print this many groups of misses per target (rule, message)"
+    )
     args = parser.parse_args()
     if args.repos:
-        repos(args.repos)
+        repos(args.repos, args.torchfix, args.misses)
         return
     if args.breadth:
         breadth(args.copies, 200, args.torchfix, args.torchfix_copies)

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 from typing import NamedTuple
 
-from tpu_agent.migrate.model import Plan, Safety
+from tpu_agent.migrate.model import Finding, Plan, Safety
 from tpu_agent.migrate.rules import ALL_RULES
 
 # ---- CUDA-specific snippets, each as it appears in public code ({n} keeps names unique) ------------------
@@ -538,6 +538,14 @@ class Share(NamedTuple):
         return self.converted / self.convertible if self.convertible else 1.0
 
 
+def counts_as_convertible(finding: Finding) -> bool:
+    """Whether the share counts ``finding`` as a reference with a TorchTPU form: fixed, or held back as unsafe, or
+    reported as fixable by a rule that is not manual by design."""
+    if ALL_RULES[finding.code].safety is Safety.MANUAL:
+        return False
+    return finding.fixed or finding.safety is Safety.UNSAFE or "not rewritten" not in finding.message
+
+
 def conversion_share(plan: Plan) -> Share:
     """The :class:`Share` of ``plan`` under the options it was made with."""
     references = converted = convertible = held_back = 0
@@ -545,8 +553,7 @@ def conversion_share(plan: Plan) -> Share:
     for finding in plan.findings:
         references += 1
         converted += finding.fixed
-        manual = ALL_RULES[finding.code].safety is Safety.MANUAL
-        if not manual and (finding.fixed or finding.safety is Safety.UNSAFE or "not rewritten" not in finding.message):
+        if counts_as_convertible(finding):
             convertible += 1
             held_back += not finding.fixed and finding.safety is Safety.UNSAFE
         if not finding.fixed:

@@ -150,6 +150,8 @@ class PyContext:
     in_orelse: set[int] = field(default_factory=set)
     # id of an original ``if`` -> a condition a rule ANDs into its test on the way up, with a comment
     extra_tests: dict[int, tuple[cst.BaseExpression, str]] = field(default_factory=dict)
+    # statement lines (by the id of the original) a rule keeps for CUDA runs behind a not-TPU guard (TPU709)
+    cuda_only_lines: set[int] = field(default_factory=set)
     # the CPU-fallback expressions the rules built (by id), dropped again inside an enclosing check
     cpu_fallbacks: dict[int, cst.CSTNode] = field(default_factory=dict)
     _qualnames: dict[int, str | None] = field(default_factory=dict)

@@ -15,6 +15,7 @@ from tpu_agent.migrate.cstnodes import string_like
 from tpu_agent.migrate.model import ApiEquivalent, Safety, Target
 from tpu_agent.migrate.rules._base import Family
 from tpu_agent.migrate.rules._cst import call, is_pure, source
+from tpu_agent.migrate.rules.env_vars import keep_for_cuda
 from tpu_agent.migrate.rules.references import BACKENDS, MATMUL_PRECISION
 
 if TYPE_CHECKING:
@@ -46,12 +47,14 @@ FAMILY.rule(
     code="TPU602",
     name="cudnn-deterministic",
     safety=Safety.UNSAFE,
-    summary="torch.backends.cudnn.deterministic = True.",
+    summary="torch.backends.cudnn.deterministic = a value read with side effects (a call), or on a line shared with "
+    "other statements (for the accelerator target).",
     rationale="The device-agnostic switch is torch.use_deterministic_algorithms(True); it is stricter (it raises on "
-    "operations without a deterministic implementation), hence unsafe. For the tpu target TPU601 removes the flag "
-    "instead when its value is read without side effects.",
-    before="torch.backends.cudnn.deterministic = True",
-    after="torch.use_deterministic_algorithms(True)",
+    "operations without a deterministic implementation), hence unsafe. When the flag's value is read without side "
+    "effects, the accelerator target keeps it for CUDA runs behind a not-TPU guard instead (TPU709) and the tpu "
+    "target removes it (TPU601).",
+    before="torch.backends.cudnn.deterministic = deterministic_requested()",
+    after="torch.use_deterministic_algorithms(deterministic_requested())",
     references=(BACKENDS,),
     since_torch="1.8",
     apis=(ApiEquivalent("torch.backends.cudnn.deterministic = True", "torch.use_deterministic_algorithms(True)"),),
@@ -169,6 +172,8 @@ def flag_assignment(
             return cst.RemovalSentinel.REMOVE
         return updated
     if qualname == "torch.backends.cudnn.deterministic":
+        if is_pure(ctx, original.value) and keep_for_cuda(ctx, original, "cuDNN determinism"):
+            return updated
         new = ctx.fix(
             "TPU602",
             original,

@@ -5,7 +5,10 @@ Variables with a TorchTPU twin are renamed (``CUDA_VISIBLE_DEVICES`` -> ``TPU_VI
 NCCL settings have no TPU meaning: diagnostic ones are removed, network ones only with ``--unsafe-fixes``
 (they may still matter on the CUDA cluster), and reads of them are reported. cuBLAS/TF32 numerics settings
 (``CUBLAS_WORKSPACE_CONFIG``, ``NVIDIA_TF32_OVERRIDE``) set from Python, dicts or launch scripts are removed
-with ``--unsafe-fixes`` too: they do nothing on TPU, but the CUDA run they were written for loses them.
+with ``--unsafe-fixes`` too: they do nothing on TPU, but the CUDA run they were written for loses them. For the
+accelerator target, a Python statement that sets one of them (or cuDNN determinism, in
+:mod:`~tpu_agent.migrate.rules.backend_flags`) on a line of its own is kept for CUDA runs behind a not-TPU guard
+instead (TPU709): the same code keeps its CUDA behaviour, and TorchTPU never runs it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.cstnodes import string_like
-from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety
+from tpu_agent.migrate.model import ApiEquivalent, FileKind, Safety, Target
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._cst import positional, source, string_value
+from tpu_agent.migrate.rules.accelerator_guards import guarded_statement, off_tpu
+from tpu_agent.migrate.rules.bind_device import kept_off_tpu
 from tpu_agent.migrate.rules.references import (
     CLOUD_TPU_PYTORCH,
     DETERMINISM,
@@ -150,6 +155,32 @@ FAMILY.rule(
     apis=(ApiEquivalent("torchrun --nproc-per-node=gpu", "torchrun --nproc-per-node=auto"),),
 )
 
+FAMILY.rule(
+    code="TPU709",
+    name="cuda-only-setting",
+    safety=Safety.SAFE,
+    summary="Accelerator target: a statement line that only sets what NVIDIA libraries read (NCCL network and cuBLAS "
+    "numerics variables, torch.backends.cudnn.deterministic = <value read without side effects>).",
+    rationale="Removing such a setting (TPU704, TPU708, TPU602) is unsafe where the migrated code still runs on CUDA: "
+    "the CUDA run loses its transport, determinism or precision setting. Kept behind `if torch.accelerator."
+    'is_available() and DEVICE.type != "tpu":` it runs exactly as before on CUDA and never on TorchTPU, which '
+    "reads none of them (its collectives are tpu_dist's, its matmul precision is torch.set_float32_matmul_precision, "
+    "and its porting table maps cuDNN determinism to nothing). The tpu target removes them instead.",
+    before='os.environ["NCCL_IB_DISABLE"] = "1"\ntorch.backends.cudnn.deterministic = args.deterministic',
+    after='if torch.accelerator.is_available() and DEVICE.type != "tpu":  # read by NVIDIA libraries only\n'
+    '    os.environ["NCCL_IB_DISABLE"] = "1"\n'
+    'if torch.accelerator.is_available() and DEVICE.type != "tpu":  # read by NVIDIA libraries only\n'
+    "    torch.backends.cudnn.deterministic = args.deterministic",
+    references=(DISTRIBUTED, DETERMINISM),
+    apis=(
+        ApiEquivalent(
+            'os.environ["NCCL_IB_DISABLE"] = "1", os.environ["CUBLAS_WORKSPACE_CONFIG"] = ..., '
+            "torch.backends.cudnn.deterministic = flag (accelerator target)",
+            'the same line under `if torch.accelerator.is_available() and DEVICE.type != "tpu":`',
+        ),
+    ),
+)
+
 RENAMES = {
     "CUDA_VISIBLE_DEVICES": ("TPU701", "TPU_VISIBLE_DEVICES"),
     "CUDA_LAUNCH_BLOCKING": ("TPU702", "TORCH_TPU_LAUNCH_BLOCKING"),
@@ -246,9 +277,40 @@ def _remove_nccl_setting(
         return updated
     name = string_value(name_node) or ""
     code = dropped_setting_code(name) or "TPU704"
+    if ctx.rules[code].safety_for(ctx.target) is Safety.UNSAFE and keep_for_cuda(ctx, original, _why_dropped(name)):
+        return updated
     if ctx.report(code, original, f"removed `{source(original)}`: {_why_dropped(name)}, no effect on TPU"):
         return cst.RemovalSentinel.REMOVE
     return updated
+
+
+NVIDIA_ONLY = "# read by NVIDIA libraries only"
+
+
+def keep_for_cuda(ctx: PyContext, original: cst.CSTNode, why: str) -> bool:
+    """For the accelerator target, keep the setting ``original`` (a small statement alone on its line) for CUDA runs
+    behind a not-TPU guard (TPU709) rather than leave it to an unsafe removal. True when the guard is to be written,
+    or an enclosing guard already keeps the line off TPU (a second run: nothing to report)."""
+    if ctx.target is not Target.ACCELERATOR or not ctx.stmt_stack:
+        return False
+    line = ctx.stmt_stack[-1]
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or line.body[0] is not original:
+        return False
+    if kept_off_tpu(ctx):
+        return True
+    if not ctx.report("TPU709", original, f"`{source(original)}` kept for CUDA runs only: {why}"):
+        return False
+    ctx.cuda_only_lines.add(id(line))
+    return True
+
+
+@FAMILY.leave(cst.SimpleStatementLine)
+def guard_cuda_only_line(
+    ctx: PyContext, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+) -> cst.BaseStatement:
+    if id(original) not in ctx.cuda_only_lines:
+        return updated
+    return guarded_statement(off_tpu(ctx), updated, NVIDIA_ONLY)
 
 
 FAMILY.leave(cst.Assign)(_remove_nccl_setting)
