@@ -28,8 +28,9 @@ that every output parses and a second run changes nothing, and TorchFix's time o
 ``--repos DIR...`` measures checked-out repositories the same way as ``--breadth`` (one directory each; they are
 copied, never changed): per repository and in total, per target, the converted share of the references with a
 TorchTPU form (silent misses counted as not converted), files skipped (by an internal error) and what is left by
-rule; then, on the copies, the in-place run with the default settings, outputs that do not parse and what a second
-run still changes.
+rule (``--misses N``: the N largest groups of misses per target, by rule and message, with places); then, on the
+copies, the in-place run with the default settings, outputs that do not parse and what a second run still changes;
+then TorchFix beside tpu-agent on fresh copies of the same repositories, one worker each, in CPU seconds.
 """
 
 from __future__ import annotations
@@ -323,28 +324,35 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
             f"{one_worker_cpu / cores:.1f} s over {cores} idle cores; {len(broken)} outputs that do not parse; a "
             f"second run changes {len(again.changed_files)} files"
         )
-        if shutil.which(torchfix) is None:
-            print(f"TorchFix: {torchfix} not found (install torchfix in a separate environment, pass --torchfix)")
-            return
         small = make_breadth_tree(workdir / "small", copies=torchfix_copies, filler_lines=filler)
-        shutil.copytree(small, workdir / "torchfix-copy")
-        cpu_start = time.process_time()
-        api.apply(api.plan([small], MigrateOptions(jobs=1)), allow_dirty=True)
-        ours = time.process_time() - cpu_start
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        subprocess.run([torchfix, "-j", "1", "--fix", str(workdir / "torchfix-copy")], capture_output=True, check=False)
-        torchfix_wall = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        theirs = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-        small_lines = sum(p.read_text(encoding="utf-8").count("\n") for p in small.rglob("*.py"))
-        print(
-            f"TorchFix -j 1 --fix vs tpu-agent plan + apply with one worker, on {small_lines:,} lines of the same "
-            f"tree: {theirs:.1f} vs {ours:.1f} CPU s ({torchfix_wall:.1f} s wall for TorchFix): tpu-agent at "
-            f"{theirs / ours:.1f}x TorchFix's speed (target 5x)"
-        )
+        side_by_side_with_torchfix([small], workdir / "torchfix-copy", torchfix)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def side_by_side_with_torchfix(roots: list[Path], scratch: Path, torchfix: str) -> None:
+    """Time ``torchfix -j 1 --fix`` on a copy of ``roots`` (under ``scratch``) beside tpu-agent's plan + apply with
+    one worker on ``roots`` themselves (they are changed: pass copies), in CPU seconds of one worker each (this
+    process; TorchFix's child), which other load on a shared machine does not inflate, and print the ratio."""
+    if shutil.which(torchfix) is None:
+        print(f"TorchFix: {torchfix} not found (install torchfix in a separate environment, pass --torchfix)")
+        return
+    copies = [shutil.copytree(root, scratch / f"{i}-{root.name}") for i, root in enumerate(roots)]
+    lines = sum(p.read_text(encoding="utf-8", errors="replace").count("\n") for r in roots for p in r.rglob("*.py"))
+    cpu_start = time.process_time()
+    api.apply(api.plan(roots, MigrateOptions(jobs=1)), allow_dirty=True)
+    ours = time.process_time() - cpu_start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([torchfix, "-j", "1", "--fix", *map(str, copies)], capture_output=True, check=False)
+    torchfix_wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    theirs = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    print(
+        f"TorchFix -j 1 --fix vs tpu-agent plan + apply with one worker, on {lines:,} lines of the same tree: "
+        f"{theirs:.1f} vs {ours:.1f} CPU s ({torchfix_wall:.1f} s wall for TorchFix, load average "
+        f"{os.getloadavg()[0]:.1f}): tpu-agent at {theirs / ours:.2f}x TorchFix's speed (target 5x)"
+    )
 
 
 def repos(directories: list[Path], torchfix: str, show_misses: int) -> None:
@@ -396,6 +404,8 @@ def repos(directories: list[Path], torchfix: str, show_misses: int) -> None:
             f"before, {os.getloadavg()[0]:.1f} after); {len(broken)} outputs that do not parse; a second run "
             f"changes {len(again.changed_files)} files"
         )
+        fresh = [shutil.copytree(d, workdir / "fresh" / d.name) for d in directories]
+        side_by_side_with_torchfix(fresh, workdir / "torchfix", torchfix)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -9,6 +9,8 @@ import tracking that reads them.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 
@@ -92,3 +94,22 @@ def local_names(function: cst.FunctionDef) -> frozenset[str]:
             binder.bound.add(star.name.value)
     function.body.visit(binder)
     return frozenset(binder.bound - binder.declared)
+
+
+def bound_anywhere(tree: ast.Module) -> frozenset[str]:
+    """Every name the module binds anywhere, in any scope, as :func:`local_names` counts bindings (and more): a
+    superset of every function's local names, read off the stdlib tree in one walk. A name outside it is no
+    function's local, so the libcst walk of :func:`local_names` (the costly part of resolving names in big files)
+    is needed only for the few names inside it."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if not isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name is not None:
+            names.add(node.name)
+    return frozenset(names)

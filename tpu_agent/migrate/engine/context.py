@@ -24,7 +24,7 @@ import libcst as cst
 from tpu_agent.migrate.analysis.bindings import Bindings, mentions_name
 from tpu_agent.migrate.analysis.bindings import analyse as analyse_bindings
 from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
-from tpu_agent.migrate.analysis.local_names import local_names
+from tpu_agent.migrate.analysis.local_names import bound_anywhere, local_names
 from tpu_agent.migrate.analysis.unpacked import Unpacked
 from tpu_agent.migrate.analysis.unpacked import analyse as analyse_unpacked
 from tpu_agent.migrate.analysis.valueflow import ValueFlow
@@ -156,6 +156,7 @@ class PyContext:
     cpu_fallbacks: dict[int, cst.CSTNode] = field(default_factory=dict)
     _qualnames: dict[int, str | None] = field(default_factory=dict)
     _local_names: dict[int, frozenset[str]] = field(default_factory=dict)  # by the id of a FunctionDef
+    _bound_anywhere: frozenset[str] | None = None  # every name the module binds, in any scope (_shadowed)
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
     _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
     source: str = ""  # the file's text, for the analyses computed on demand
@@ -269,7 +270,13 @@ class PyContext:
 
     def _shadowed(self, name: str) -> bool:
         """Whether a function around the current statement binds ``name`` itself (a parameter ``config``
-        beside ``import torch._inductor.config as config``): there the name is not the import."""
+        beside ``import torch._inductor.config as config``): there the name is not the import. A name the module
+        binds nowhere (``torch``, ``dist`` almost always) is answered without walking the functions."""
+        if self.ast_tree is not None:
+            if self._bound_anywhere is None:
+                self._bound_anywhere = bound_anywhere(self.ast_tree)
+            if name not in self._bound_anywhere:
+                return False
         for statement in self.stmt_stack:
             if isinstance(statement, cst.FunctionDef):
                 names = self._local_names.get(id(statement))
