@@ -180,6 +180,13 @@ def test_output_dir_writes_a_copy_and_refuses_one_inside_the_source(tmp_path: Pa
     inside = cli("migrate", "proj", "--output-dir", "proj/out", cwd=tmp_path)
     assert inside.returncode == 3
     assert "inside the source" in inside.stderr
+    # a file the copy skips is named with its reason, beside the count of files copied unchanged
+    (project / "broken.py").write_text("import torch\nx = torch.cuda.synchronize(\n")
+    skipping = cli("migrate", "proj", "--output-dir", "proj-tpu-2", cwd=tmp_path)
+    assert skipping.returncode == 0, skipping.stderr
+    named = skipping.stdout.split("Skipped files:")[1]
+    assert "broken.py" in named and "does not parse" in named
+    assert ": 1 migrated, 2 copied unchanged;" in skipping.stdout
 
 
 def test_json_format_is_parseable_and_follows_the_schema(tmp_path: Path) -> None:
