@@ -1,7 +1,7 @@
 """The estimate against published TPU runs: each run of ``tpu_agent.estimate.calibration.PUBLISHED_RUNS`` is
 captured here on meta storage (``tpu-agent estimate --capture-only``, a user-style PyTorch script with the run's
-model, per-chip batch and sequence) and compiled for its slice; printed per run: the compiler's step time (a
-lower bound), the measured time and their ratio, the calibrated time and its band, and the verdict against
+model, per-chip batch and sequence) and compiled for its slice; printed per run: the compiler's step time
+(uncalibrated), the measured time and their ratio, the calibrated time and its band, and the verdict against
 what the hardware did (ran, or refused at compile time for want of HBM). The ratios printed are what the
 calibration table's ``estimated_seconds`` hold. Needs libtpu; each 8B capture takes minutes on two cores.
 

@@ -100,3 +100,20 @@ def test_a_branch_on_a_tensor_value_is_reported_with_its_line(tmp_path: Path) ->
     assert error["code"] == "capture-only-needs-values"
     assert error["message"].startswith(f"{script}:11: a branch on a tensor (bool(tensor)) needs a tensor's value")
     assert "capture-only: Tensor.item() at" in result.stderr  # the print before it got a placeholder
+
+
+@needs_tpu_compiler
+@pytest.mark.slow  # a CLI subprocess that captures a tiny Llama and compiles its step's programs: about a minute
+def test_fsdp_llama_with_a_chunked_checkpointed_loss_is_estimated_whole() -> None:
+    """The calibration runs' configuration on tiny shapes: FSDP2 units for the decoder layers, the body and the
+    head, the loss computed a chunk at a time under non-reentrant checkpointing by calling the body and the head
+    directly (each must be a unit of its own, or the embedding meets a sharded weight in step 0)."""
+    result = run_cli(
+        "estimate", "--capture-only", "--chip", "v5e-4", "--strategy", "fsdp", "--no-suggest", "--format", "json",
+        str(LLAMA), "--loss-chunks", "2", "--checkpointing", "--steps", "3", timeout=900,
+    )  # fmt: skip
+    assert result.stdout, result.stderr[-3000:]
+    estimate = json.loads(result.stdout)["estimate"]
+    assert estimate["verdict"] == "fits" and estimate["step_ops_share"] == 1.0
+    assert not [program["name"] for program in estimate["programs"] if program["refused"]]
+    assert any(line.startswith("activation checkpointing: ") for line in estimate["assumptions"])

@@ -96,7 +96,7 @@ def test_a_partial_estimate_marks_every_figure_with_its_share() -> None:
         "verdict",
         "peak HBM per chip",
         "FLOPs per chip per step",
-        "step time (compiler's optimal, a lower bound)",
+        "step time (compiler's optimal, uncalibrated)",
         "MFU at that time",
     ):
         assert rows[figure].endswith("(PARTIAL: 75% of the step's ops)"), rows

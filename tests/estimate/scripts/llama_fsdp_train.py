@@ -76,6 +76,9 @@ def main() -> None:
     if not args.no_fsdp:
         for layer in model.model.layers:
             fully_shard(layer)
+        if args.loss_chunks > 1:  # the loss calls the body and the head itself, so each is a unit of its own
+            fully_shard(model.model)
+            fully_shard(model.lm_head)
         fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
