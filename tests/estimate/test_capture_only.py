@@ -33,11 +33,11 @@ def llama_parameters() -> int:
 def _estimate(*options: str) -> tuple[dict[str, Any], str]:
     sizes = {
         "--hidden": HIDDEN, "--intermediate": INTERMEDIATE, "--layers": LAYERS, "--heads": HEADS,
-        "--kv-heads": KV_HEADS, "--vocab": VOCAB, "--batch": 2, "--seq": 64, "--steps": 4,
+        "--kv-heads": KV_HEADS, "--vocab": VOCAB, "--batch": 2, "--seq": 64, "--steps": 2,
     }  # fmt: skip
     script_args = [text for name, value in sizes.items() for text in (name, str(value))]
     result = run_cli(
-        "estimate", "--capture-only", "--format", "json", *options, str(LLAMA),
+        "estimate", "--capture-only", "--format", "json", "--steps", "2", *options, str(LLAMA),
         *script_args, "--attention", "eager", "--no-fsdp", timeout=1800,
     )  # fmt: skip
     assert result.stdout, result.stderr[-3000:]
@@ -110,7 +110,7 @@ def test_fsdp_llama_with_a_chunked_checkpointed_loss_is_estimated_whole() -> Non
     directly (each must be a unit of its own, or the embedding meets a sharded weight in step 0)."""
     result = run_cli(
         "estimate", "--capture-only", "--chip", "v5e-4", "--strategy", "fsdp", "--no-suggest", "--format", "json",
-        str(LLAMA), "--loss-chunks", "2", "--checkpointing", "--steps", "3", timeout=900,
+        "--steps", "2", str(LLAMA), "--loss-chunks", "2", "--checkpointing", "--steps", "2", timeout=900,
     )  # fmt: skip
     assert result.stdout, result.stderr[-3000:]
     estimate = json.loads(result.stdout)["estimate"]

@@ -79,7 +79,7 @@ def test_no_rule_offers_an_unverified_diff_in_the_seeded_suite(
         diagnosis.findings = first
         flags = dict(zip(options[::2], options[1::2], strict=True))
         settings = ProfileOptions(
-            steps=5, warmup=2, chip=flags.get("--chip", "v6e"), eager_mode=flags.get("--eager-mode"), verify=True
+            steps=3, warmup=1, chip=flags.get("--chip", "v6e"), eager_mode=flags.get("--eager-mode"), verify=True
         )
         verify.verify_diagnosis(diagnosis, LaunchTarget(str(SCRIPTS / script), []), settings, 1.0)
         for finding in first:
