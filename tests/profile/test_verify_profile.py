@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from profile_helpers import SCRIPTS, SEEDED, Captures, seed_line
@@ -168,6 +169,39 @@ def test_stored_verdicts_are_reapplied_and_a_tampered_one_is_not(tmp_path: Path)
     assert two is not None and two.diff and two.verification is not None and two.verification.status == "not_checked"
     assert three is not None and three.verification == verify.NOT_RUN
     assert four is not None and four.diff and four.verification == verify.NOT_RUN  # "verified" naming no diff
+
+
+def test_a_verdict_is_recalled_from_another_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Diffs name their file relative to the working directory: a diagnose (an MCP server, another shell) run from
+    elsewhere than the profile that verified a diff still finds the verdict for the same file and hunks, and not for
+    the same hunks in another file."""
+    from tpu_agent.profile.model import AgentChange, Evidence, Finding, Severity
+
+    hunk = "@@ -3 +3 @@\n-    total += loss.item()\n+    total += loss.detach()\n"
+
+    def holder(title: str, path: str, verification: Verification | None) -> Any:
+        change = AgentChange("d", f"--- a/{path}\n+++ b/{path}\n{hunk}", verification=verification)
+        found = Finding(
+            "HS-1", "scalar read", "host sync", Severity.warning, title, Evidence("m", 1.0, 0.5), [], "s", change, 1.0, 0.5
+        )  # fmt: skip
+
+        class Holder:
+            findings = [found]
+            verification: dict[str, Any] | None = {"enabled": True}
+
+        return Holder()
+
+    (tmp_path / "project" / "src").mkdir(parents=True)
+    checked = Verification("verified", "the patched copy ran", "host syncs per step", 1.0, 0.0)
+    monkeypatch.chdir(tmp_path / "project")
+    verify.save(tmp_path, holder("same", "src/train.py", checked))  # type: ignore[arg-type]
+    monkeypatch.chdir(tmp_path)
+    again = holder("same", "project/src/train.py", None)
+    verify.recall(tmp_path, again)
+    assert again.findings[0].agent_change.verification == checked
+    other = holder("same", "project/src/eval.py", None)
+    verify.recall(tmp_path, other)
+    assert other.findings[0].agent_change.verification == verify.NOT_RUN
 
 
 def test_mcp_diagnose_items_carry_the_verdict(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ to run a fix on a copy and read its finding again."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -20,6 +21,18 @@ def diff_file(diff: str) -> str:
             name = line[4:].split("\t", 1)[0].strip()
             return name[2:] if name.startswith("b/") else name
     raise DiffError("the diff names no file")
+
+
+def change_identity(diff: str, cwd: Path) -> list[str] | None:
+    """What a diff changes whatever directory its header was written from: the edited file's absolute path and
+    the hunks. Diffs name files relative to the working directory, which differs between the profile that
+    verified a diff and a later ``diagnose`` of the capture (an MCP server, another shell). None without a file."""
+    try:
+        name = diff_file(diff)
+    except DiffError:
+        return None
+    hunks = diff[diff.find("\n@@") + 1 :] if "\n@@" in diff else ""
+    return [str((cwd / name).resolve()), hunks]
 
 
 def apply_diff(text: str, diff: str) -> str:

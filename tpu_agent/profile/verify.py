@@ -46,7 +46,7 @@ from tpu_agent.processes import stop_group
 from tpu_agent.profile.layout import HOOK_SPEC, VERIFIED_FILE
 from tpu_agent.profile.model import Diagnosis, Finding, Verification
 from tpu_agent.profile.options import ProfileOptions
-from tpu_agent.profile.unidiff import DiffError, apply_diff, diff_file, moved_lines
+from tpu_agent.profile.unidiff import DiffError, apply_diff, change_identity, diff_file, moved_lines
 from tpu_agent.runtime.api import LaunchTarget
 from tpu_agent.runtime.envvars import EVENTS_DIR_ENV, HOOKS_ENV
 
@@ -420,7 +420,11 @@ def save(raw: Path, diagnosis: Diagnosis) -> None:
     """Keep what verification found next to the capture, so ``diagnose`` of it (and MCP ``tpu_diagnose``) reports
     the same verdicts without running anything."""
     results = {
-        _key(f): {"diff": f.agent_change.diff, "verification": asdict(f.agent_change.verification)}
+        _key(f): {
+            "diff": f.agent_change.diff,
+            "change": change_identity(f.agent_change.diff, Path.cwd()) if f.agent_change.diff else None,
+            "verification": asdict(f.agent_change.verification),
+        }
         for f in diagnosis.findings
         if f.agent_change is not None and f.agent_change.verification is not None
     }
@@ -470,6 +474,7 @@ def recall(raw: Path | None, diagnosis: Diagnosis) -> None:
         # a verdict names this capture's diff; only one that withdrew it (or did not check it) may name none
         named = isinstance(entry, dict) and (
             entry.get("diff") == change.diff
+            or (entry.get("change") is not None and entry.get("change") == change_identity(change.diff, Path.cwd()))
             or (entry.get("diff") is None and verdict is not None and verdict.status != "verified")
         )
         verification = verdict if verdict is not None and named else NOT_RUN
