@@ -87,3 +87,30 @@ def test_a_step_too_big_in_its_activations_names_them_and_says_what_was_not_comp
     unverified = [s.change for s in estimate.suggestions if not s.verified]
     assert len(unverified) == 2 and unverified[0].startswith("activation checkpointing")
     assert "| unverified |" in to_markdown(estimate)
+
+
+@needs_tpu_compiler
+def test_state_that_other_programs_read_stays_in_each_programs_hbm() -> None:
+    """A step cut into programs (FSDP2's layer at a time, an optimizer update per tensor group): each program reads
+    a share of the parameters and optimizer state, while all of it stays on the chip. Two 4 GiB weights and their
+    4 GiB moments on one v5e (16 GB): every program reads at most 8 GiB and compiles, yet every program's HBM holds
+    all 16 GiB, counted once, and the step does not fit."""
+    import jax.numpy as jnp
+
+    from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
+
+    side = 32768  # 4 GiB per f32 tensor
+    weights = [ArgSpec(f"w{i}", (side, side), "float32", ArgRole.PARAMETER, storage=i) for i in range(2)]
+    moments = [ArgSpec(f"m{i}", (side, side), "float32", ArgRole.OPTIMIZER_STATE, storage=10 + i) for i in range(2)]
+    batch = ArgSpec("x", (8, side), "float32", ArgRole.BATCH, 0, storage=20)
+    programs = [StepProgram("0: layer", lambda w, x: jnp.tanh(x @ w), (weights[0], batch))] + [
+        StepProgram(f"{1 + i}: update", lambda w, m: (w - m, m * 0.9), (weights[i], moments[i]), donated=(0, 1))
+        for i in range(2)
+    ]
+    estimate = estimate_step(programs, parse_target("v5e"))
+    tensor = side * side * 4
+    for program in estimate.programs:
+        assert not program.refused and program.compiler_argument_bytes <= 2 * tensor + 8 * side * 4, program.name
+        assert program.memory.parameters == 2 * tensor and program.memory.optimizer_state == 2 * tensor, program.name
+    assert not estimate.fits and estimate.peak_hbm_bytes >= 4 * tensor
+    assert any("count in every program" in line for line in estimate.assumptions)

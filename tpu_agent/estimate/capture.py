@@ -237,7 +237,8 @@ def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None
     positions: list[int] = []
     for position, (item, abstract) in enumerate(zip(graph.inputs, traced.abstract[1:], strict=True)):
         if isinstance(item, tuple):
-            args.append(ArgSpec(f"input{position}", tuple(abstract.shape), str(abstract.dtype), role_of(item[2])))
+            shape, dtype = tuple(abstract.shape), str(abstract.dtype)
+            args.append(ArgSpec(f"input{position}", shape, dtype, role_of(item[2]), storage=item[2]))
             positions.append(position)
     floats = {position: item for position, item in enumerate(graph.inputs) if not isinstance(item, tuple)}
     count = len(graph.inputs)

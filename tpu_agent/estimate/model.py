@@ -28,6 +28,8 @@ class ArgSpec:
 
     ``shard_dim`` is the dimension split across the slice's chips as the script placed it (FSDP2 shards
     parameters on dim 0, data parallelism splits the batch on dim 0); ``None`` means every chip holds all of it.
+    ``storage`` names the captured tensor across the step's programs (the same parameter read by two programs has
+    one storage), so state that stays on the chip is counted once per program, read there or not.
     """
 
     name: str
@@ -35,6 +37,7 @@ class ArgSpec:
     dtype: str
     role: ArgRole
     shard_dim: int | None = None
+    storage: int | None = None
 
     def with_dtype(self, dtype: str) -> ArgSpec:
         return replace(self, dtype=dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tpu_agent.chips import TpuTarget
 from tpu_agent.errors import TpuAgentError
@@ -167,6 +168,40 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
     )
 
 
+_RESIDENT_ROLES = (ArgRole.PARAMETER, ArgRole.OPTIMIZER_STATE)
+
+
+def with_resident_state(
+    programs: Sequence[StepProgram], compiled: Sequence[ProgramEstimate], target: TpuTarget, strategy: str
+) -> list[ProgramEstimate]:
+    """Each program's HBM with the parameters and optimizer state that stay on the chip while it runs but that
+    only other programs read. A step cut into programs (FSDP2 gathers a layer per program, the optimizer runs
+    apart) has each program read a share of the state; the compiler counts only its inputs, and the largest
+    program alone understated the step's need by the rest of the model (a step that does not fit read "fits")."""
+    resident: dict[int, tuple[ArgRole, int]] = {}
+    for program in programs:
+        for arg in program.args:
+            if arg.storage is not None and arg.role in _RESIDENT_ROLES:
+                dim = placement(arg, strategy, target.chips)
+                resident[arg.storage] = (arg.role, per_chip_bytes(arg, dim, target.chips))
+    if not resident:
+        return list(compiled)
+    held = []
+    for program, estimate in zip(programs, compiled, strict=True):
+        own = {arg.storage for arg in program.args}
+        elsewhere = {role: 0 for role in _RESIDENT_ROLES}
+        for storage, (role, size) in resident.items():
+            if storage not in own:
+                elsewhere[role] += size
+        memory = replace(
+            estimate.memory,
+            parameters=estimate.memory.parameters + elsewhere[ArgRole.PARAMETER],
+            optimizer_state=estimate.memory.optimizer_state + elsewhere[ArgRole.OPTIMIZER_STATE],
+        )
+        held.append(replace(estimate, memory=memory))
+    return held
+
+
 def program_seconds(
     optimal_seconds: float, flops: float, bytes_accessed: float, target: TpuTarget
 ) -> tuple[float, str]:
@@ -193,7 +228,7 @@ def estimate_step(
             f"--chip {target.spec}: no {target.chip.key} slice of {target.chips} chips is known to the compiler",
             f"use a {target.chip.key} slice of {', '.join(map(str, supported_chip_counts(target.chip.key)))} chips",
         )
-    compiled = [compile_program(program, target, strategy) for program in programs]
+    compiled = with_resident_state(programs, [compile_program(p, target, strategy) for p in programs], target, strategy)
     status = compiler_status()
     rooflined = [program.name for program in compiled if program.timed_by == "roofline"]
     estimate = CompiledEstimate(
@@ -216,9 +251,10 @@ def estimate_step(
     )
     if len(compiled) > 1:
         estimate.assumptions.append(
-            "a tensor the step keeps between its programs counts only in the programs that read it, so the peak "
-            "program's figure leaves out what the others keep (under activation checkpointing, the saved inputs "
-            "of the other layers)"
+            "parameters and optimizer state count in every program, read there or not (they stay on the chip); "
+            "other tensors the step keeps between its programs count only in the programs that read them, so the "
+            "peak program's figure leaves out activations the others keep (under activation checkpointing, the "
+            "saved inputs of the other layers)"
         )
     kernels = sorted({kernel for program in compiled for kernel in program.kernels})
     if kernels:
