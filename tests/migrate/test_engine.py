@@ -349,3 +349,31 @@ def test_plain_cuda_module_import_becomes_import_torch(write) -> None:  # noqa: 
         migrate_one(write("o.py", "import torch.cuda\ntorch.cuda.synchronize()\nx = torch.cuda.default_stream()\n"))
     )
     assert kept.startswith("import torch.cuda\n")  # a torch.cuda use is left (reported), so the import stays
+
+
+_HEAD = "import torch\nfrom torch.backends.cuda import SDPBackend\ntorch.cuda.synchronize()\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "shortcut"),
+    [
+        ("def f():\n    return SDPBackend.MATH\n", True),  # read once, after its only binding
+        ("def f(SDPBackend):\n    return SDPBackend.MATH\n", False),  # a parameter of the same name
+        ("x = 1\n", False),  # only the import itself mentions it: unused
+        ("SDPBackend = None\nprint(SDPBackend)\n", False),  # bound twice
+        ("def f():\n    global SDPBackend\n    return SDPBackend\n", False),
+    ],
+)
+def test_unused_import_shortcut_agrees_with_the_scope_analysis(write, monkeypatch, body, shortcut) -> None:  # noqa: ANN001
+    """The stdlib proof that a CUDA import is still read (skipping libcst's scope analysis of the output) gives
+    the same output as that analysis, and fires where it should (else the test would compare nothing)."""
+    from tpu_agent.migrate.engine import imports
+
+    fired: list[bool] = []
+    proof = imports._surely_read
+    monkeypatch.setattr(imports, "_surely_read", lambda code, names: fired.append(proof(code, names)) or fired[-1])
+    quick = _new(migrate_one(write("a.py", _HEAD + body)))
+    monkeypatch.setattr(imports, "_surely_read", lambda code, names: False)
+    full = _new(migrate_one(write("b.py", _HEAD + body)))
+    assert quick == full
+    assert any(fired) is shortcut

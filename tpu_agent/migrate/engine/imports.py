@@ -8,9 +8,10 @@ does not keep ``from torch.cuda import amp`` for nothing.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeGuard, cast
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -127,8 +128,11 @@ _NONE_UNUSED = UnusedImports(frozenset(), False)
 
 def _is_cuda_module_import(alias: cst.ImportAlias) -> bool:
     """``import torch.cuda`` (or a submodule) without ``as``: it binds ``torch`` as well as the CUDA module."""
-    name = alias.evaluated_name
-    return alias.asname is None and (name == CUDA_MODULE or name.startswith(f"{CUDA_MODULE}."))
+    return alias.asname is None and _is_cuda_module(alias.evaluated_name)
+
+
+def _is_cuda_module(name: str) -> bool:
+    return name == CUDA_MODULE or name.startswith(f"{CUDA_MODULE}.")
 
 
 class _UnusedImportsVisitor(GatherUnusedImportsVisitor):
@@ -168,6 +172,8 @@ def unused_cuda_imports(ctx: PyContext, code: str) -> UnusedImports:
     module_mentioned = ctx.imports_cuda_module and len(re.findall(r"\btorch\.cuda\b", code)) > plain_imports
     if not maybe_used and not module_mentioned:
         return UnusedImports(frozenset(names), ctx.imports_cuda_module)
+    if not module_mentioned and not ctx.imports_cuda_module and _surely_read(code, maybe_used):
+        return UnusedImports(frozenset(names - maybe_used), False)  # what the scope analysis would find
     try:
         wrapper = MetadataWrapper(cst.parse_module(code), unsafe_skip_copy=True)
     except cst.ParserSyntaxError:
@@ -186,6 +192,69 @@ def unused_cuda_imports(ctx: PyContext, code: str) -> UnusedImports:
             if bound in names:
                 unused_names.add(bound)
     return UnusedImports(frozenset(unused_names), retire_module)
+
+
+def _surely_read(code: str, names: set[str]) -> bool:
+    """Whether the stdlib parse of ``code`` proves that libcst's scope analysis finds every one of ``names`` in
+    use, so that analysis (a second libcst parse plus scope metadata: seconds on a long test file) can be skipped.
+
+    The proof is deliberately narrow: each name is bound exactly once in the whole module, by an import, and is
+    read (a ``Name`` load) on a line after that import, so every read resolves to that import whatever scope it
+    is in. Anything else -- a second binding anywhere (assignment, parameter, ``global``, another import), a read
+    only before or beside the import, a plain ``import torch.cuda`` (its use is judged differently), a text the
+    stdlib parser rejects -- answers False and the caller runs the full analysis."""
+    if not names or not all(name.isidentifier() for name in names):
+        return False
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    imported: dict[str, list[int]] = {}  # name -> last line of each import binding it
+    bound_otherwise: set[str] = set()
+    read_on: dict[str, int] = {}  # name -> last line it is read on
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                read_on[node.id] = max(read_on.get(node.id, 0), node.lineno)
+            else:
+                bound_otherwise.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if isinstance(node, ast.Import) and alias.asname is None and _is_cuda_module(alias.name):
+                    return False
+                bound = alias.asname or alias.name.split(".")[0]
+                imported.setdefault(bound, []).append(node.end_lineno or node.lineno)
+        else:
+            bound_otherwise.update(_bound_by(node))
+    for name in names:
+        lines = imported.get(name, [])
+        if name in bound_otherwise or len(lines) != 1 or read_on.get(name, 0) <= lines[0]:
+            return False
+    return True
+
+
+# type parameters bind names too (``def f[T](x: T)``, Python 3.12)
+_TYPE_PARAMS: tuple[type, ...] = tuple(
+    getattr(ast, kind) for kind in ("TypeVar", "ParamSpec", "TypeVarTuple") if hasattr(ast, kind)
+)
+
+
+def _bound_by(node: ast.AST) -> list[str]:
+    """Names a node binds other than by a ``Name`` store or an import (definitions, parameters, ``except ...
+    as``, ``global``/``nonlocal``, match captures, type parameters)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return [node.name] if node.name else []
+    if isinstance(node, _TYPE_PARAMS):
+        return [cast(Any, node).name]  # the classes exist from 3.12 only: typeshed for 3.10 has no ``name``
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
+    return []
 
 
 def remove_unused_cuda_imports(module: cst.Module, code: str, found: UnusedImports) -> str:
