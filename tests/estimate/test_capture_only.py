@@ -106,11 +106,13 @@ def test_a_branch_on_a_tensor_value_is_reported_with_its_line(tmp_path: Path) ->
 @pytest.mark.slow  # a CLI subprocess that captures a tiny Llama and compiles its step's programs: about a minute
 def test_fsdp_llama_with_a_chunked_checkpointed_loss_is_estimated_whole() -> None:
     """The calibration runs' configuration on tiny shapes: FSDP2 units for the decoder layers, the body and the
-    head, the loss computed a chunk at a time under non-reentrant checkpointing by calling the body and the head
-    directly (each must be a unit of its own, or the embedding meets a sharded weight in step 0)."""
+    head, with mixed precision (float32 weights, bf16 compute), the loss computed a chunk at a time under
+    non-reentrant checkpointing by calling the body and the head directly (each must be a unit of its own, or the
+    embedding meets a sharded weight in step 0)."""
     result = run_cli(
         "estimate", "--capture-only", "--chip", "v5e-4", "--strategy", "fsdp", "--no-suggest", "--format", "json",
-        "--steps", "2", str(LLAMA), "--loss-chunks", "2", "--checkpointing", "--steps", "2", timeout=900,
+        "--steps", "2", str(LLAMA), "--loss-chunks", "2", "--checkpointing", "--compute-dtype", "bfloat16",
+        "--steps", "2", timeout=900,
     )  # fmt: skip
     assert result.stdout, result.stderr[-3000:]
     estimate = json.loads(result.stdout)["estimate"]

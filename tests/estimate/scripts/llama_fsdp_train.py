@@ -13,7 +13,7 @@ import argparse
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
 PRESETS = {
@@ -41,6 +41,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    parser.add_argument(
+        "--compute-dtype",
+        choices=("bfloat16",),
+        help="FSDP2 mixed precision: parameters and optimizer state stay in --dtype, forward and backward in this "
+        "dtype, gradients reduced in float32 (MaxText's and TorchTitan's default for bf16 training)",
+    )
     parser.add_argument("--no-fsdp", action="store_true", help="train the model unsharded (no process group)")
     parser.add_argument("--checkpointing", action="store_true", help="HF gradient_checkpointing_enable()")
     parser.add_argument(
@@ -74,12 +80,16 @@ def main() -> None:
 
         transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
     if not args.no_fsdp:
+        policy = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, args.compute_dtype) if args.compute_dtype else None,
+            reduce_dtype=torch.float32 if args.compute_dtype else None,
+        )
         for layer in model.model.layers:
-            fully_shard(layer)
+            fully_shard(layer, mp_policy=policy)
         if args.loss_chunks > 1:  # the loss calls the body and the head itself, so each is a unit of its own
-            fully_shard(model.model)
-            fully_shard(model.lm_head)
-        fully_shard(model)
+            fully_shard(model.model, mp_policy=policy)
+            fully_shard(model.lm_head, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
     for step in range(args.steps):
