@@ -4,14 +4,28 @@
 Python decides a name's scope per function: a name the function binds anywhere in its body (not declared
 ``global`` or ``nonlocal``) is local throughout it. Nested ``def``, ``class`` and ``lambda`` bodies and
 comprehensions have scopes of their own and are not entered; imports inside the function are left to the
-import tracking that reads them.
+import tracking that reads them. The same bindings read off the stdlib tree (:func:`bindings_of`) give the cheap
+module-wide pre-checks: a name the module never binds is no function's local, and an import nothing rebinds is the
+name's only meaning.
 """
 
 from __future__ import annotations
 
 import ast
+from typing import Any, cast
 
 import libcst as cst
+
+
+def target_names(target: cst.CSTNode) -> list[str]:
+    """The names an assignment target binds: ``x``, each name of ``a, (b, *c)``; none for ``obj.attr``/``x[i]``."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in target_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    return []
 
 
 class _Binder(cst.CSTVisitor):
@@ -20,13 +34,7 @@ class _Binder(cst.CSTVisitor):
         self.declared: set[str] = set()  # global / nonlocal: not local
 
     def _targets(self, node: cst.BaseExpression) -> None:
-        if isinstance(node, cst.Name):
-            self.bound.add(node.value)
-        elif isinstance(node, (cst.Tuple, cst.List)):
-            for element in node.elements:
-                self._targets(element.value)
-        elif isinstance(node, cst.StarredElement):
-            self._targets(node.value)
+        self.bound.update(target_names(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.bound.add(node.name.value)
@@ -96,20 +104,35 @@ def local_names(function: cst.FunctionDef) -> frozenset[str]:
     return frozenset(binder.bound - binder.declared)
 
 
+# type parameters bind names too (``def f[T](x: T)``, Python 3.12)
+_TYPE_PARAMS: tuple[type, ...] = tuple(
+    getattr(ast, kind) for kind in ("TypeVar", "ParamSpec", "TypeVarTuple") if hasattr(ast, kind)
+)
+
+
+def bindings_of(node: ast.AST) -> list[str]:
+    """The names one stdlib node binds other than by an import: a ``Name`` store or delete, definitions,
+    parameters, ``except ... as``, ``global``/``nonlocal``, match captures, type parameters."""
+    if isinstance(node, ast.Name):
+        return [] if isinstance(node.ctx, ast.Load) else [node.id]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return [node.name] if node.name else []
+    if isinstance(node, _TYPE_PARAMS):
+        return [cast(Any, node).name]  # the classes exist from 3.12 only: typeshed for 3.10 has no ``name``
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
+    return []
+
+
 def bound_anywhere(tree: ast.Module) -> frozenset[str]:
-    """Every name the module binds anywhere, in any scope, as :func:`local_names` counts bindings (and more): a
+    """Every name the module binds anywhere, in any scope, other than by an import (:func:`bindings_of`): a
     superset of every function's local names, read off the stdlib tree in one walk. A name outside it is no
     function's local, so the libcst walk of :func:`local_names` (the costly part of resolving names in big files)
     is needed only for the few names inside it."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            if not isinstance(node.ctx, ast.Load):
-                names.add(node.id)
-        elif isinstance(node, ast.arg):
-            names.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.ExceptHandler) and node.name is not None:
-            names.add(node.name)
-    return frozenset(names)
+    return frozenset(name for node in ast.walk(tree) for name in bindings_of(node))

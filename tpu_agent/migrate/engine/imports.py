@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Any, TypeGuard, cast
+from typing import TypeGuard
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -19,6 +19,7 @@ from libcst.codemod.visitors import GatherUnusedImportsVisitor
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import GlobalScope, ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
+from tpu_agent.migrate.analysis.local_names import bindings_of
 from tpu_agent.migrate.engine.context import RESOLVER_COMMENT, PyContext
 from tpu_agent.migrate.model import Target
 
@@ -213,11 +214,8 @@ def _surely_read(code: str, names: set[str]) -> bool:
     bound_otherwise: set[str] = set()
     read_on: dict[str, int] = {}  # name -> last line it is read on
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load):
-                read_on[node.id] = max(read_on.get(node.id, 0), node.lineno)
-            else:
-                bound_otherwise.add(node.id)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            read_on[node.id] = max(read_on.get(node.id, 0), node.lineno)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 if isinstance(node, ast.Import) and alias.asname is None and _is_cuda_module(alias.name):
@@ -225,36 +223,12 @@ def _surely_read(code: str, names: set[str]) -> bool:
                 bound = alias.asname or alias.name.split(".")[0]
                 imported.setdefault(bound, []).append(node.end_lineno or node.lineno)
         else:
-            bound_otherwise.update(_bound_by(node))
+            bound_otherwise.update(bindings_of(node))
     for name in names:
         lines = imported.get(name, [])
         if name in bound_otherwise or len(lines) != 1 or read_on.get(name, 0) <= lines[0]:
             return False
     return True
-
-
-# type parameters bind names too (``def f[T](x: T)``, Python 3.12)
-_TYPE_PARAMS: tuple[type, ...] = tuple(
-    getattr(ast, kind) for kind in ("TypeVar", "ParamSpec", "TypeVarTuple") if hasattr(ast, kind)
-)
-
-
-def _bound_by(node: ast.AST) -> list[str]:
-    """Names a node binds other than by a ``Name`` store or an import (definitions, parameters, ``except ...
-    as``, ``global``/``nonlocal``, match captures, type parameters)."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, ast.arg):
-        return [node.arg]
-    if isinstance(node, (ast.Global, ast.Nonlocal)):
-        return list(node.names)
-    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
-        return [node.name] if node.name else []
-    if isinstance(node, _TYPE_PARAMS):
-        return [cast(Any, node).name]  # the classes exist from 3.12 only: typeshed for 3.10 has no ``name``
-    if isinstance(node, ast.MatchMapping):
-        return [node.rest] if node.rest else []
-    return []
 
 
 def remove_unused_cuda_imports(module: cst.Module, code: str, found: UnusedImports) -> str:

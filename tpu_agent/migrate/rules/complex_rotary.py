@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.local_names import target_names
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import third_party
 from tpu_agent.migrate.rules._cst import source
@@ -153,7 +154,7 @@ class _FunctionScan(_OwnBody, cst.CSTVisitor):
         self.names.add(node.value)
 
     def _bind(self, target: cst.CSTNode) -> None:
-        for name in _bound_names(target):
+        for name in target_names(target):
             self.bindings[name] = self.bindings.get(name, 0) + 1
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
@@ -177,16 +178,6 @@ class _FunctionScan(_OwnBody, cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         if self.ctx.qualname(node.func) == "torch.view_as_real":
             self.real_views.append(node)
-
-
-def _bound_names(target: cst.CSTNode) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, cst.Tuple | cst.List):
-        return [name for element in target.elements for name in _bound_names(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _bound_names(target.value)
-    return []
 
 
 def _complex_views(ctx: PyContext, function: cst.FunctionDef) -> list[_ComplexView]:
