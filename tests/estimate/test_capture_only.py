@@ -119,3 +119,7 @@ def test_fsdp_llama_with_a_chunked_checkpointed_loss_is_estimated_whole() -> Non
     assert estimate["verdict"] == "fits" and estimate["step_ops_share"] == 1.0
     assert not [program["name"] for program in estimate["programs"] if program["refused"]]
     assert any(line.startswith("activation checkpointing: ") for line in estimate["assumptions"])
+    # the update reads each gradient as a view of FSDP2's flat buffer; on the slice each rank updates its own
+    # shards, so nothing moves between chips (sharded as one flat array, the buffer needed collective-permutes)
+    update = max(estimate["programs"], key=lambda program: program["memory"]["gradients"])
+    assert update["memory"]["gradients"] > 0 and not update["hlo"]["collectives"], update["hlo"]

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tpu_agent.errors import ExitCode, TpuAgentError
-from tpu_agent.estimate import capture_only, host_bound, recompute
+from tpu_agent.estimate import capture_only, host_bound, recompute, views
 from tpu_agent.estimate.capture_only import storage_identity
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
@@ -223,25 +223,27 @@ class _Watcher:
 
 def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None], ArgRole]) -> StepProgram:
     """A captured graph as a :class:`StepProgram`: the same JAX function the XLA executor runs, traced again
-    on shapes only. Python floats the graph reads (learning rate, betas) are fixed at their observed values."""
+    on shapes only. Python floats the graph reads (learning rate, betas) are fixed at their observed values; a
+    packed buffer the graph only reads through views is one input per view (:mod:`.views`)."""
     import jax
 
     from tpu_agent.runtime.xla import lowering
 
+    gm, inputs = views.unpacked(graph.runner.gm, graph.inputs)
     examples: list[torch.Tensor | float] = [
-        torch.empty(item[0], dtype=item[1], device="meta") if isinstance(item, tuple) else item for item in graph.inputs
+        torch.empty(item[0], dtype=item[1], device="meta") if isinstance(item, tuple) else item for item in inputs
     ]
-    traced = lowering.trace_graph(graph.runner.gm, examples, graph.precision)
+    traced = lowering.trace_graph(gm, examples, graph.precision)
     seed = traced.abstract[0]
     args = [ArgSpec("rng_seed", tuple(seed.shape), str(seed.dtype), ArgRole.OTHER)]
     positions: list[int] = []
-    for position, (item, abstract) in enumerate(zip(graph.inputs, traced.abstract[1:], strict=True)):
+    for position, (item, abstract) in enumerate(zip(inputs, traced.abstract[1:], strict=True)):
         if isinstance(item, tuple):
             shape, dtype = tuple(abstract.shape), str(abstract.dtype)
             args.append(ArgSpec(f"input{position}", shape, dtype, role_of(item[2]), storage=item[2]))
             positions.append(position)
-    floats = {position: item for position, item in enumerate(graph.inputs) if not isinstance(item, tuple)}
-    count = len(graph.inputs)
+    floats = {position: item for position, item in enumerate(inputs) if not isinstance(item, tuple)}
+    count = len(inputs)
 
     def program(rng_seed: jax.Array, *arrays: jax.Array) -> Any:
         merged: list[Any] = [None] * count

@@ -180,10 +180,14 @@ def with_resident_state(
     program alone understated the step's need by the rest of the model (a step that does not fit read "fits")."""
     resident: dict[int, tuple[ArgRole, int]] = {}
     for program in programs:
+        read: dict[int, tuple[ArgRole, int]] = {}  # a storage read through several views is all of them
         for arg in program.args:
             if arg.storage is not None and arg.role in _RESIDENT_ROLES:
-                dim = placement(arg, strategy, target.chips)
-                resident[arg.storage] = (arg.role, per_chip_bytes(arg, dim, target.chips))
+                size = per_chip_bytes(arg, placement(arg, strategy, target.chips), target.chips)
+                read[arg.storage] = (arg.role, read.get(arg.storage, (arg.role, 0))[1] + size)
+        for storage, (role, size) in read.items():
+            if size > resident.get(storage, (role, 0))[1]:
+                resident[storage] = (role, size)
     if not resident:
         return list(compiled)
     held = []
