@@ -3,9 +3,9 @@ captured here on meta storage (``tpu-agent estimate --capture-only``, a user-sty
 model, per-chip batch and sequence) and compiled for its slice; printed per run: the compiler's step time
 (uncalibrated), the measured time and their ratio, the calibrated time and its band, and the verdict against
 what the hardware did (ran, or refused at compile time for want of HBM). The ratios printed are what the
-calibration table's ``estimated_seconds`` hold. Needs libtpu; each 8B capture takes minutes on two cores.
+calibration table's ``estimated_seconds`` hold, per effort. Needs libtpu; each 8B capture takes minutes on two cores.
 
-    python benchmarks/estimate_calibration.py [--only v6e-8] [--timeout 3600] [--out results.json]
+    python benchmarks/estimate_calibration.py [--only v6e-8] [--effort fast|full] [--timeout 3600] [--out results.json]
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tpu_agent.estimate.calibration import PUBLISHED_RUNS, PublishedRun  # noqa: E402
+from tpu_agent.estimate.options import DEFAULT_EFFORT, EFFORTS  # noqa: E402
 
 SCRIPT = REPO / "tests" / "estimate" / "scripts" / "llama_fsdp_train.py"
 
 
-def estimate(run: PublishedRun, timeout: float) -> tuple[dict[str, Any], float, int]:
+def estimate(run: PublishedRun, timeout: float, effort: str) -> tuple[dict[str, Any], float, int]:
     """The estimate document for one published run, the wall time and the peak RSS of the run's processes."""
     command = [
         sys.executable, "-m", "tpu_agent", "estimate", "--chip", run.target, "--strategy", "fsdp", "--capture-only",
-        "--no-suggest", "--format", "json", str(SCRIPT), *run.script_args,
+        "--no-suggest", "--effort", effort, "--format", "json", str(SCRIPT), *run.script_args,
     ]  # fmt: skip
     start = time.perf_counter()
     result = subprocess.run(
@@ -51,13 +52,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="run only the published runs on this target (v6e-8)")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--effort", choices=EFFORTS, default=DEFAULT_EFFORT, help="the compiler's effort to time at")
     parser.add_argument("--out", type=Path, help="also write the per-run figures here as JSON")
     args = parser.parse_args()
     rows = []
     for run in PUBLISHED_RUNS:
         if args.only and run.target != args.only:
             continue
-        document, seconds, peak = estimate(run, args.timeout)
+        document, seconds, peak = estimate(run, args.timeout, args.effort)
         found = document.get("estimate")
         row: dict[str, Any] = {"run": run.name, "target": run.target, "source": run.source, "outcome": run.outcome}
         row.update(wall_seconds=round(seconds, 1), peak_rss_gib=round(peak / 2**30, 2))

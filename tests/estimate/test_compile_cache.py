@@ -38,6 +38,9 @@ def test_second_compile_is_read_from_the_cache_and_bad_entries_are_misses(
     monkeypatch.setattr(compiler, "_store", lambda key, result: calls.append(result))
     again = compiler.compile_for_target(fn, args, parse_target("v5e"))
     assert again == first and calls == []  # served from disk: nothing compiled, nothing stored
+    full = compiler.compile_for_target(fn, args, parse_target("v5e"), effort="full")
+    assert len(calls) == 1 and full.cost["flops"] == first.cost["flops"]  # another effort: compiled, stored apart
+    calls.clear()
     for crafted in ('{"cost": "x"}', "not json", '{"refused": {"message": 1}}', ""):
         entry.write_text(crafted)
         rebuilt = compiler.compile_for_target(fn, args, parse_target("v5e"))

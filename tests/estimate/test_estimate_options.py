@@ -11,8 +11,10 @@ from pydantic import TypeAdapter
 
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.estimate.options import (
+    DEFAULT_EFFORT,
     DEFAULT_OPTIMIZER_STEPS,
     DEFAULT_TARGET,
+    EFFORTS,
     MAX_OPTIMIZER_STEPS,
     MIN_OPTIMIZER_STEPS,
     STRATEGIES,
@@ -27,6 +29,12 @@ def test_steps_outside_the_bounds_are_refused_with_them(steps: int) -> None:
     assert error.value.code == "bad-steps"
     assert f"{MIN_OPTIMIZER_STEPS} to {MAX_OPTIMIZER_STEPS}" in error.value.message
     assert error.value.hint == f"use --steps {DEFAULT_OPTIMIZER_STEPS}"
+
+
+def test_an_unknown_effort_is_refused_with_the_list() -> None:
+    with pytest.raises(TpuAgentError) as error:
+        EstimateOptions(DEFAULT_TARGET, effort="heroic").check()
+    assert error.value.code == "bad-effort" and error.value.hint == f"use one of: {', '.join(EFFORTS)}"
 
 
 def test_an_unknown_strategy_is_refused_with_the_list() -> None:
@@ -46,5 +54,7 @@ def test_the_mcp_tool_and_the_cli_offer_the_owners_defaults_and_bounds() -> None
     assert tool["steps"].default == DEFAULT_OPTIMIZER_STEPS and tool["chip"].default == DEFAULT_TARGET
     strategies = TypeAdapter(hints["strategy"]).json_schema()["anyOf"][0]["enum"]
     assert tuple(strategies) == STRATEGIES
+    assert tuple(TypeAdapter(hints["effort"]).json_schema()["enum"]) == EFFORTS
     cli = inspect.signature(estimate).parameters
     assert cli["steps"].default.default == DEFAULT_OPTIMIZER_STEPS and cli["chip"].default.default == DEFAULT_TARGET
+    assert tool["effort"].default == cli["effort"].default.default == DEFAULT_EFFORT

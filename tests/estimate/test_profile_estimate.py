@@ -29,7 +29,7 @@ def test_roofline_is_labelled_with_what_is_missing_for_the_compilers_estimate() 
 def test_compiler_estimate_is_shown_beside_the_roofline() -> None:
     memory = HbmBreakdown(100, 200, 0, 10, 50, 1000, 30)
     program = ProgramEstimate("0: deferred graph", 2e9, 1e8, 0.0, 0.004, memory, summarize(""))
-    compiled = CompiledEstimate("v5e-4", "TPU v5e", 4, "data-parallel", 16 * 1024**3, 197e12, [program])
+    compiled = CompiledEstimate("v5e-4", "TPU v5e", 4, "data-parallel", "fast", 16 * 1024**3, 197e12, [program])
     roofline = ProfileEstimate(chip="v5e", available=True, flops_per_step=1e9, bytes_per_step=1e6, eager_step_s=0.01)
     attach_compiler_estimate(roofline, {"estimate": compiled.to_dict()})
     lines = estimate_lines(roofline.to_dict())

@@ -362,6 +362,7 @@ async def test_estimate_of_a_model_bigger_than_the_host_asks_for_capture_only(mo
     await modern.call_tool("tpu_job_cancel", {"job_id": job["job_id"]})
     command = job["command"]
     assert "--capture-only" in command and command[command.index("--strategy") + 1] == "fsdp"
+    assert command[command.index("--effort") + 1] == "fast"  # the default effort, named for the job's record
     assert "--allow-partial" in command
     error = tool_error(await modern.call_tool("tpu_estimate", {"entrypoint": "tiny.py", "capture_only": "yes please"}))
     assert error["code"] == "invalid-argument"

@@ -21,8 +21,10 @@ from tpu_agent.cli._output import (
 )
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.estimate.options import (
+    DEFAULT_EFFORT,
     DEFAULT_OPTIMIZER_STEPS,
     DEFAULT_TARGET,
+    EFFORTS,
     MAX_OPTIMIZER_STEPS,
     MIN_OPTIMIZER_STEPS,
     STRATEGIES,
@@ -139,6 +141,13 @@ def estimate(
         help="GB of host memory the script may use when run for real; past it (judged from the parameters built so "
         "far, and the process's memory) estimate switches to --capture-only. Default: a quarter of this host's RAM.",
     ),
+    effort: str = typer.Option(
+        DEFAULT_EFFORT,
+        "--effort",
+        help=f"{' | '.join(EFFORTS)}: the TPU compiler's effort at the program's speed. fast: its least scheduling "
+        "and fusion search (minutes less for a 7B step); full: its defaults. Memory planning is the same; each has "
+        "its own calibration.",
+    ),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop the script after this many seconds."),
@@ -161,6 +170,7 @@ def estimate(
         capture_only=capture_only,
         allow_partial=allow_partial,
         host_memory_bytes=int(host_memory * 1e9) if host_memory is not None else None,
+        effort=effort,
     )
     target = LaunchTarget(command[0], list(command[1:]), is_module=module)
     from tpu_agent.cli.profile import _script_output_to_stderr

@@ -3,7 +3,7 @@
 libtpu's ``optimal_seconds`` (or the roofline of its FLOPs and bytes) assumes every unit busy all the time
 within a program, which alone would make it a lower bound; but the estimate sums its programs with no overlap
 between them and counts the flash kernel's masked tiles, and the one run measured here took less than the
-estimate (see ``CALIBRATION``). Only a measured ratio says which way a step errs. The
+estimate (see ``CALIBRATIONS``). Only a measured ratio says which way a step errs. The
 published runs below were measured on hardware; ``benchmarks/estimate_calibration.py`` captures the same
 shapes here on meta storage and compiles them, and the ratio of measured to estimated time per run is the
 data the factor comes from. One table holds the runs and one function applies the factor, so a new
@@ -12,8 +12,11 @@ published run is one record and a new benchmark result one number.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from tpu_agent.estimate.options import EFFORTS
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,8 @@ class PublishedRun:
 
     ``script_args`` are arguments of ``tests/estimate/scripts/llama_fsdp_train.py`` (a user-style PyTorch
     script) that build the same model, per-chip batch and sequence; ``outcome`` is what the hardware did:
-    ``"ran"`` with its step time, or the compiler's refusal (``"CompileTimeHbmOom"``)."""
+    ``"ran"`` with its step time, or the compiler's refusal (``"CompileTimeHbmOom"``). ``estimated_seconds`` are
+    the uncalibrated step times the benchmark measured for it, by compile effort (``options.EFFORTS``)."""
 
     name: str
     source: str
@@ -31,7 +35,7 @@ class PublishedRun:
     outcome: str
     measured_seconds: float | None = None
     measured_tflops_per_chip: float | None = None
-    estimated_seconds: float | None = None  # the uncalibrated step time for it, from the benchmark (see above)
+    estimated_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 # MaxText recomputes (remat), keeps its logits' loss in tiles and its weights in float32 while it computes in bf16
@@ -59,7 +63,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         outcome="ran",
         measured_seconds=3.443,
         measured_tflops_per_chip=413.433,
-        estimated_seconds=4.490,  # benchmarks/estimate_calibration.py --only v6e-8, libtpu 0.0.42.1
+        estimated_seconds={"full": 4.490},  # benchmarks/estimate_calibration.py --only v6e-8, libtpu 0.0.42.1
     ),
     PublishedRun(
         name="MaxText Llama3.1-8B, v6e-16, 3 x 8192 tokens per chip, FSDP",
@@ -69,7 +73,6 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         outcome="ran",
         measured_seconds=3.393,
         measured_tflops_per_chip=419.485,
-        estimated_seconds=None,
     ),
     PublishedRun(
         name="MaxText Llama3.1-8B, v6e-4, default settings (3 x 8192 per chip)",
@@ -95,14 +98,14 @@ class Calibration:
         return {"kind": self.kind, "factor": self.factor, "low": self.low, "high": self.high, "runs": list(self.runs)}
 
 
-def calibration_from_runs(kind: str, runs: tuple[PublishedRun, ...]) -> Calibration | None:
-    """The factor and band over the runs that ran and have an estimate: the geometric mean of measured over
-    estimated, and the smallest and largest ratio (with few runs this is their spread, not a statistical
-    interval, and the report says how many runs it rests on)."""
+def calibration_from_runs(kind: str, runs: tuple[PublishedRun, ...], effort: str) -> Calibration | None:
+    """The factor and band over the runs that ran and have an estimate at ``effort``: the geometric mean of
+    measured over estimated, and the smallest and largest ratio (with few runs this is their spread, not a
+    statistical interval, and the report says how many runs it rests on)."""
     used = [
-        (run.name, run.measured_seconds / run.estimated_seconds)
+        (run.name, run.measured_seconds / run.estimated_seconds[effort])
         for run in runs
-        if run.measured_seconds and run.estimated_seconds and run.estimated_seconds > 0
+        if run.measured_seconds and run.estimated_seconds.get(effort, 0) > 0
     ]
     if not used:
         return None
@@ -125,24 +128,29 @@ def calibration_from_runs(kind: str, runs: tuple[PublishedRun, ...]) -> Calibrat
 # attention does, does about half). One run with a time: the band is that run's ratio alone until the v6e-16 run
 # is measured here too.
 CALIBRATION_KIND = "compiled XLA training step (MaxText on v6e)"
-CALIBRATION = calibration_from_runs(CALIBRATION_KIND, PUBLISHED_RUNS)
+CALIBRATIONS = {
+    effort: calibration_from_runs(f"{CALIBRATION_KIND}, compiled at {effort} effort", PUBLISHED_RUNS, effort)
+    for effort in EFFORTS
+}
 
 
 def calibrated_time(
-    step_seconds: float, model_flops: float, chips: int, peak_flops_per_chip: float
+    step_seconds: float, model_flops: float, chips: int, peak_flops_per_chip: float, effort: str
 ) -> dict[str, Any] | None:
     """The calibrated step time, its band and the MFU at that time, with the calibration's source, for
-    ``--format json`` (documented in docs/estimate-json-schema.md); None without a step time or calibration."""
-    if CALIBRATION is None or step_seconds <= 0:
+    ``--format json`` (documented in docs/estimate-json-schema.md); None without a step time or without a
+    calibration at the ``effort`` the step was compiled with (each effort times programs its own way)."""
+    calibration = CALIBRATIONS.get(effort)
+    if calibration is None or step_seconds <= 0:
         return None
-    seconds = step_seconds * CALIBRATION.factor
+    seconds = step_seconds * calibration.factor
     return {
         "seconds": seconds,
-        "low_seconds": step_seconds * CALIBRATION.low,
-        "high_seconds": step_seconds * CALIBRATION.high,
+        "low_seconds": step_seconds * calibration.low,
+        "high_seconds": step_seconds * calibration.high,
         "mfu": min(1.0, model_flops / (seconds * peak_flops_per_chip * chips)) if model_flops > 0 else None,
-        "calibration": CALIBRATION.to_dict(),
-        "sources": [run.source for run in PUBLISHED_RUNS if run.name in CALIBRATION.runs],
+        "calibration": calibration.to_dict(),
+        "sources": [run.source for run in PUBLISHED_RUNS if run.name in calibration.runs],
         "note": EAGER_NOTE,
     }
 

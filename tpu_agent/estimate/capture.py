@@ -32,7 +32,7 @@ from tpu_agent.estimate import capture_only, host_bound, recompute, views
 from tpu_agent.estimate.capture_only import storage_identity
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.model import ArgRole, ArgSpec, StepProgram
-from tpu_agent.estimate.options import DEFAULT_OPTIMIZER_STEPS, MIN_OPTIMIZER_STEPS
+from tpu_agent.estimate.options import DEFAULT_EFFORT, DEFAULT_OPTIMIZER_STEPS, MIN_OPTIMIZER_STEPS
 from tpu_agent.runtime import events
 from tpu_agent.runtime.emulated.flush_cause import FlushCause
 
@@ -355,11 +355,11 @@ def _finish(
             )
         programs = [step_program(graph, index, watcher.role_of) for index, graph in enumerate(graphs)]
         target = parse_target(str(options["target"]))
-        strategy = str(options["strategy"])
-        estimate = estimate_step(programs, target, strategy)
+        strategy, effort = str(options["strategy"]), str(options.get("effort", DEFAULT_EFFORT))
+        estimate = estimate_step(programs, target, strategy, effort=effort)
         estimate.step_ops_share = coverage.share
         if not estimate.fits and options.get("suggest", True):
-            estimate.suggestions = suggest_fixes(programs, target, strategy, current=estimate)
+            estimate.suggestions = suggest_fixes(programs, target, strategy, current=estimate, effort=effort)
         estimate.assumptions += [
             f"captured: the graphs of optimizer step {max(watcher.step - 1, 0)} as the script ran it in one process; "
             "its batch is the global batch, split over the chips",

@@ -29,6 +29,7 @@ from typing import Any
 
 from tpu_agent.chips import CHIPS, SLICE_GENERATIONS, TpuTarget
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.estimate.options import DEFAULT_EFFORT, EXEC_TIME_EFFORT
 from tpu_agent.fsutil import user_cache_dir
 from tpu_agent.runtime.tpu_compiler import CompilerStatus, compiler_status
 
@@ -182,10 +183,10 @@ def cache_dir() -> Path:
     return user_cache_dir("estimate")
 
 
-def _cache_key(lowered_text: str, target: TpuTarget, donate_argnums: Sequence[int]) -> str:
-    """The program as lowered (StableHLO, shardings included), the slice and the compiler's version."""
+def _cache_key(lowered_text: str, target: TpuTarget, donate_argnums: Sequence[int], effort: str) -> str:
+    """The program as lowered (StableHLO, shardings included), the slice, the effort and the compiler's version."""
     digest = hashlib.sha256(lowered_text.encode())
-    digest.update(f"|{target.spec}|{tuple(donate_argnums)}|{compiler_status().libtpu_version}".encode())
+    digest.update(f"|{target.spec}|{tuple(donate_argnums)}|{effort}|{compiler_status().libtpu_version}".encode())
     return digest.hexdigest()
 
 
@@ -254,15 +255,17 @@ def compile_for_target(
     abstract_args: Sequence[Any],
     target: TpuTarget,
     donate_argnums: Sequence[int] = (),
+    effort: str = DEFAULT_EFFORT,
 ) -> CompiledArtifacts:
     """AOT-compile ``fn`` for ``target`` on abstract arguments (``jax.ShapeDtypeStruct`` carrying shardings over
-    :func:`tpu_devices`); nothing is allocated and nothing runs. Results (and out-of-HBM refusals) are cached on
-    disk by the lowered program, the target and the compiler's version, so a re-run only lowers."""
+    :func:`tpu_devices`) at ``effort`` (:data:`~tpu_agent.estimate.options.EFFORTS`); nothing is allocated and
+    nothing runs. Results (and out-of-HBM refusals) are cached on disk by the lowered program, the target, the
+    effort and the compiler's version, so a re-run only lowers."""
     jax = _jax()
     with _quiet_libtpu(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*abstract_args)
-        key = _cache_key(lowered.as_text(), target, donate_argnums)
+        key = _cache_key(lowered.as_text(), target, donate_argnums, effort)
         cached = _cached(key)
         if isinstance(cached, HbmExhausted):
             raise cached
@@ -270,7 +273,7 @@ def compile_for_target(
             return cached
         try:
             with _outside_jax_persistent_cache(jax):
-                compiled = lowered.compile()
+                compiled = lowered.compile(compiler_options={"exec_time_optimization_effort": EXEC_TIME_EFFORT[effort]})
         except Exception as error:  # the compiler's own refusal: report it, never a traceback
             exhausted = _hbm_exhausted(str(error))
             if exhausted is not None:

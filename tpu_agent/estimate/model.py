@@ -165,6 +165,7 @@ class CompiledEstimate:
     chip_name: str
     chips: int
     strategy: str
+    effort: str
     hbm_bytes_per_chip: int
     peak_bf16_flops_per_chip: float
     programs: list[ProgramEstimate]
@@ -221,7 +222,9 @@ class CompiledEstimate:
 
         if not self.fits:
             return None
-        return calibrated_time(self.step_seconds, self.useful_flops, self.chips, self.peak_bf16_flops_per_chip)
+        return calibrated_time(
+            self.step_seconds, self.useful_flops, self.chips, self.peak_bf16_flops_per_chip, self.effort
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,6 +232,7 @@ class CompiledEstimate:
             "chip": self.chip_name,
             "chips": self.chips,
             "strategy": self.strategy,
+            "effort": self.effort,
             "compiler": self.compiler,
             "hbm_bytes_per_chip": self.hbm_bytes_per_chip,
             "peak_hbm_bytes_per_chip": self.peak_hbm_bytes,

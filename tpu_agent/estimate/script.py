@@ -24,7 +24,9 @@ from tpu_agent.estimate import host_bound
 from tpu_agent.estimate.compiler import require_compiler, supported_chip_counts
 from tpu_agent.estimate.layout import ESTIMATE_DIR_ENV, HOOK_SPEC, OPTIONS_FILE, RESULT_FILE
 from tpu_agent.estimate.options import (
+    DEFAULT_EFFORT,
     DEFAULT_OPTIMIZER_STEPS,
+    EFFORTS,
     MAX_OPTIMIZER_STEPS,
     MIN_OPTIMIZER_STEPS,
     STRATEGIES,
@@ -48,6 +50,7 @@ class EstimateOptions:
     capture_only: bool = False  # record the step from shapes without computing it (tpu_agent.estimate.capture_only)
     allow_partial: bool = False  # figures from the compiled part of a step that has graphs XLA could not take
     host_memory_bytes: int | None = None  # the bound that switches to capture-only (None: host_bound's default)
+    effort: str = DEFAULT_EFFORT  # the compiler's effort at the program's speed (options.EFFORTS)
 
     def resolved_strategy(self) -> str:
         if self.strategy is not None:
@@ -69,6 +72,10 @@ class EstimateOptions:
                 "bad-strategy",
                 f"--strategy {self.strategy!r} is not a strategy",
                 f"use one of: {', '.join(STRATEGIES)}",
+            )
+        if self.effort not in EFFORTS:
+            raise TpuAgentError(
+                "bad-effort", f"--effort {self.effort!r} is not an effort", f"use one of: {', '.join(EFFORTS)}"
             )
         if not MIN_OPTIMIZER_STEPS <= self.steps <= MAX_OPTIMIZER_STEPS:
             raise TpuAgentError(
@@ -129,6 +136,7 @@ def estimate_script(
         settings = {
             "target": options.target,
             "strategy": strategy,
+            "effort": options.effort,
             "steps": options.steps,
             "suggest": options.suggest,
             "capture_only": options.capture_only,

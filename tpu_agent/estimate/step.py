@@ -31,7 +31,7 @@ from tpu_agent.estimate.model import (
     StepProgram,
     Suggestion,
 )
-from tpu_agent.estimate.options import STRATEGIES
+from tpu_agent.estimate.options import DEFAULT_EFFORT, EFFORT_MEANING, STRATEGIES
 from tpu_agent.runtime.tpu_compiler import compiler_status
 
 MESH_AXIS = "chips"
@@ -87,17 +87,19 @@ def _abstract_args(program: StepProgram, target: TpuTarget, strategy: str) -> tu
 _COMPILED: dict[tuple[object, ...], ProgramEstimate] = {}
 
 
-def compile_program(program: StepProgram, target: TpuTarget, strategy: str = "as-captured") -> ProgramEstimate:
+def compile_program(
+    program: StepProgram, target: TpuTarget, strategy: str = "as-captured", effort: str = DEFAULT_EFFORT
+) -> ProgramEstimate:
     """Compile one program for ``target`` and attribute the HBM it needs per chip to parameters, optimizer
     state, inputs, outputs, temporaries and code. A program compiled once for a target is not compiled again
     in this process (suggestions revisit the same configurations)."""
-    key = (program.name, id(program.fn), program.args, program.donated, program.calls, target.spec, strategy)
+    key = (program.name, id(program.fn), program.args, program.donated, program.calls, target.spec, strategy, effort)
     if key not in _COMPILED:
-        _COMPILED[key] = _compile_program(program, target, strategy)
+        _COMPILED[key] = _compile_program(program, target, strategy, effort)
     return _COMPILED[key]
 
 
-def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> ProgramEstimate:
+def _compile_program(program: StepProgram, target: TpuTarget, strategy: str, effort: str) -> ProgramEstimate:
     if strategy not in STRATEGIES:
         raise TpuAgentError(
             "bad-strategy", f"unknown sharding strategy {strategy!r}", f"use one of: {', '.join(STRATEGIES)}"
@@ -111,7 +113,7 @@ def _compile_program(program: StepProgram, target: TpuTarget, strategy: str) -> 
 
     try:
         with tpu_kernels.as_on_tpu() as kernels:
-            artifacts = compile_for_target(program.fn, abstract, target, donate_argnums=program.donated)
+            artifacts = compile_for_target(program.fn, abstract, target, donate_argnums=program.donated, effort=effort)
     except HbmExhausted as refusal:
         # The compiler stops before its cost analysis; what it needs beyond the inputs is temporaries.
         memory = HbmBreakdown(
@@ -224,15 +226,18 @@ def estimate_step(
     target: TpuTarget,
     strategy: str = "as-captured",
     model_flops_per_step: float | None = None,
+    effort: str = DEFAULT_EFFORT,
 ) -> CompiledEstimate:
-    """Compile every program of the step for ``target`` and gather the result into one :class:`CompiledEstimate`."""
+    """Compile every program of the step for ``target`` at ``effort`` and gather the result into one
+    :class:`CompiledEstimate`."""
     if target.chips not in supported_chip_counts(target.chip.key):
         raise TpuAgentError(
             "unsupported-target",
             f"--chip {target.spec}: no {target.chip.key} slice of {target.chips} chips is known to the compiler",
             f"use a {target.chip.key} slice of {', '.join(map(str, supported_chip_counts(target.chip.key)))} chips",
         )
-    compiled = with_resident_state(programs, [compile_program(p, target, strategy) for p in programs], target, strategy)
+    compiled = [compile_program(program, target, strategy, effort) for program in programs]
+    compiled = with_resident_state(programs, compiled, target, strategy)
     status = compiler_status()
     rooflined = [program.name for program in compiled if program.timed_by == "roofline"]
     estimate = CompiledEstimate(
@@ -240,13 +245,15 @@ def estimate_step(
         chip_name=target.chip.device_name,
         chips=target.chips,
         strategy=strategy,
+        effort=effort,
         hbm_bytes_per_chip=target.chip.hbm_bytes_per_device,
         peak_bf16_flops_per_chip=target.chip.peak_bf16_flops_per_device,
         programs=compiled,
         model_flops_per_step=model_flops_per_step,
         compiler=status.reason,
         assumptions=[
-            f"compiled by libtpu for {target.chips} x {target.chip.device_name} ({strategy} sharding); nothing ran",
+            f"compiled by libtpu for {target.chips} x {target.chip.device_name} ({strategy} sharding) at {effort} "
+            f"effort ({EFFORT_MEANING[effort]}); nothing ran",
             "memory: per chip, from the compiler's memory analysis; programs of one step run one after another, so "
             "the step needs the largest of them",
             "time: the compiler's optimal_seconds summed over programs (ideal overlap, no host or input pipeline time)",
@@ -294,6 +301,7 @@ def suggest_fixes(
     max_compiles: int = 6,
     *,
     current: CompiledEstimate | None = None,
+    effort: str = DEFAULT_EFFORT,
 ) -> list[Suggestion]:
     """Changes that make a step that does not fit fit, each verified by compiling it (at most ``max_compiles``
     compilations): FSDP over the same chips, bf16 parameters and optimizer state, and the smallest larger slice
@@ -327,14 +335,14 @@ def suggest_fixes(
             )
     suggestions: list[Suggestion] = []
     for change, candidate_target, candidate_strategy, candidate_programs in candidates[:max_compiles]:
-        estimate = estimate_step(candidate_programs, candidate_target, candidate_strategy)
+        estimate = estimate_step(candidate_programs, candidate_target, candidate_strategy, effort=effort)
         suggestions.append(
             Suggestion(change, candidate_target.spec, estimate.fits, estimate.peak_hbm_bytes, estimate.step_seconds)
         )
         if estimate.fits and candidate_target is not target:
             break  # the smallest larger slice that fits was found; larger ones would fit too
     if current is None:  # the caller's estimate of the step as captured, else compiled (again) here
-        current = estimate_step(programs, target, strategy)
+        current = estimate_step(programs, target, strategy, effort=effort)
     return suggestions + _recapture_suggestions(current, target)
 
 

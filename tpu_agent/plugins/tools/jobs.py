@@ -21,6 +21,7 @@ from pydantic import Field
 
 from tpu_agent.errors import ExitCode, TpuAgentError
 from tpu_agent.estimate.options import (
+    DEFAULT_EFFORT,
     DEFAULT_OPTIMIZER_STEPS,
     DEFAULT_TARGET,
     MAX_OPTIMIZER_STEPS,
@@ -33,6 +34,7 @@ from tpu_agent.plugins.tools.args import (
     ChipArg,
     CompilerArg,
     EagerModeArg,
+    EffortArg,
     EntrypointArg,
     JobIdArg,
     NprocArg,
@@ -303,11 +305,12 @@ async def tpu_estimate(
             "with the share of the step's ops it covers (default: no verdict from part of a step)."
         ),
     ] = False,
+    effort: EffortArg = DEFAULT_EFFORT,
     timeout_s: TimeoutArg = 1800,
     wait_s: WaitArg = 20,
     workspace: WorkspaceArg = None,
 ) -> models.JobResult:
-    options = ["--steps", str(steps)] + (["--strategy", strategy] if strategy else [])
+    options = ["--steps", str(steps), "--effort", effort] + (["--strategy", strategy] if strategy else [])
     options += ["--capture-only"] if capture_only else []
     options += ["--allow-partial"] if allow_partial else []
     return await _start_job(
