@@ -76,7 +76,16 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
             await _call(
                 client,
                 "tpu_profile",
-                {"entrypoint": "train.py", "args": ["--steps", "6"], "steps": 4, "warmup": 1, "wait_s": 45},
+                # verify=False: the suite's setting for captures (tests/conftest.py); the checking of diffs is
+                # tested in tests/profile/test_verify_profile.py, and here the switch reaches the profile
+                {
+                    "entrypoint": "train.py",
+                    "args": ["--steps", "6"],
+                    "steps": 4,
+                    "warmup": 1,
+                    "verify": False,
+                    "wait_s": 45,
+                },
             ),
         )
         assert profile["state"] == "succeeded", "\n".join(profile["log_tail"])
@@ -90,4 +99,9 @@ async def test_claude_code_config_migrates_runs_profiles_and_diagnoses(example: 
         assert any(loc.startswith("train.py:") for f in diagnosis["findings"] for loc in f["locations"])
         for finding in diagnosis["findings"]:
             assert finding["rule"] and finding["suggested_change"], finding
+        offered = [f for f in diagnosis["findings"] if f["agent_diff"]]
+        assert offered  # the eager-mode and host-sync diffs, each marked unverified in words (advice is a promise)
+        for finding in offered:
+            assert not finding["diff_verified"], finding
+            assert finding["verification"] == "Unverified diff: verification is off (--no-verify).", finding
         assert diagnosis["logdir"] == profile["profile_dir"]

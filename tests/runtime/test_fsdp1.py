@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import clean_env, run_script, tpu_agent
@@ -135,11 +137,14 @@ def hybrid_without_mesh():  # FSDP1's own hybrid groups: one per host of device_
         return str(error)
 
 
-def fsdp(strategies, policy, mixed):
+def fsdp(specs):  # each of specs (comma-separated STRATEGY:POLICY:PRECISION) trained from a fresh model, in turn
     dist.init_process_group("tpu_dist")
     rank, world = dist.get_rank(), dist.get_world_size()
-    runs = {strategy: train(strategy, policy, mixed, rank, world) for strategy in strategies.split(",")}
-    refused = hybrid_without_mesh() if "HYBRID" in strategies else None
+    runs = {}
+    for spec in specs.split(","):
+        strategy, policy, precision = spec.split(":")
+        runs[spec] = train(strategy, policy, precision == "bf16", rank, world)
+    refused = hybrid_without_mesh() if "HYBRID" in specs else None
     if rank == 0:
         Path = __import__("pathlib").Path
         Path(os.environ["OUT"]).write_text(json.dumps({"runs": runs, "hybrid_without_mesh": refused}))
@@ -151,27 +156,41 @@ if sys.argv[1] == "ref":
     losses, state = reference()
     print(json.dumps({"losses": losses, "state": state}))
 else:
-    fsdp(*sys.argv[1:3], sys.argv[3] == "bf16")
+    fsdp(sys.argv[1])
 """
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_script(TRAIN_SCRIPT, tmp_path_factory.mktemp("ref"), "ref")
+def reference(run_once: Callable[..., Any]) -> dict:
+    """The CPU process's run, once per session (run_once), also when pytest-xdist splits this module."""
+    return run_once("fsdp1-reference", lambda directory: run_script(TRAIN_SCRIPT, directory, "ref"))
 
 
-def _fsdp_run(tmp_path: Path, strategies: str, policy: str, precision: str) -> dict:
-    """One 2-rank run training a model under each of ``strategies`` (comma-separated); rank 0's output."""
-    script, out = tmp_path / "train.py", tmp_path / "out.json"
-    script.write_text(TRAIN_SCRIPT)
-    env = clean_env(PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH")])), OUT=str(out))
-    result = tpu_agent(
-        "run", "--nproc", "2", "--backend", "emulated", str(script), strategies, policy, precision,
-        cwd=tmp_path, env=env, timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert (tmp_path / "ckpt.pt").exists()
-    return json.loads(out.read_text())
+# Every FSDP1 configuration the tests check, trained one after another by the same two ranks (a fresh model each):
+# the hybrid strategies on a device mesh and NO_SHARD in fp32 with the size-based wrap policy, SHARD_GRAD_OP in bf16
+# with the transformer policy. One launch of two ranks instead of one per configuration.
+SHARDED = ("FULL_SHARD:size:fp32", "HYBRID_SHARD:size:fp32", "_HYBRID_SHARD_ZERO2:size:fp32")
+NO_SHARD = ("NO_SHARD:size:fp32",)
+MIXED = "SHARD_GRAD_OP:transformer:bf16"
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(run_once: Callable[..., Any]) -> dict:
+    """rank 0's output of the two-rank run of every configuration above, once per session (run_once)."""
+
+    def launch(directory: Path) -> dict:
+        script, out = directory / "train.py", directory / "out.json"
+        script.write_text(TRAIN_SCRIPT)
+        env = clean_env(PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH")])), OUT=str(out))
+        specs = ",".join((*SHARDED, *NO_SHARD, MIXED))
+        result = tpu_agent(
+            "run", "--nproc", "2", "--backend", "emulated", str(script), specs, cwd=directory, env=env, timeout=240
+        )
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        assert (directory / "ckpt.pt").exists()
+        return dict(json.loads(out.read_text()))
+
+    return dict(run_once("fsdp1-two-ranks", launch))
 
 
 def _flat(value: object) -> list[float]:
@@ -187,30 +206,26 @@ def _close(a: list[float], b: list[float], tol: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("strategies", "policy"), [("FULL_SHARD,HYBRID_SHARD,_HYBRID_SHARD_ZERO2", "size"), ("NO_SHARD", "size")]
-)
-def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(
-    tmp_path: Path, reference: dict, strategies: str, policy: str
-) -> None:
-    """The hybrid strategies (in the FULL_SHARD run) on a device mesh: shard over the two ranks, one replica."""
-    result = _fsdp_run(tmp_path, strategies, policy, "fp32")
-    for strategy, out in result["runs"].items():
+@pytest.mark.parametrize("specs", [SHARDED, NO_SHARD], ids=["FULL_SHARD,HYBRID_SHARD,_HYBRID_SHARD_ZERO2", "NO_SHARD"])
+def test_fsdp1_on_two_ranks_trains_as_one_cpu_process(fsdp_runs: dict, reference: dict, specs: tuple[str, ...]) -> None:
+    """The hybrid strategies (in the FULL_SHARD group) on a device mesh: shard over the two ranks, one replica."""
+    for spec in specs:
+        strategy, out = spec.split(":")[0], fsdp_runs["runs"][spec]
         assert _close(out["losses"], reference["losses"], 1e-5), (strategy, out["losses"], reference["losses"])
         assert out["state"].keys() == reference["state"].keys()
         for name, value in reference["state"].items():
             assert _close(_flat(out["state"][name]), _flat(value), 1e-4), (strategy, name)
         # offloaded (the sharded strategies) the full state dict is on the host, as FSDP1 gives it on a GPU
         assert out["devices"] == (["tpu"] if strategy == "NO_SHARD" else ["cpu"]), strategy
-    if "HYBRID_SHARD" in strategies:
+    if specs == SHARDED:
         # without a mesh FSDP1 makes one group per host of device_count() ranks; each TorchTPU process sees its
         # one chip, so the groups are single ranks (shard over one, replicate over all) and nothing is refused
-        assert result["hybrid_without_mesh"] is None, result["hybrid_without_mesh"]
+        assert fsdp_runs["hybrid_without_mesh"] is None, fsdp_runs["hybrid_without_mesh"]
 
 
 @pytest.mark.slow
-def test_fsdp1_bf16_mixed_precision_stays_near_the_fp32_run(tmp_path: Path, reference: dict) -> None:
+def test_fsdp1_bf16_mixed_precision_stays_near_the_fp32_run(fsdp_runs: dict, reference: dict) -> None:
     """SHARD_GRAD_OP with a transformer wrap policy, in bf16: near the fp32 CPU run, offloaded state on the host."""
-    out = _fsdp_run(tmp_path, "SHARD_GRAD_OP", "transformer", "bf16")["runs"]["SHARD_GRAD_OP"]
+    out = fsdp_runs["runs"][MIXED]
     assert _close(out["losses"], reference["losses"], 2e-2), (out["losses"], reference["losses"])
     assert out["devices"] == ["cpu"]
