@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, analyse, attr_key, name_key
 
 # a module-level (column 0) ``NAME = "cuda"`` / ``NAME: str = "nccl"``
@@ -82,7 +83,7 @@ def imported_uses(files: Sequence[PythonFile]) -> dict[Path, dict[str, tuple[Imp
 def _bindings(tree: ast.Module, importer: Path, wanted: dict[Path, set[str]]) -> list[tuple[Path, str, str]]:
     """(defining file, constant, key of its uses in the importer) for every import of a wanted constant."""
     out: list[tuple[Path, str, str]] = []
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.ImportFrom):
             base = _module_path(importer, node.module, node.level)
             for alias in node.names:

@@ -16,6 +16,8 @@ from typing import Any, cast
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.astnodes import nodes
+
 
 def target_names(target: cst.CSTNode) -> list[str]:
     """The names an assignment target binds: ``x``, each name of ``a, (b, *c)``; none for ``obj.attr``/``x[i]``."""
@@ -135,4 +137,4 @@ def bound_anywhere(tree: ast.Module) -> frozenset[str]:
     superset of every function's local names, read off the stdlib tree in one walk. A name outside it is no
     function's local, so the libcst walk of :func:`local_names` (the costly part of resolving names in big files)
     is needed only for the few names inside it."""
-    return frozenset(name for node in ast.walk(tree) for name in bindings_of(node))
+    return frozenset(name for node in nodes(tree) for name in bindings_of(node))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.valueflow import call_name
 from tpu_agent.migrate.engine.positions import NEWLINE_RE, line_starts
 from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS, lower_search
@@ -74,7 +75,7 @@ def _holders(tree: ast.Module, source: str) -> list[str]:
     if not any(name in source for name in _HELD_TRIGGERS):
         return []
     names: list[str] = []
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.Assign) and _holds_trigger(node.value):
             for target in node.targets:
                 if isinstance(target, (ast.Name, ast.Attribute)):
