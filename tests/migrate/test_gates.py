@@ -111,3 +111,21 @@ def test_stubs_keep_lines_line_endings_and_statement_kinds() -> None:
     )
     kinds = [type(stmt).__name__ for stmt in reduction.tree.body]
     assert kinds == ["Expr", "Import", "If", "Expr", "Assign"]
+
+
+def test_reduced_parse_drops_unused_cuda_imports_without_a_full_pass() -> None:
+    """A CUDA import the rewrite leaves unused is dropped from a parse of the spliced output of the reduced module
+    (not by migrating the file again from its full parse), with the full parse's result."""
+    source = (
+        "import torch\nfrom torch.cuda.amp import autocast\n\n\ndef plain(x):\n    return x + 1\n\n\n"
+        "def f(model, x):\n    with autocast():\n        return model(x)\n"
+    )
+    for target in TARGETS:
+        options = MigrateOptions(target=target)
+        result = rewrite(source, options, ALL_RULES, dispatch(), ast.parse(source), reduce=True)
+        assert result.reduced  # ``plain`` is a stub
+        reduced = _outcome(result)
+        assert reduced is not None and reduced.code is not None
+        assert "torch.cuda" not in reduced.code and "def plain(x):\n    return x + 1\n" in reduced.code
+        full = _full(source, options)
+        assert (reduced.code, reduced.findings) == (full.code, full.findings)
