@@ -53,10 +53,23 @@ class Bindings:
             self._bind_target(target.value, None)
 
 
+# the node types :func:`analyse` binds something for (a parsed tree holds these exact classes, never subclasses):
+# the other nodes of the walk, most of them, are skipped with one set lookup
+_BINDING_NODES: frozenset[type] = frozenset(
+    {
+        ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.AugAssign, ast.For, ast.AsyncFor, ast.comprehension,
+        ast.withitem, ast.Delete, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.arg, ast.alias,
+        ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping,
+    }
+)  # fmt: skip
+
+
 def analyse(tree: ast.Module) -> Bindings:
     """Every binding of ``tree``, with its value where the binding shows one."""
     found = Bindings()
     for node in nodes(tree):
+        if type(node) not in _BINDING_NODES:
+            continue
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 found._bind_target(target, node.value)
