@@ -67,3 +67,17 @@ def test_imports_are_resolved_by_module_path(tmp_path: Path) -> None:
     b_flows = found[tmp_path / "b/config.py"]["name:ACCEL"]
     assert [(f.display, f.flow.verdict) for f in a_flows] == [("a/use.py", Verdict.DEVICE)]
     assert [(f.display, f.flow.other_lines) for f in b_flows] == [("b/use.py", (2,))]
+
+
+def test_pool_hands_defining_files_the_scan_they_wait_for(tmp_path: Path) -> None:
+    """With a process pool, files that define no constant start before the cross-module scan is done and the
+    defining files follow with its result: the plan must be the one-worker plan, file for file."""
+    case = _case_ids()[0]
+    tree = tmp_path / case
+    shutil.copytree(CASES / case / "in", tree)
+    for index in range(3):  # enough parse work (POOL_MIN_BYTES) for the engine to start a pool
+        (tree / f"filler_{index}.py").write_text("# cuda\n" * 15_000, encoding="utf-8")
+    plans = [build_plan([tree], MigrateOptions(jobs=jobs)) for jobs in (1, 2)]
+    summaries = [[(f.path, f.migrated_bytes, f.findings, f.skipped_reason) for f in plan.files] for plan in plans]
+    assert summaries[0] == summaries[1]
+    assert any(f.migrated_bytes is not None for f in plans[1].files if not f.path.name.startswith("filler"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.valueflow import attr_key, name_key
 
 # A binding whose value the module does not show: a parameter, a loop or ``with`` target, an import, a
@@ -52,10 +53,23 @@ class Bindings:
             self._bind_target(target.value, None)
 
 
+# the node types :func:`analyse` binds something for (a parsed tree holds these exact classes, never subclasses):
+# the other nodes of the walk, most of them, are skipped with one set lookup
+_BINDING_NODES: frozenset[type] = frozenset(
+    {
+        ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.AugAssign, ast.For, ast.AsyncFor, ast.comprehension,
+        ast.withitem, ast.Delete, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.arg, ast.alias,
+        ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping,
+    }
+)  # fmt: skip
+
+
 def analyse(tree: ast.Module) -> Bindings:
     """Every binding of ``tree``, with its value where the binding shows one."""
     found = Bindings()
-    for node in ast.walk(tree):
+    for node in nodes(tree):
+        if type(node) not in _BINDING_NODES:
+            continue
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 found._bind_target(target, node.value)
@@ -107,7 +121,7 @@ def bound_names(node: ast.AST) -> list[str]:
 def mentions_name(tree: ast.Module, name: str) -> bool:
     """Whether the module binds ``name`` in any scope, declares it global, or reads it: a name the migration
     must not bind at module level for its own use."""
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.Name) and node.id == name:
             return True
         if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, analyse, attr_key, name_key
 
 # a module-level (column 0) ``NAME = "cuda"`` / ``NAME: str = "nccl"``
@@ -43,20 +44,30 @@ class ImportedFlow:
     flow: KeyFlow
 
 
-def imported_uses(files: Sequence[PythonFile]) -> dict[Path, dict[str, tuple[ImportedFlow, ...]]]:
-    """Per defining file: its constant's analysis key (``name:X``) -> the flows of the modules importing it."""
-    definitions: dict[Path, set[str]] = {}
+def definitions(files: Sequence[PythonFile]) -> dict[Path, set[str]]:
+    """Per file that defines any: its module-level ``"cuda"``/``"nccl"`` constants (a bytes regex, no parse). Only
+    these files receive :func:`imported_uses`, so the others can be migrated before that scan is done."""
+    found: dict[Path, set[str]] = {}
     for file in files:
         names = {m.group(1).decode() for m in _DEFINITION_RE.finditer(file.data)}
         if names:
-            definitions[file.path] = names
-    if not definitions:
+            found[file.path] = names
+    return found
+
+
+def imported_uses(
+    files: Sequence[PythonFile], defined: dict[Path, set[str]] | None = None
+) -> dict[Path, dict[str, tuple[ImportedFlow, ...]]]:
+    """Per defining file: its constant's analysis key (``name:X``) -> the flows of the modules importing it.
+    ``defined``: :func:`definitions` of ``files`` when the caller has them already."""
+    constants = definitions(files) if defined is None else defined
+    if not constants:
         return {}
     found: dict[Path, dict[str, list[ImportedFlow]]] = {}
     for file in files:
         wanted = {
             path: names
-            for path, names in definitions.items()
+            for path, names in constants.items()
             if path != file.path
             and path.stem.encode() in file.data
             and any(name.encode() in file.data for name in names)
@@ -82,7 +93,7 @@ def imported_uses(files: Sequence[PythonFile]) -> dict[Path, dict[str, tuple[Imp
 def _bindings(tree: ast.Module, importer: Path, wanted: dict[Path, set[str]]) -> list[tuple[Path, str, str]]:
     """(defining file, constant, key of its uses in the importer) for every import of a wanted constant."""
     out: list[tuple[Path, str, str]] = []
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.ImportFrom):
             base = _module_path(importer, node.module, node.level)
             for alias in node.names:

@@ -16,6 +16,8 @@ from typing import Any, cast
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.astnodes import nodes
+
 
 def target_names(target: cst.CSTNode) -> list[str]:
     """The names an assignment target binds: ``x``, each name of ``a, (b, *c)``; none for ``obj.attr``/``x[i]``."""
@@ -130,9 +132,19 @@ def bindings_of(node: ast.AST) -> list[str]:
     return []
 
 
+# the node types :func:`bindings_of` finds names in (a parsed tree holds these exact classes, never subclasses): a
+# whole-tree walk asks it only about these, not about every expression node
+_BINDERS: frozenset[type] = frozenset(
+    {
+        ast.Name, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg, ast.Global, ast.Nonlocal,
+        ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping, *_TYPE_PARAMS,
+    }
+)  # fmt: skip
+
+
 def bound_anywhere(tree: ast.Module) -> frozenset[str]:
     """Every name the module binds anywhere, in any scope, other than by an import (:func:`bindings_of`): a
     superset of every function's local names, read off the stdlib tree in one walk. A name outside it is no
     function's local, so the libcst walk of :func:`local_names` (the costly part of resolving names in big files)
     is needed only for the few names inside it."""
-    return frozenset(name for node in ast.walk(tree) for name in bindings_of(node))
+    return frozenset(name for node in nodes(tree) if type(node) in _BINDERS for name in bindings_of(node))

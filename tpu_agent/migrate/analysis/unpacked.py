@@ -22,6 +22,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.bindings import Value, bound_names
 from tpu_agent.migrate.analysis.valueflow import call_name
 
@@ -63,7 +64,7 @@ def analyse(tree: ast.Module, function: str) -> Unpacked:
     ``init_process_group`` is ``dist.init_process_group`` too), each with its verdict."""
     watched = {
         keyword.value.id
-        for node in ast.walk(tree)
+        for node in nodes(tree)
         if isinstance(node, ast.Call) and call_name(node) == function
         for keyword in node.keywords
         if keyword.arg is None and isinstance(keyword.value, ast.Name)

@@ -3,7 +3,8 @@
 :func:`build_plan` is the contract the public API (:mod:`tpu_agent.migrate.api`) builds on: it examines files,
 fills a :class:`~tpu_agent.migrate.model.Plan` and touches nothing on disk. Files are read and prefiltered in
 the calling process, which also finds the ``"cuda"``/``"nccl"`` constants other modules of the tree import
-(:mod:`~tpu_agent.migrate.analysis.crossmodule`) and hands each defining file what its importers do with them; the parse work goes to a process pool when
+(:mod:`~tpu_agent.migrate.analysis.crossmodule`, while the workers start on the files that define none) and hands
+each defining file what its importers do with them; the parse work goes to a process pool when
 there is enough of it, and results come back in input order whatever order the workers finish in. A file that vanishes or turns into something other than
 a regular file is reported as skipped; a worker that dies takes no result with it: the files it left
 unfinished are migrated again one by one in sacrificial processes
@@ -20,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from tpu_agent.fsutil import read_regular
-from tpu_agent.migrate.analysis.crossmodule import PythonFile, imported_uses
+from tpu_agent.migrate.analysis.crossmodule import ImportedFlow, PythonFile, definitions, imported_uses
 from tpu_agent.migrate.engine.discovery import Candidate, discover
 from tpu_agent.migrate.engine.guard import SourceProblem, process_context, run_isolated
 from tpu_agent.migrate.engine.prefilter import may_need_migration
@@ -88,12 +89,19 @@ def build_plan(
         if progress is not None:
             progress(done, total)
 
-    imported = imported_uses(_python_files(candidates))
+    python_files = _python_files(candidates)
+    defined = definitions(python_files)
+
+    def with_imported(index: int, imported: dict[Path, dict[str, tuple[ImportedFlow, ...]]]) -> Candidate:
+        """The candidate with what its importers do with its constants (only files in ``defined`` have any)."""
+        candidate = candidates[index]
+        if candidate.path in imported:
+            candidate = candidates[index] = dataclasses.replace(candidate, imported_flows=imported[candidate.path])
+        return candidate
+
     heavy: list[tuple[int, bytes]] = []
     for index, candidate in enumerate(candidates):
         candidate, data = _read(candidate)
-        if candidate.path in imported:
-            candidate = dataclasses.replace(candidate, imported_flows=imported[candidate.path])
         candidates[index] = candidate
         needs_parse = (
             not candidate.skipped_reason and candidate.kind not in whole_file_rules() and may_need_migration(data)
@@ -108,7 +116,17 @@ def build_plan(
     if jobs > 1 and len(heavy) > 1 and work_bytes >= POOL_MIN_BYTES:
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(heavy)), mp_context=process_context())
         try:
-            futures = {pool.submit(migrate_file, candidates[index], data, options): index for index, data in heavy}
+            # the files that define no constant go to the workers first; the cross-module scan runs here meanwhile,
+            # and the defining files follow with its result
+            futures = {
+                pool.submit(migrate_file, candidates[index], data, options): index
+                for index, data in heavy
+                if candidates[index].path not in defined
+            }
+            imported = imported_uses(python_files, defined)
+            for index, data in heavy:
+                if candidates[index].path in defined:
+                    futures[pool.submit(migrate_file, with_imported(index, imported), data, options)] = index
             for future in as_completed(futures):
                 finished(futures[future], future.result())
         except BrokenProcessPool:
@@ -121,8 +139,9 @@ def build_plan(
         finally:
             pool.shutdown(wait=True)
     else:
+        imported = imported_uses(python_files, defined)
         for index, data in heavy:
-            finished(index, migrate_file(candidates[index], data, options))
+            finished(index, migrate_file(with_imported(index, imported), data, options))
     roots = [Path(os.path.abspath(p)) for p in paths]
     files = [r for r in results if r is not None]
     return Plan(roots=roots, options=options, files=files, stale_temp_files=discovered.stale_temp_files)

@@ -21,6 +21,7 @@ from typing import NamedTuple, TypeVar
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.bindings import Bindings, mentions_name
 from tpu_agent.migrate.analysis.bindings import analyse as analyse_bindings
 from tpu_agent.migrate.analysis.crossmodule import ImportedFlow
@@ -88,7 +89,7 @@ class UserCudaClasses:
         except SyntaxError:
             return cls()
         classes = set()
-        for node in ast.walk(tree):
+        for node in nodes(tree):
             if isinstance(node, ast.ClassDef) and any(
                 isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "cuda" for item in node.body
             ):
@@ -96,7 +97,7 @@ class UserCudaClasses:
                 if not any(_TENSORISH_BASE_RE.search(base) for base in bases):
                     classes.add(node.name)
         instances: set[str] = set()
-        for node in ast.walk(tree):
+        for node in nodes(tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 func = node.value.func
                 name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None

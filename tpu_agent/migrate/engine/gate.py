@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.valueflow import call_name
 from tpu_agent.migrate.engine.positions import NEWLINE_RE, line_starts
-from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS
+from tpu_agent.migrate.engine.prefilter import CUDA_TOKENS, lower_search
 
 _IMPORT_RE = re.compile(r"\bimport\b")
 # functions that bind a process to a device (torch.cuda's and torch.accelerator's), held under other names
@@ -56,11 +57,11 @@ def _cuda_aliases(tree: ast.Module) -> list[str]:
     for node in statements:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.asname and CUDA_TOKENS.search(alias.name.encode()):
+                if alias.asname and lower_search(CUDA_TOKENS, alias.name.encode()):
                     names.append(alias.asname)
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
-                if CUDA_TOKENS.search(f"{node.module}.{alias.name}".encode()):
+                if lower_search(CUDA_TOKENS, f"{node.module}.{alias.name}".encode()):
                     names.append(alias.asname or alias.name)
     return names
 
@@ -74,7 +75,7 @@ def _holders(tree: ast.Module, source: str) -> list[str]:
     if not any(name in source for name in _HELD_TRIGGERS):
         return []
     names: list[str] = []
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.Assign) and _holds_trigger(node.value):
             for target in node.targets:
                 if isinstance(target, (ast.Name, ast.Attribute)):
@@ -94,18 +95,18 @@ def _holds_trigger(value: ast.expr) -> bool:
 
 
 def _trigger_gate(tree: ast.Module, source: str) -> re.Pattern[bytes]:
-    """The prefilter regex, plus the file's own names for CUDA-ish things."""
+    """The prefilter regex, plus the file's own names for CUDA-ish things; in lower case, for
+    :func:`~tpu_agent.migrate.engine.prefilter.lower_search` (identifiers hold no regex escapes, and lower-casing
+    their UTF-8 bytes folds exactly what ``re.IGNORECASE`` folds in a bytes pattern: ASCII letters)."""
     aliases = _cuda_aliases(tree) + _holders(tree, source)
     if not aliases:
         return CUDA_TOKENS
-    return re.compile(
-        CUDA_TOKENS.pattern + b"|\\b(?:" + "|".join(map(re.escape, aliases)).encode() + b")\\b", re.IGNORECASE
-    )
+    return re.compile(CUDA_TOKENS.pattern + (b"|\\b(?:" + "|".join(map(re.escape, aliases)).encode() + b")\\b").lower())
 
 
 def _is_live(text: str, gate: re.Pattern[bytes]) -> bool:
     """A statement the rules may act on: it imports (its names resolve the rest) or holds a trigger."""
-    return _IMPORT_RE.search(text) is not None or gate.search(text.encode("utf-8", "surrogatepass")) is not None
+    return _IMPORT_RE.search(text) is not None or lower_search(gate, text.encode("utf-8", "surrogatepass")) is not None
 
 
 def _begin(stmt: ast.stmt) -> int:

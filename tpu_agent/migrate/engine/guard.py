@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tpu_agent.migrate.analysis.astnodes import depth
+
 SAFE_DEPTH = 150  # deepest stdlib-AST nesting migrated in-process (torch's own sources stay below 100)
 SAFE_LOGICAL_LINE_TOKENS = 600  # for text the stdlib parser rejects: longest statement migrated in-process
 SAFE_BRACKET_DEPTH = 100
@@ -89,17 +91,18 @@ def assess(source: str) -> Assessment:
     except (RecursionError, MemoryError) as exc:
         line = _deepest_line(source)
         raise ParseFailure("nested too deeply for Python's parser (Python cannot compile it either)", line, 1) from exc
-    node = _too_deep(tree, SAFE_DEPTH)
+    node = _too_deep(tree, SAFE_DEPTH) if depth(tree) > SAFE_DEPTH else None
     if node is not None:
         return Assessment(tree, True, getattr(node, "lineno", 1), f"code nested more than {SAFE_DEPTH} levels deep")
     return Assessment(tree, False, 1, "")
 
 
 def _too_deep(tree: ast.AST, limit: int) -> ast.AST | None:
-    """The first node found deeper than ``limit`` levels, or None (iterative: deep trees cannot overflow it).
+    """The first node found deeper than ``limit`` levels, or None (iterative: deep trees cannot overflow it). Run
+    only for trees :func:`~tpu_agent.migrate.analysis.astnodes.depth` finds too deep, to name the place.
 
-    It runs on every parsed file, so it reads the fields itself: the same children, in the same order, as
-    ``ast.iter_child_nodes`` yields, at a third of the cost of that generator."""
+    It reads the fields itself: the same children, in the same order, as ``ast.iter_child_nodes`` yields, at a
+    third of the cost of that generator."""
     stack: list[tuple[ast.AST, int]] = [(tree, 1)]
     pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:

@@ -19,6 +19,7 @@ from libcst.codemod.visitors import GatherUnusedImportsVisitor
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import GlobalScope, ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
+from tpu_agent.migrate.analysis.astnodes import nodes
 from tpu_agent.migrate.analysis.local_names import bindings_of
 from tpu_agent.migrate.engine.context import RESOLVER_COMMENT, PyContext
 from tpu_agent.migrate.model import Target
@@ -213,7 +214,7 @@ def _surely_read(code: str, names: set[str]) -> bool:
     imported: dict[str, list[int]] = {}  # name -> last line of each import binding it
     bound_otherwise: set[str] = set()
     read_on: dict[str, int] = {}  # name -> last line it is read on
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             read_on[node.id] = max(read_on.get(node.id, 0), node.lineno)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):

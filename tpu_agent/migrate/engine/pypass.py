@@ -117,9 +117,9 @@ def migrate_source(
     """Run the rules over ``source``; raise :class:`ParseFailure` when it does not parse.
 
     libcst parses only the statements the rules can act on (:func:`gate.reduce_source`); in the rare case
-    that the output cannot be spliced from the original text (a top-level statement removed, an import
-    clean-up), or that a rule needs to read a statement the reduction stubbed, the file is migrated again from
-    its full parse."""
+    that the output cannot be spliced from the original text (a top-level statement removed), or that a rule
+    needs to read a statement the reduction stubbed, the file is migrated again from its full parse. CUDA imports
+    the rewrite left unused are dropped from a parse of the spliced output."""
     # Parsing and the pass allocate many short-lived, acyclic nodes: the cyclic collector only slows them down.
     collecting = gc.isenabled()
     gc.disable()
@@ -165,7 +165,12 @@ def _outcome(result: Rewrite) -> PyOutcome | None:
     if code != result.source:
         unused = unused_cuda_imports(ctx, code)
         if unused.any and result.reduced:
-            return None
+            # the reduced module holds stubs where the output has code: the imports are dropped from a parse of the
+            # spliced output, which is the full module's output (one parse, not a second parse and rule pass)
+            try:
+                new_module = parse(code)
+            except ParseFailure:
+                return None
         code = remove_unused_cuda_imports(new_module, code, unused)
     return PyOutcome(code if code != result.source else None, ordered)
 
