@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -250,6 +251,40 @@ def _outside_jax_persistent_cache(jax: Any) -> Iterator[None]:
         jax.config.update(setting, previous)
 
 
+class _Session:
+    """The process-wide settings every compile needs (see :func:`compile_session`), and who holds them."""
+
+    lock = threading.Lock()
+    holders = 0
+    settings: contextlib.ExitStack | None = None
+
+
+_LOWERING = threading.Lock()  # tracing a graph to JAX goes through torchax's one environment: one trace at a time
+
+
+@contextlib.contextmanager
+def compile_session() -> Iterator[None]:
+    """libtpu's noise filtered from file descriptor 2 and JAX's persistent cache off, for every compile inside,
+    from any thread. Both are process-wide, so the first holder sets them and the last restores them: compiles
+    in several threads (:func:`tpu_agent.estimate.step.estimate_step`) share one redirect instead of undoing
+    each other's."""
+    with _Session.lock:
+        if _Session.holders == 0:
+            settings = contextlib.ExitStack()
+            settings.enter_context(_quiet_libtpu())
+            settings.enter_context(_outside_jax_persistent_cache(_jax()))
+            _Session.settings = settings
+        _Session.holders += 1
+    try:
+        yield
+    finally:
+        with _Session.lock:
+            _Session.holders -= 1
+            if _Session.holders == 0 and _Session.settings is not None:
+                _Session.settings.close()
+                _Session.settings = None
+
+
 def compile_for_target(
     fn: Callable[..., Any],
     abstract_args: Sequence[Any],
@@ -262,18 +297,18 @@ def compile_for_target(
     nothing runs. Results (and out-of-HBM refusals) are cached on disk by the lowered program, the target, the
     effort and the compiler's version, so a re-run only lowers."""
     jax = _jax()
-    with _quiet_libtpu(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*abstract_args)
-        key = _cache_key(lowered.as_text(), target, donate_argnums, effort)
+    with compile_session():
+        with _LOWERING, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*abstract_args)
+            key = _cache_key(lowered.as_text(), target, donate_argnums, effort)
         cached = _cached(key)
         if isinstance(cached, HbmExhausted):
             raise cached
         if cached is not None:
             return cached
         try:
-            with _outside_jax_persistent_cache(jax):
-                compiled = lowered.compile(compiler_options={"exec_time_optimization_effort": EXEC_TIME_EFFORT[effort]})
+            compiled = lowered.compile(compiler_options={"exec_time_optimization_effort": EXEC_TIME_EFFORT[effort]})
         except Exception as error:  # the compiler's own refusal: report it, never a traceback
             exhausted = _hbm_exhausted(str(error))
             if exhausted is not None:
