@@ -276,8 +276,9 @@ def test_a_mode_past_its_timeout_is_an_error() -> None:
 
 @pytest.mark.long  # a worker importing transformers and XLA-compiling RWKV's step: about half a minute
 def test_a_recurrent_state_gradient_reaches_the_xla_compiled_backward() -> None:
-    """RWKV's compiled backward gets a gradient for an output AOTAutograd traced as a plain tensor: it takes the tpu
-    gradient's CPU data (``TpuTensor.__coerce_same_metadata_as_tangent__``) instead of refusing its type."""
+    """RWKV (a recurrent state carried between chunks) compiles through XLA forward and backward and matches the
+    CPU. The coercion its backward once needed (``TpuTensor.__coerce_same_metadata_as_tangent__``) no longer decides
+    this run in torch 2.13; tests/runtime/test_emulated.py checks the coercion itself."""
     from tpu_agent.runtime.xla import settings
 
     if settings.missing_xla_packages():

@@ -308,6 +308,12 @@ def test_compile_backend_rules_and_events(compiled: tuple[dict, list]) -> None:
     assert out["recompiled_shape"] == [4]  # a (8, 4) input recompiles and still reduces over dim 0
     assert out["default_backend_device"] == "tpu:0"  # no backend= with tpu inputs means "tpu"
     assert out["grad"] == "tpu:0"
+    # a gradient for an output AOTAutograd traced as a plain tensor reaches the compiled backward as its CPU data
+    assert out["tangent_coercion"] == {
+        "to_plain": ["Tensor", "cpu", [1.0, 1.0]],
+        "to_tpu_is_itself": True,
+        "to_other_is_refused": True,
+    }
     assert out["dynamic"]["type"] == "NotImplementedError"
     assert "does not support torch.compile(..., dynamic=True" in out["dynamic"]["message"]
     assert out["mode"] == {"type": "TypeError", "message": "Unexpected keyword arguments: {'mode': 'max-autotune'}"}

@@ -99,7 +99,17 @@ torch.tpu.allow_excess_precision = False
 torch.tpu._clear_cache()
 cache_requests["after_clear"] = requested(lambda: x4 * 3)
 
+# what AOTAutograd asks of a gradient whose output it traced as a plain tensor (RWKV's recurrent state) or as tpu
+state = torch.ones(2, device="tpu")
+coerced = state.__coerce_same_metadata_as_tangent__(None, torch.Tensor)
+tangent_coercion = {
+    "to_plain": [type(coerced).__name__, coerced.device.type, coerced.tolist()],
+    "to_tpu_is_itself": state.__coerce_same_metadata_as_tangent__(None, type(state)) is state,
+    "to_other_is_refused": state.__coerce_same_metadata_as_tangent__(None, torch.nn.Parameter) is None,
+}
+
 out = {
+    "tangent_coercion": tangent_coercion,
     "compiled_device": str(first.device),
     "matches_eager": torch.allclose(first.cpu(), f(a, b).cpu()),
     "recompiled_shape": list(second.shape),
