@@ -3,6 +3,9 @@ damaged or crafted entry is a miss, never trusted."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,48 @@ def test_tpu_compiles_stay_out_of_the_runs_persistent_executables(tmp_path: Path
     assert "persistent compilation cache" not in proc.stderr, proc.stderr[-3000:]
     persisted = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "jit_doubled" in persisted and "jit_tpu_program" not in persisted
+
+
+COMPILES_AT_ONCE = """
+import sys
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tpu_agent.chips import parse_target
+from tpu_agent.estimate import compiler
+
+start = threading.Barrier(3)
+errors = []
+
+def compile_one(spec, width):
+    target = parse_target(spec)
+    start.wait()
+    try:
+        mesh = Mesh(np.array(compiler.tpu_devices(target)), ("chips",))
+        shape = jax.ShapeDtypeStruct((64, width), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+        compiler.compile_for_target(lambda a: jnp.tanh(a) * 2, [shape], target)
+    except Exception as error:  # noqa: BLE001 - reported below
+        errors.append(repr(error))
+
+import jax
+threads = [threading.Thread(target=compile_one, args=args) for args in (("v6e-8", 128), ("v5e-4", 256), ("v6e", 384))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(errors)
+"""
+
+
+def test_programs_compile_in_threads_from_a_fresh_process(tmp_path: Path) -> None:
+    """Programs compile two at a time, so a process's first requests for a slice's devices and its first compiles
+    come from several threads at once; libtpu's plugin is set up once for all of them (a 8B estimate served from
+    the cache once failed with "PJRT_Api already exists for device type tpu" before the devices were locked)."""
+    env = {**os.environ, CACHE_DIR_ENV: str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILES_AT_ONCE], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]

@@ -120,9 +120,14 @@ def _jax() -> Any:
     return jax
 
 
+_TOPOLOGY = threading.Lock()  # the first topology initialises libtpu's PJRT plugin, which may happen only once
+
+
 def tpu_devices(target: TpuTarget) -> tuple[Any, ...]:
-    """The (deviceless) TPU devices of ``target``'s slice, as the compiler sees them."""
-    return _topology_devices(*topology_name(target))
+    """The (deviceless) TPU devices of ``target``'s slice, as the compiler sees them. Safe from several threads:
+    two compiling threads asking at once failed with libtpu's "PJRT_Api already exists for device type tpu"."""
+    with _TOPOLOGY:
+        return _topology_devices(*topology_name(target))
 
 
 @functools.lru_cache(maxsize=16)
