@@ -21,6 +21,7 @@ import ast
 from dataclasses import dataclass, field
 
 from tpu_agent.migrate.analysis.astnodes import nodes
+from tpu_agent.migrate.analysis.local_names import TYPE_PARAMS, bindings_of
 from tpu_agent.migrate.analysis.valueflow import attr_key, name_key
 
 # A binding whose value the module does not show: a parameter, a loop or ``with`` target, an import, a
@@ -102,20 +103,13 @@ def analyse(tree: ast.Module) -> Bindings:
 
 def bound_names(node: ast.AST) -> list[str]:
     """The names one node binds: a name stored to or deleted, a definition, a parameter, an import, an
-    ``except ... as`` or a ``match`` capture."""
-    if isinstance(node, ast.Name):
-        return [] if isinstance(node.ctx, ast.Load) else [node.id]
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, ast.arg):
-        return [node.arg]
+    ``except ... as`` or a ``match`` capture (:func:`~.local_names.bindings_of`, with imports, without the
+    ``global``/``nonlocal`` declarations and type parameters that rebind no value here)."""
     if isinstance(node, ast.alias):
         return [node.asname or node.name.partition(".")[0]]
-    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
-        return [node.name] if node.name else []
-    if isinstance(node, ast.MatchMapping):
-        return [node.rest] if node.rest else []
-    return []
+    if isinstance(node, (ast.Global, ast.Nonlocal, *TYPE_PARAMS)):
+        return []
+    return bindings_of(node)
 
 
 def mentions_name(tree: ast.Module, name: str) -> bool:

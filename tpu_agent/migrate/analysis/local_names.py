@@ -107,7 +107,7 @@ def local_names(function: cst.FunctionDef) -> frozenset[str]:
 
 
 # type parameters bind names too (``def f[T](x: T)``, Python 3.12)
-_TYPE_PARAMS: tuple[type, ...] = tuple(
+TYPE_PARAMS: tuple[type, ...] = tuple(
     getattr(ast, kind) for kind in ("TypeVar", "ParamSpec", "TypeVarTuple") if hasattr(ast, kind)
 )
 
@@ -125,7 +125,7 @@ def bindings_of(node: ast.AST) -> list[str]:
         return list(node.names)
     if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
         return [node.name] if node.name else []
-    if isinstance(node, _TYPE_PARAMS):
+    if isinstance(node, TYPE_PARAMS):
         return [cast(Any, node).name]  # the classes exist from 3.12 only: typeshed for 3.10 has no ``name``
     if isinstance(node, ast.MatchMapping):
         return [node.rest] if node.rest else []
@@ -137,7 +137,7 @@ def bindings_of(node: ast.AST) -> list[str]:
 _BINDERS: frozenset[type] = frozenset(
     {
         ast.Name, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg, ast.Global, ast.Nonlocal,
-        ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping, *_TYPE_PARAMS,
+        ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping, *TYPE_PARAMS,
     }
 )  # fmt: skip
 
