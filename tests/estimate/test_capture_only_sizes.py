@@ -37,3 +37,40 @@ def test_sizes_read_from_the_device_are_bounded_to_an_even_split(tmp_path: Path)
     assert out["parts"] == [8, 8, 7, 7], out
     assert "split_with_sizes expects split_sizes to sum exactly to 30" in out["own"], out
     assert any("even split of 30 into 4 parts" in text for text in out["assumptions"]), out
+
+
+UPDATE_SCRIPT = r"""
+import json, torch
+from tpu_agent.runtime.api import activate
+activate()
+from tpu_agent.estimate import capture_only
+from tpu_agent.runtime.emulated import deferred
+from tpu_agent.runtime.emulated.flush_cause import FlushCause
+from tpu_agent.runtime.xla import graphs
+capture_only.install()
+seen = []
+graphs.graph_observers.append(lambda captured, inputs, precision: seen.append(
+    (captured, [value for value in inputs if type(value) is float])))
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # bias corrections: new floats every step
+updates = []
+for step in range(4):
+    model(torch.randn(8, 16, device="tpu")).square().mean().backward()
+    deferred.flush(FlushCause.OPTIMIZER_STEP)  # the step's forward and backward graph
+    del seen[:]
+    optimizer.step()
+    deferred.flush(FlushCause.OPTIMIZER_STEP)  # the update alone
+    optimizer.zero_grad(set_to_none=True)
+    updates.append(seen[-1])
+print(json.dumps({"traces": [id(captured) for captured, _ in updates],
+                  "floats_differ": updates[2][1] != updates[1][1]}))
+"""
+
+
+def test_an_update_whose_floats_change_every_step_is_traced_once(tmp_path: Path) -> None:
+    """AdamW's bias corrections are new Python floats at each step: the update graph of steps 1-3 is one trace
+    (the first step's update also creates the optimizer state: a graph of its own)."""
+    out = run_script(UPDATE_SCRIPT, tmp_path, TORCH_TPU_DEFER_AND_FUSE="1")
+    assert out["floats_differ"], out  # the case under test: the same graph with other floats
+    first, *steady = out["traces"]
+    assert len(set(steady)) == 1 and first not in steady, out

@@ -9,7 +9,8 @@ from tpu_compiler import needs_tpu_compiler
 from tpu_agent.chips import parse_target
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.estimate.compiler import topology_name
-from tpu_agent.estimate.step import estimate_step, placement, suggest_fixes
+from tpu_agent.estimate.model import StepProgram
+from tpu_agent.estimate.step import compile_order, estimate_step, placement, suggest_fixes
 
 pytestmark = [needs_tpu_compiler, pytest.mark.slow]
 
@@ -114,3 +115,11 @@ def test_state_that_other_programs_read_stays_in_each_programs_hbm() -> None:
         assert program.memory.parameters == 2 * tensor and program.memory.optimizer_state == 2 * tensor, program.name
     assert not estimate.fits and estimate.peak_hbm_bytes >= 4 * tensor
     assert any("count in every program" in line for line in estimate.assumptions)
+
+
+def test_the_largest_program_lowers_while_the_second_largest_compiles() -> None:
+    """Lowering is one program at a time: the largest (the optimizer update) goes second, the rest largest first."""
+    sizes = {"layer": 900, "update": 5000, "loss": 300, "embed": 40, "unknown": 0, "attention": 1200}
+    programs = [StepProgram(name, lambda: None, (), ops=ops) for name, ops in sizes.items()]
+    order = [program.name for program in compile_order(programs)]
+    assert order == ["attention", "update", "layer", "loss", "embed", "unknown"]

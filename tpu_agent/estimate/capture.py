@@ -254,7 +254,8 @@ def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None
         return traced.function(rng_seed, *merged)
 
     donated = tuple(i for i, arg in enumerate(args) if arg.role in _DONATED_ROLES)
-    return StepProgram(f"{index}: {graph.runner.name}", program, tuple(args), donated, graph.calls)
+    ops = sum(1 for node in gm.graph.nodes if node.op == "call_function")
+    return StepProgram(f"{index}: {graph.runner.name}", program, tuple(args), donated, graph.calls, ops)
 
 
 def _read_options(directory: Path) -> dict[str, Any]:

@@ -32,6 +32,7 @@ allocates its weights either.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,11 +127,26 @@ def _meta_planner(live: set[int]) -> Any:
     return MetaPlanner()
 
 
+def float_shape_key(value: float) -> float | str:
+    """What of a graph's Python float can change the traced program's ops, not just a constant in it.
+
+    An optimizer's bias corrections are new floats every step; baked into the trace as constants, they would
+    make every step's update graph a new one to trace (a 7B model's AdamW update: tens of seconds each time),
+    though its program differs only in those constants, which no memory or time figure depends on. Decompositions
+    branch on a few values (``alpha != 1``, dropout's ``p == 0``, ``pow``'s integral and half exponents, non-finite
+    bounds): those values key a trace as themselves; any other float is one class."""
+    if not math.isfinite(value) or value.is_integer() or abs(value) == 0.5:
+        return value
+    return "finite"
+
+
 class CaptureOnlyExecutor:
-    """Traces each flushed graph for the observers and gives its outputs meta data; runs nothing."""
+    """Traces each flushed graph for the observers and gives its outputs meta data; runs nothing. A graph is
+    traced once per plan and :func:`float_shape_key` of its floats: a later flush of it with other step-to-step
+    floats reuses the trace."""
 
     def __init__(self) -> None:
-        self.traced: dict[tuple[str, tuple[float, ...]], CapturedGraph | None] = {}
+        self.traced: dict[tuple[str, tuple[float | str, ...]], CapturedGraph | None] = {}
 
     def run(self, graph: Any, cause: FlushCause) -> None:
         try:
@@ -146,7 +162,7 @@ class CaptureOnlyExecutor:
         try:
             planner = _meta_planner(liveness.live_results(graph))
             graph_plan = planning.plan(graph, planner)
-            key = (graph_plan.key, tuple(graph_plan.floats))
+            key = (graph_plan.key, tuple(float_shape_key(value) for value in graph_plan.floats))
             if key not in self.traced:
                 self.traced[key] = None
                 traced = tracing.trace(graph, graph_plan, graph_plan.floats)

@@ -49,7 +49,8 @@ class StepProgram:
 
     ``donated`` are the inputs the step overwrites in place (parameters and optimizer state updated by the
     optimizer), so the compiler may reuse their HBM for the outputs, as TorchTPU does for in-place updates.
-    ``calls`` is how often one step runs it (a captured graph can run several times per step).
+    ``calls`` is how often one step runs it (a captured graph can run several times per step). ``ops`` is how
+    many ATen ops it holds, where known: the estimate compiles the largest programs first (0: no guess).
     """
 
     name: str
@@ -57,6 +58,7 @@ class StepProgram:
     args: tuple[ArgSpec, ...]
     donated: tuple[int, ...] = ()
     calls: int = 1
+    ops: int = 0
 
     def with_args(self, args: Sequence[ArgSpec]) -> StepProgram:
         return replace(self, args=tuple(args))

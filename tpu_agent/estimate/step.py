@@ -226,6 +226,30 @@ def program_seconds(
     return max(flops / chip.peak_bf16_flops_per_device, bytes_accessed / chip.hbm_bandwidth_per_device), "roofline"
 
 
+def _compile_all(
+    programs: Sequence[StepProgram], target: TpuTarget, strategy: str, effort: str
+) -> list[ProgramEstimate]:
+    """Every program compiled, :data:`COMPILE_THREADS` at a time, in the order :func:`compile_order` gives;
+    the results in the programs' order."""
+    with compile_session(), ThreadPoolExecutor(COMPILE_THREADS) as pool:
+        futures = {
+            id(program): pool.submit(compile_program, program, target, strategy, effort)
+            for program in compile_order(programs)
+        }
+        return [futures[id(program)].result() for program in programs]
+
+
+def compile_order(programs: Sequence[StepProgram]) -> list[StepProgram]:
+    """Largest programs (by ops) first, but the largest second.
+
+    Lowering (tracing to JAX) is one at a time, compiling two at a time. A large program started last leaves
+    the other thread idle while it alone lowers and compiles (a 7B step's optimizer update, traced from a loop
+    per parameter, is the largest and slowest of all); started first, its long lowering keeps the other thread
+    waiting with nothing lowered yet. Second, it lowers while the first program compiles."""
+    largest_first = sorted(programs, key=lambda program: -program.ops)
+    return largest_first[1:2] + largest_first[:1] + largest_first[2:]
+
+
 def estimate_step(
     programs: Sequence[StepProgram],
     target: TpuTarget,
@@ -241,8 +265,7 @@ def estimate_step(
             f"--chip {target.spec}: no {target.chip.key} slice of {target.chips} chips is known to the compiler",
             f"use a {target.chip.key} slice of {', '.join(map(str, supported_chip_counts(target.chip.key)))} chips",
         )
-    with compile_session(), ThreadPoolExecutor(COMPILE_THREADS) as pool:
-        compiled = list(pool.map(lambda program: compile_program(program, target, strategy, effort), programs))
+    compiled = _compile_all(programs, target, strategy, effort)
     compiled = with_resident_state(programs, compiled, target, strategy)
     status = compiler_status()
     rooflined = [program.name for program in compiled if program.timed_by == "roofline"]
