@@ -46,7 +46,8 @@ def test_host_sync_diffs_are_verified_on_a_copy(captures: Captures) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # one patched run per rule that offers a diff in the seeded suite: a dozen short profiles
+# one patched run per rule that offers a diff in the seeded suite, and half the seeded captures: minutes
+@pytest.mark.long(seconds=150)
 def test_no_rule_offers_an_unverified_diff_in_the_seeded_suite(
     captures: Captures, monkeypatch: pytest.MonkeyPatch
 ) -> None:
