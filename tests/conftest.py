@@ -65,6 +65,7 @@ def _long_seconds(item: pytest.Item) -> float:
     return float(marker.kwargs.get("seconds", LONG_DEFAULT_S)) if marker is not None else 0.0
 
 
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: the shares are those of the tests that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``long`` first in each worker's share, the rest in collection order.
 
