@@ -9,6 +9,7 @@ the first worker that needs them; any other worker waits for that result and rea
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -56,11 +57,39 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return cores + 1
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``long`` first, the rest in collection order. pytest-xdist hands each worker a contiguous
-    share of the list and steals from the ends of the queues: a minute-long test met near the end of a share
-    runs alone while the other worker has nothing left, and the run waits for it."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+LONG_DEFAULT_S = 30.0  # what a ``long`` mark without ``seconds=`` counts as: "half a minute or more"
+
+
+def _long_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long")
+    return float(marker.kwargs.get("seconds", LONG_DEFAULT_S)) if marker is not None else 0.0
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: the shares are those of the tests that run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` first in each worker's share, the rest in collection order.
+
+    pytest-xdist's worksteal hands each worker a contiguous share of the list (the first ``n // W`` items, then a
+    ``W - 1``-th of the rest, ...) and an idle worker steals from the end of the longest queue: a minute-long test
+    met near the end of a share runs alone while the others have nothing left, and the run waits for it. So each
+    share starts with long tests, which stealing never takes: the longest first, each to the share with the least
+    long work so far (``@pytest.mark.long(seconds=N)`` says how long a test is when far over half a minute). With
+    them all at the head of the list, the first worker's share held every one, run one after another."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    long_tests = sorted((item for item in items if _long_seconds(item)), key=_long_seconds, reverse=True)
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for item in long_tests:
+        least = loads.index(min(loads))
+        shares[least].append(item)
+        loads[least] += _long_seconds(item)
+    rest = iter([item for item in items if not _long_seconds(item)])
+    ordered: list[pytest.Item] = []
+    for index, share in enumerate(shares):
+        size = (len(items) - len(ordered)) // (workers - index)  # the share xdist sends this worker
+        ordered += share + list(itertools.islice(rest, max(0, size - len(share))))
+    ordered += rest
+    items[:] = ordered
 
 
 RunOnce = Callable[[str, Callable[[Path], Any]], Any]

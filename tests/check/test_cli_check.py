@@ -278,12 +278,14 @@ def test_a_mode_past_its_timeout_is_an_error() -> None:
 def test_a_recurrent_state_gradient_reaches_the_xla_compiled_backward() -> None:
     """RWKV (a recurrent state carried between chunks) compiles through XLA forward and backward and matches the
     CPU. The coercion its backward once needed (``TpuTensor.__coerce_same_metadata_as_tangent__``) no longer decides
-    this run in torch 2.13; tests/runtime/test_emulated.py checks the coercion itself."""
+    this run in torch 2.13; tests/runtime/test_emulated.py checks the coercion itself. Both modes in one worker
+    (a process per mode is what the JSON test above checks): one import of transformers and torch, not two."""
     from tpu_agent.runtime.xla import settings
 
     if settings.missing_xla_packages():
         pytest.skip(f"the XLA compiler needs {settings.missing_xla_packages()}")
-    report = check_model("rwkv", CheckOptions(modes=("strict", "compile"), env={"TPU_AGENT_COMPILER": "xla"}))
+    options = CheckOptions(modes=("strict", "compile"), process_per_mode=False, env={"TPU_AGENT_COMPILER": "xla"})
+    report = check_model("rwkv", options)
     strict, compiled = report.modes
     assert compiled.status == "pass", compiled.error
     # judged under XLA's tolerance, which the report states; Strict runs CPU kernels op by op, under the tight one

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_launch_util import REPO, SCRIPTS, clean_env
@@ -15,16 +17,22 @@ from runtime_launch_util import REPO, SCRIPTS, clean_env
 from tpu_agent.runtime import events
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[events.Event]]:
-    events_dir = tmp_path_factory.mktemp("events")
+def _run_script(events_dir: Path) -> dict:
     env = clean_env(PYTHONPATH=str(REPO), TPU_AGENT_COMPILER="xla", TPU_AGENT_EVENTS_DIR=str(events_dir))
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "backward_errors.py")],
         capture_output=True, text=True, check=False, env=env, timeout=600, cwd=SCRIPTS,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]  # -6 was the abort
-    return json.loads(proc.stdout.strip().splitlines()[-1]), events.read_events(Path(events_dir))[0]
+    return {"out": json.loads(proc.stdout.strip().splitlines()[-1]), "events_dir": str(events_dir)}
+
+
+@pytest.fixture(scope="module")
+def run(run_once: Callable[..., Any]) -> tuple[dict, list[events.Event]]:
+    """The script's output and its event log: one run per session (run_once), also when pytest-xdist splits this
+    module between workers (a torch process that compiles through XLA)."""
+    result = run_once("backward-errors", _run_script)
+    return result["out"], events.read_events(Path(result["events_dir"]))[0]
 
 
 def test_eager_backward_errors_reach_the_caller(run: tuple[dict, list[events.Event]]) -> None:
