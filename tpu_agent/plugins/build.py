@@ -24,6 +24,7 @@ import tomlkit
 from tpu_agent import __version__
 from tpu_agent.fsutil import atomic_write_bytes
 from tpu_agent.plugins.bundles import load_commands, load_metadata, load_skill, load_text, skill_names
+from tpu_agent.plugins.install import GEMINI_ENTRY_FIELDS
 
 AGENT_PLUGINS_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json"
 AGENT_PLUGINS_MCP_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json"
@@ -96,7 +97,10 @@ def render_bundle() -> dict[str, bytes]:
             "description": meta["description"],
             "contextFileName": "GEMINI.md",
             "mcpServers": {
-                server_name: _stdio_entry(meta, typed=False, extra_args=["--workspace", GEMINI_WORKSPACE_VAR])
+                server_name: {
+                    **_stdio_entry(meta, typed=False, extra_args=["--workspace", GEMINI_WORKSPACE_VAR]),
+                    **dict(GEMINI_ENTRY_FIELDS),
+                }
             },
         }
     )

@@ -42,6 +42,12 @@ class Harness:
     sets_project_env: bool = False  # the host sets CLAUDE_PROJECT_DIR for servers it starts
 
 
+# Gemini CLI's `gemini mcp list` gives a server 5 s to start and answer unless its entry names a `timeout`; a
+# Python server's first start on a busy machine can take longer, and is then listed "Disconnected". Its own
+# default request timeout (10 minutes) named explicitly keeps tool calls' limit and covers the start.
+GEMINI_ENTRY_FIELDS: tuple[tuple[str, Any], ...] = (("timeout", 600_000),)
+
+
 def _vscode_user_file(home: Path) -> Path:
     if sys.platform == "darwin":
         return home / "Library/Application Support/Code/User/mcp.json"
@@ -69,6 +75,7 @@ HARNESSES: dict[str, Harness] = {
             "mcpServers",
             "json",
             typed=False,
+            extra=GEMINI_ENTRY_FIELDS,
         ),
         Harness(
             "codex",
