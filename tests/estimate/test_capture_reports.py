@@ -15,6 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_agent.estimate import host_bound
 from tpu_agent.estimate.capture import CaptureComplete, ObservedGraph, _finish, _Step, _Watcher, script_error
+from tpu_agent.estimate.capture_only import CapturedGraph
 from tpu_agent.estimate.layout import RESULT_FILE
 from tpu_agent.estimate.report import summary_rows
 
@@ -163,3 +164,24 @@ def test_fsdp2_gradient_staging_that_does_not_compile_leaves_nothing_of_the_step
     watcher.steady.staging.add("deferred graph bbb")  # type: ignore[union-attr]
     coverage = watcher.coverage(watcher.step_seen())
     assert (coverage.ops_compiled, coverage.ops, coverage.missing) == (300, 300, [])
+
+
+def test_a_graph_that_cannot_be_traced_when_read_is_left_out_and_named() -> None:
+    """Capture-only traces a graph when the estimate reads it: one with an op XLA cannot lower is then left out
+    of the step's programs and named with the reason, as a graph that fell back while running is."""
+    watcher = _Watcher(steps=3)
+    step = _Step(flushed=[("deferred graph aaa", 300), ("deferred graph ccc", 50)])
+    step.graphs[("aaa", None)] = ObservedGraph(_Runner("deferred graph aaa"), None, [])
+
+    def no_lowering() -> torch.fx.GraphModule:
+        raise NotImplementedError("no XLA lowering for aten._fft_r2c.default")
+
+    untraceable = CapturedGraph("deferred graph ccc", None, "ccc", 50, no_lowering)
+    step.graphs[("ccc", None)] = ObservedGraph(untraceable, None, [])
+    watcher.steady = step
+    watcher.trace_graphs(step)
+    coverage = watcher.coverage(step)
+    assert [str(seen.runner.name) for seen in watcher.whole_graphs(step)] == ["deferred graph aaa"]
+    assert coverage.missing == [
+        "deferred graph ccc (50 ops): NotImplementedError: no XLA lowering for aten._fft_r2c.default"
+    ]

@@ -64,7 +64,7 @@ def _attention_step(length: int, heads: int = 4, kv_heads: int = 2, width: int =
     examples = [torch.empty(shape, dtype=torch.bfloat16, device="meta") for shape in shapes]
     gm = torch.fx.experimental.proxy_tensor.make_fx(step)(*examples)
     inputs: list = [(shape, torch.bfloat16, None) for shape in shapes]
-    return ObservedGraph(CapturedGraph(gm, "attention", None), Precision.DEFAULT, inputs)
+    return ObservedGraph(CapturedGraph.of(gm, "attention"), Precision.DEFAULT, inputs)
 
 
 @needs_tpu_compiler

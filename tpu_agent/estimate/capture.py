@@ -176,8 +176,20 @@ class _Watcher:
     def fell_back(self, graph_name: str, ops: int, error: BaseException) -> None:
         """A graph ran on the CPU path after all: its pieces that did run through XLA are not a program of the
         step (the whole graph ran again on the CPU), so they are dropped and the graph is named instead."""
-        self.current.graphs = {
-            key: seen for key, seen in self.current.graphs.items() if not str(seen.runner.name).startswith(graph_name)
+        self._leave_out(self.current, graph_name, ops, error)
+
+    def trace_graphs(self, step: _Step) -> None:
+        """Read each of ``step``'s graphs (capture-only traces a graph when first read): one that cannot be traced
+        for XLA (an op without a lowering) is left out and named, as a graph that fell back while running is."""
+        for seen in list(step.graphs.values()):
+            try:
+                seen.runner.gm  # noqa: B018 - the read traces it
+            except Exception as error:  # noqa: BLE001 - the graph is left out of the estimate and named there
+                self._leave_out(step, str(seen.runner.name), getattr(seen.runner, "ops", 0), error)
+
+    def _leave_out(self, step: _Step, graph_name: str, ops: int, error: BaseException) -> None:
+        step.graphs = {
+            key: seen for key, seen in step.graphs.items() if not str(seen.runner.name).startswith(graph_name)
         }
         self.fallbacks.setdefault(graph_name, (ops, f"{type(error).__name__}: {str(error)[:200]}"))
 
@@ -319,6 +331,7 @@ def _finish(
     )  # the last step's pending updates: every parameter and state tensor gets its data
     watcher.refresh_roles()
     step = watcher.step_seen()
+    watcher.trace_graphs(step)
     coverage = watcher.coverage(step)
     graphs = watcher.whole_graphs(step)
     result: dict[str, Any]

@@ -31,9 +31,11 @@ allocates its weights either.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,17 +78,50 @@ def storage_identity(t: torch.Tensor) -> int | None:
         return None
 
 
-@dataclass
 class CapturedGraph:
-    """A traced DeferAndFuse graph as the estimate's observers see a graph runner: its FX graph, name, key."""
+    """A DeferAndFuse graph as the estimate's observers see a graph runner: its name, site, a key of its structure
+    (``signature``) and its FX graph, traced when first read.
 
-    gm: torch.fx.GraphModule
-    name: str
-    site: events.Site | None
-    signature: str = field(init=False)
+    Tracing a graph costs about as much as recording it (a 7B model's AdamW update: seconds), and only the steady
+    step's graphs are compiled: those only the first optimizer step runs (the update that creates the optimizer's
+    state) are never read, so never traced."""
 
-    def __post_init__(self) -> None:
-        self.signature = hashlib.sha1(self.gm.code.encode()).hexdigest()[:20]
+    def __init__(
+        self, name: str, site: events.Site | None, signature: str, ops: int, trace: Callable[[], torch.fx.GraphModule]
+    ) -> None:
+        self.name = name
+        self.site = site
+        self.signature = signature
+        self.ops = ops
+        self._trace: Callable[[], torch.fx.GraphModule] | None = trace
+        self._gm: torch.fx.GraphModule | None = None
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule, name: str, site: events.Site | None = None) -> CapturedGraph:
+        """A graph traced already, keyed by its code."""
+        signature = hashlib.sha1(gm.code.encode()).hexdigest()[:20]
+        return cls(name, site, signature, len(gm.graph.nodes), lambda: gm)
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        """The traced graph; what the trace raised (an op with no XLA lowering, ...) is raised at each read."""
+        if self._gm is None:
+            assert self._trace is not None
+            self._gm = self._trace()
+            self._trace = None  # the recorded graph the trace read can go
+        return self._gm
+
+
+def _trace(graph: Any, graph_plan: Any) -> torch.fx.GraphModule:
+    """``graph`` as the functional ATen graph the XLA executor would compile, its floats baked in."""
+    from tpu_agent.runtime.xla import lowering, tracing
+
+    traced = tracing.trace(graph, graph_plan, graph_plan.floats)
+    gm = tracing.with_float_inputs(traced, len(graph_plan.floats))
+    missing = sorted({str(node.target) for node in lowering.unsupported_ops(gm)})
+    if missing:
+        raise NotImplementedError(f"no XLA lowering for {', '.join(missing)}")
+    return gm
 
 
 def _meta_planner(live: set[int]) -> Any:
@@ -141,45 +176,39 @@ def float_shape_key(value: float) -> float | str:
 
 
 class CaptureOnlyExecutor:
-    """Traces each flushed graph for the observers and gives its outputs meta data; runs nothing. A graph is
-    traced once per plan and :func:`float_shape_key` of its floats: a later flush of it with other step-to-step
-    floats reuses the trace."""
+    """Hands each flushed graph to the observers as a :class:`CapturedGraph` and gives its outputs meta data; runs
+    nothing. One graph object per plan and :func:`float_shape_key` of its floats: a later flush of it with other
+    step-to-step floats is the same graph, traced (if ever) once."""
 
     def __init__(self) -> None:
-        self.traced: dict[tuple[str, tuple[float | str, ...]], CapturedGraph | None] = {}
+        self.captured: dict[tuple[str, tuple[float | str, ...]], CapturedGraph] = {}
 
     def run(self, graph: Any, cause: FlushCause) -> None:
         try:
             self._observe(graph)
-        finally:  # whatever the trace made of it, the graph's tensors get their (meta) data, as after a run
+        finally:  # whatever the plan made of it, the graph's tensors get their (meta) data, as after a run
             _give_meta_data(graph)
 
     def _observe(self, graph: Any) -> None:
         from tpu_agent.runtime.emulated import liveness, state
-        from tpu_agent.runtime.xla import graphs, lowering, planning, tracing
+        from tpu_agent.runtime.xla import graphs, planning
 
         name = f"deferred graph {graph.hash}"
         try:
             planner = _meta_planner(liveness.live_results(graph))
             graph_plan = planning.plan(graph, planner)
-            key = (graph_plan.key, tuple(float_shape_key(value) for value in graph_plan.floats))
-            if key not in self.traced:
-                self.traced[key] = None
-                traced = tracing.trace(graph, graph_plan, graph_plan.floats)
-                gm = tracing.with_float_inputs(traced, len(graph_plan.floats))
-                missing = sorted({str(node.target) for node in lowering.unsupported_ops(gm)})
-                if missing:
-                    raise NotImplementedError(f"no XLA lowering for {', '.join(missing)}")
-                self.traced[key] = CapturedGraph(gm, name, graph.nodes[0].site)
         except Exception as error:  # noqa: BLE001 - the graph is left out of the estimate and named there
             for report_fallback in graphs.fallback_observers:
                 report_fallback(name, len(graph.nodes), error)
             return
-        # what the observers read of a GraphRunner (gm, name, site, signature), without one that could run it
-        captured: Any = self.traced[key]
-        if captured is not None:
-            for observe in graphs.graph_observers:
-                observe(captured, [*planner.meta_buffers, *planner.floats], state.effective_precision())
+        key = (graph_plan.key, tuple(float_shape_key(value) for value in graph_plan.floats))
+        captured = self.captured.get(key)
+        if captured is None:
+            signature = hashlib.sha1(repr(key).encode()).hexdigest()[:20]
+            trace = functools.partial(_trace, graph, graph_plan)
+            captured = self.captured[key] = CapturedGraph(name, graph.nodes[0].site, signature, len(graph.nodes), trace)
+        for observe in graphs.graph_observers:
+            observe(captured, [*planner.meta_buffers, *planner.floats], state.effective_precision())
 
 
 SMALL_BYTES = 4 << 20  # an op's outputs up to this size are computed for real when all its inputs have data
