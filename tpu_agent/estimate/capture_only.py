@@ -207,8 +207,9 @@ class CaptureOnlyExecutor:
             signature = hashlib.sha1(repr(key).encode()).hexdigest()[:20]
             trace = functools.partial(_trace, graph, graph_plan)
             captured = self.captured[key] = CapturedGraph(name, graph.nodes[0].site, signature, len(graph.nodes), trace)
+        runner: Any = captured  # what the observers read of a GraphRunner (gm, name, site, signature)
         for observe in graphs.graph_observers:
-            observe(captured, [*planner.meta_buffers, *planner.floats], state.effective_precision())
+            observe(runner, [*planner.meta_buffers, *planner.floats], state.effective_precision())
 
 
 SMALL_BYTES = 4 << 20  # an op's outputs up to this size are computed for real when all its inputs have data
