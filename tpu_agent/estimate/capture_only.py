@@ -5,9 +5,9 @@ bf16 parameters before its gradients and optimizer state. In this mode no tensor
 has data: every one holds a *meta* tensor (shape, strides, dtype, no memory), from the factory that creates it
 (:func:`placement.place_data_on`) to the graph that produces it. DeferAndFuse already infers each recorded op's
 output on meta tensors, so the script runs as usual and its graphs are recorded; at each flush
-:class:`CaptureOnlyExecutor` traces the graph exactly as the XLA executor would (same plan, same functional
-ATen graph) and hands it to the estimate's observers, then gives the graph's outputs meta data instead of
-running it. Nothing the size of the model is ever allocated on the host.
+:class:`CaptureOnlyExecutor` plans the graph as the XLA executor would and hands it to the estimate's observers
+(traced to the same functional ATen graph when one first reads it), then gives the graph's outputs meta data
+instead of running it. Nothing the size of the model is ever allocated on the host.
 
 What needs values cannot be answered without computing them:
 
