@@ -1,4 +1,4 @@
-"""The two libcst builders the engine's context and the rule families both use.
+"""The libcst helpers the engine and the rule families both use: two builders, and the walk that skips atoms.
 
 They live below both, beside the data model: the rules import the engine's context, so the context may not import
 the rules' helpers, and the rules may not import the engine package, whose __init__ imports the rules.
@@ -7,6 +7,30 @@ the rules' helpers, and the rules may not import the engine package, whose __ini
 from __future__ import annotations
 
 import libcst as cst
+
+_OPERATORS = (cst.BaseUnaryOp, cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseAugOp)
+# Nodes whose subtrees hold nothing but whitespace, comments and brackets, which no rule looks at. Three in five
+# nodes of a module are such tokens, and libcst's walk rebuilds every node it descends into (a new node, validated),
+# even for a visitor that only reads: walks that skip the atoms' insides cost a fraction.
+ATOMS = frozenset(
+    {
+        *(kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, _OPERATORS)),
+        *(cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.ImportStar),
+        *(cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.Newline, cst.Comment),
+        cst.EmptyLine,
+        *(cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket),
+        *(cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Asynchronous),
+        *(cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis, cst.FormattedStringText),
+    }
+)
+
+
+class TreeReader(cst.CSTVisitor):
+    """A read-only visitor that visits every node but what is inside an atom (:data:`ATOMS`): its ``visit_Name``
+    and the like are called, no ``visit_`` method for whitespace or brackets is."""
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return super().on_visit(node) and type(node) not in ATOMS
 
 
 def dotted(path: str) -> cst.Name | cst.Attribute:

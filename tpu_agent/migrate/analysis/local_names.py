@@ -17,6 +17,7 @@ from typing import Any, cast
 import libcst as cst
 
 from tpu_agent.migrate.analysis.astnodes import nodes
+from tpu_agent.migrate.cstnodes import TreeReader
 
 
 def target_names(target: cst.CSTNode) -> list[str]:
@@ -30,7 +31,7 @@ def target_names(target: cst.CSTNode) -> list[str]:
     return []
 
 
-class _Binder(cst.CSTVisitor):
+class _Binder(TreeReader):
     def __init__(self) -> None:
         self.bound: set[str] = set()
         self.declared: set[str] = set()  # global / nonlocal: not local

@@ -161,6 +161,7 @@ class PyContext:
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
     _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
     source: str = ""  # the file's text, for the analyses computed on demand
+    _mentions: dict[str, bool] = field(default_factory=dict)
     _value_flow: ValueFlow | None = None
     _bindings: Bindings | None = None
     _unpacked: dict[str, Unpacked] = field(default_factory=dict)
@@ -191,6 +192,15 @@ class PyContext:
         if "def cuda" in source:
             ctx.user_cuda = UserCudaClasses.scan(source)
         return ctx
+
+    def mentions(self, text: str) -> bool:
+        """Whether the file's text holds ``text`` anywhere. Rules ask it at every node of a kind (is there any
+        ``get_device_properties`` to read a field of?); searching the whole text each time cost a tenth of the run
+        on long files, so each text is searched once."""
+        found = self._mentions.get(text)
+        if found is None:
+            found = self._mentions[text] = text in self.source
+        return found
 
     @property
     def value_flow(self) -> ValueFlow:

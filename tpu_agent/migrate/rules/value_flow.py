@@ -22,6 +22,7 @@ import libcst as cst
 
 from tpu_agent.migrate.analysis.crossmodule import merged
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
+from tpu_agent.migrate.cstnodes import ATOMS
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
 from tpu_agent.migrate.rules._backend import fix_backend_value, is_nccl_backend
@@ -113,12 +114,12 @@ class _StringSearch(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if type(node) is cst.SimpleString and self.text in node.value:
             self.found = True
-        return not self.found
+        return not self.found and type(node) not in ATOMS
 
 
 def _holds_string(ctx: PyContext, node: cst.CSTNode, text: str) -> bool:
     """Some string literal inside ``node`` contains ``text``."""
-    if text not in ctx.source:
+    if not ctx.mentions(text):
         return False
     search = _StringSearch(text)
     node.visit(search)
