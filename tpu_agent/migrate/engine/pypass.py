@@ -149,7 +149,7 @@ def _outcome(result: Rewrite) -> PyOutcome | None:
     code: str | None = None
     generated: list[tuple[int, str]] | None = None
     if placed is not None:
-        found, lengths = statement_positions(module, placed, ctx.findings)
+        found, lengths = statement_positions(module, placed, ctx.findings, edits.dirty)
         if _can_splice(result, placed, lengths):
             code, generated = splice(result.source, module, new_module, placed.spans, edits)
         elif result.reduced and edits.changed:
