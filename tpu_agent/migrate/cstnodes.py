@@ -6,6 +6,9 @@ the rules' helpers, and the rules may not import the engine package, whose __ini
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+
 import libcst as cst
 
 _OPERATORS = (cst.BaseUnaryOp, cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseAugOp)
@@ -50,3 +53,36 @@ def string_like(template: cst.CSTNode | None, value: str) -> cst.SimpleString:
     elif isinstance(template, cst.FormattedString) and template.end in ("'", '"'):
         quote = template.end
     return cst.SimpleString(f"{quote}{value}{quote}")
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # node type -> its fields, looked up once per type
+_NODE_TYPES: dict[type, bool] = {}  # value type -> whether it is a node (CSTNode is an ABC: isinstance is slow)
+
+
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node below and including ``node`` but what is inside an atom, in no particular order. Unlike a libcst
+    visitor it builds nothing (a visit rebuilds every node it enters): for searches that only read."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        kind = type(current)
+        if kind in ATOMS:
+            continue
+        names = _FIELDS.get(kind)
+        if names is None:
+            names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(current))
+        for name in names:
+            value = getattr(current, name)
+            if isinstance(value, (list, tuple)):
+                stack.extend(item for item in value if _is_node(item))
+            elif _is_node(value):
+                stack.append(value)
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    found = _NODE_TYPES.get(kind)
+    if found is None:
+        found = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+    return found
