@@ -292,10 +292,11 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
     workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-breadth-"))
     try:
         root = make_breadth_tree(workdir / "tree", copies=copies, filler_lines=filler)
+        cpu: dict[Target, float] = {}
         for target in (Target.ACCELERATOR, Target.TPU):
             cpu_start = time.process_time()
             plan = api.plan([root], MigrateOptions(target=target, jobs=1))
-            one_worker_cpu = time.process_time() - cpu_start
+            one_worker_cpu = cpu[target] = time.process_time() - cpu_start
             share = breadth_share(plan)
             left = conversion_share(plan).left
             top = ", ".join(f"{code} {count}" for code, count in sorted(left.items(), key=lambda kv: -kv[1])[:8])
@@ -311,6 +312,8 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
                 print(f"  skipped: {reason}")
         lines = sum(f.lines for f in plan.files)
         cores = os.cpu_count() or 1
+        one_worker_cpu = cpu[MigrateOptions().target]  # the in-place run's target
+        load = os.getloadavg()[0]
         start = time.perf_counter()
         plan = api.plan([root], MigrateOptions())
         api.apply(plan, allow_dirty=True)
@@ -318,9 +321,10 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
         broken = [p for p in root.rglob("*.py") if not _parses(p)]
         again = api.plan([root], MigrateOptions())
         print(
-            f"breadth tree: {len(plan.files)} files, {lines:,} lines, {cores} cores, load average "
-            f"{os.getloadavg()[0]:.1f}; in-place run (plan + apply, default jobs) {in_place:.1f} s wall (target 30 s: "
-            f"{30 / in_place:.2f}x); one worker: {lines / one_worker_cpu:,.0f} lines per CPU-second, about "
+            f"breadth tree: {len(plan.files)} files, {lines:,} lines, {cores} cores, load average {load:.1f} before the "
+            f"run, {os.getloadavg()[0]:.1f} after; in-place run (plan + apply, default jobs, default target) "
+            f"{in_place:.1f} s wall (target 30 s: {30 / in_place:.2f}x); one worker, default target: "
+            f"{one_worker_cpu:.1f} CPU s, {lines / one_worker_cpu:,.0f} lines per CPU-second, about "
             f"{one_worker_cpu / cores:.1f} s over {cores} idle cores; {len(broken)} outputs that do not parse; a "
             f"second run changes {len(again.changed_files)} files"
         )
