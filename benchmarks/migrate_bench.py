@@ -19,7 +19,7 @@ form (manual-by-design rules excluded), with and without ``--unsafe-fixes`` and 
 of the tree).
 
 ``--breadth`` writes the breadth tree of ``benchmarks/breadth_tree.py`` (files shaped like thirteen kinds of public
-training repositories, about 440k lines by default; issue 28's targets: >= 95 % converted counting the references
+training repositories, 442k lines by default; issue 28's targets: >= 95 % converted counting the references
 no finding covers as missed, 0 files skipped by an internal error, <= 30 s in place on 2 cores) and prints, per
 target, the share, what is left by rule, skipped files and dropped edits; then the timed in-place run, a check
 that every output parses and a second run changes nothing, and TorchFix's time on a copy of the same tree
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from breadth_tree import breadth_share, make_breadth_tree, misses
+from breadth_tree import COPIES, FILLER_LINES, breadth_share, make_breadth_tree, misses
 from real_tree import conversion_share, make_tree
 
 from tpu_agent.migrate import api
@@ -292,10 +292,11 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
     workdir = Path(tempfile.mkdtemp(prefix="tpu-agent-migrate-breadth-"))
     try:
         root = make_breadth_tree(workdir / "tree", copies=copies, filler_lines=filler)
+        cpu: dict[Target, float] = {}
         for target in (Target.ACCELERATOR, Target.TPU):
             cpu_start = time.process_time()
             plan = api.plan([root], MigrateOptions(target=target, jobs=1))
-            one_worker_cpu = time.process_time() - cpu_start
+            one_worker_cpu = cpu[target] = time.process_time() - cpu_start
             share = breadth_share(plan)
             left = conversion_share(plan).left
             top = ", ".join(f"{code} {count}" for code, count in sorted(left.items(), key=lambda kv: -kv[1])[:8])
@@ -311,6 +312,8 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
                 print(f"  skipped: {reason}")
         lines = sum(f.lines for f in plan.files)
         cores = os.cpu_count() or 1
+        one_worker_cpu = cpu[MigrateOptions().target]  # the in-place run's target
+        load = os.getloadavg()[0]
         start = time.perf_counter()
         plan = api.plan([root], MigrateOptions())
         api.apply(plan, allow_dirty=True)
@@ -318,9 +321,10 @@ def breadth(copies: int, filler: int, torchfix: str, torchfix_copies: int) -> No
         broken = [p for p in root.rglob("*.py") if not _parses(p)]
         again = api.plan([root], MigrateOptions())
         print(
-            f"breadth tree: {len(plan.files)} files, {lines:,} lines, {cores} cores, load average "
-            f"{os.getloadavg()[0]:.1f}; in-place run (plan + apply, default jobs) {in_place:.1f} s wall (target 30 s: "
-            f"{30 / in_place:.2f}x); one worker: {lines / one_worker_cpu:,.0f} lines per CPU-second, about "
+            f"breadth tree: {len(plan.files)} files, {lines:,} lines, {cores} cores, load average {load:.1f} before the "
+            f"run, {os.getloadavg()[0]:.1f} after; in-place run (plan + apply, default jobs, default target) "
+            f"{in_place:.1f} s wall (target 30 s: {30 / in_place:.2f}x); one worker, default target: "
+            f"{one_worker_cpu:.1f} CPU s, {lines / one_worker_cpu:,.0f} lines per CPU-second, about "
             f"{one_worker_cpu / cores:.1f} s over {cores} idle cores; {len(broken)} outputs that do not parse; a "
             f"second run changes {len(again.changed_files)} files"
         )
@@ -428,7 +432,9 @@ def main() -> None:
     )
     parser.add_argument("--real-tree", action="store_true", help="measure the real-shaped tree instead (issue 13)")
     parser.add_argument("--breadth", action="store_true", help="measure the breadth tree instead (issue 28)")
-    parser.add_argument("--copies", type=int, default=133, help="--breadth: files per repository kind (default 133)")
+    parser.add_argument(
+        "--copies", type=int, default=COPIES, help=f"--breadth: files per repository kind (default {COPIES})"
+    )
     parser.add_argument("--torchfix", default="torchfix", help="--breadth: the TorchFix command to time beside")
     parser.add_argument(
         "--torchfix-copies", type=int, default=10, help="--breadth: files per kind of the tree TorchFix is timed on"
@@ -442,7 +448,7 @@ def main() -> None:
         repos(args.repos, args.torchfix, args.misses)
         return
     if args.breadth:
-        breadth(args.copies, 200, args.torchfix, args.torchfix_copies)
+        breadth(args.copies, FILLER_LINES, args.torchfix, args.torchfix_copies)
         return
     if args.real_tree:
         real_tree(args.files if args.files != 2_400 else 1_700, args.lines if args.lines != 150 else 260)

@@ -250,3 +250,12 @@ def test_output_that_does_not_parse_is_not_written() -> None:
     _check_output("self.is_cuda = x.device.type == 'tpu'\n")
     with pytest.raises(InvalidOutput, match="line 1: cannot assign to comparison"):
         _check_output("(self.device.type == 'tpu') = True\n")
+
+
+def test_only_the_generated_statements_of_a_spliced_output_are_parsed() -> None:
+    """A spliced output is checked by parsing the statements the rewrite generated; the rest is the source's own
+    text, which parsed already. An error in a generated statement is placed on its line in the whole output."""
+    code = "import torch\n\n(self.device.type == 'tpu') = True\nx = 1\n"
+    _check_output(code, [(len(code) - 6, "x = 1\n")])
+    with pytest.raises(InvalidOutput, match="line 3: cannot assign to comparison"):
+        _check_output(code, [(14, "(self.device.type == 'tpu') = True\n"), (len(code) - 6, "x = 1\n")])

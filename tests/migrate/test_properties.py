@@ -145,4 +145,4 @@ def test_spliced_output_equals_full_code_generation(parts, newline: str, annotat
     assert placed is not None and placed.spans == spans
     if not result.edits.changed:
         return
-    assert splice(source, module, result.new_module, spans, result.edits) == result.new_module.code
+    assert splice(source, module, result.new_module, spans, result.edits).code == result.new_module.code

@@ -17,6 +17,7 @@ from typing import Any, cast
 import libcst as cst
 
 from tpu_agent.migrate.analysis.astnodes import nodes
+from tpu_agent.migrate.cstnodes import TreeReader
 
 
 def target_names(target: cst.CSTNode) -> list[str]:
@@ -30,7 +31,7 @@ def target_names(target: cst.CSTNode) -> list[str]:
     return []
 
 
-class _Binder(cst.CSTVisitor):
+class _Binder(TreeReader):
     def __init__(self) -> None:
         self.bound: set[str] = set()
         self.declared: set[str] = set()  # global / nonlocal: not local
@@ -146,5 +147,12 @@ def bound_anywhere(tree: ast.Module) -> frozenset[str]:
     """Every name the module binds anywhere, in any scope, other than by an import (:func:`bindings_of`): a
     superset of every function's local names, read off the stdlib tree in one walk. A name outside it is no
     function's local, so the libcst walk of :func:`local_names` (the costly part of resolving names in big files)
-    is needed only for the few names inside it."""
-    return frozenset(name for node in nodes(tree) if type(node) in _BINDERS for name in bindings_of(node))
+    is needed only for the few names inside it. Names, most of the nodes, are judged here without a call."""
+    names: set[str] = set()
+    for node in nodes(tree):
+        if isinstance(node, ast.Name):
+            if not isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+        elif type(node) in _BINDERS:
+            names.update(bindings_of(node))
+    return frozenset(names)

@@ -17,7 +17,7 @@ import ast
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import libcst as cst
 
@@ -57,18 +57,11 @@ class PendingFinding:
     top: int = -1  # index of the top-level statement it is in
 
 
-class Mark(NamedTuple):
-    """A context's reporting state before a handler runs (:meth:`PyContext.mark`)."""
-
-    findings: int
-    todos: int
-    needs_device: bool
-    needs_torch: bool
-    device_first_top: int | None
-
-    @property
-    def needs(self) -> tuple[bool, bool, int | None]:
-        return self.needs_device, self.needs_torch, self.device_first_top
+# A context's reporting state before a handler runs (:meth:`PyContext.mark`): how many findings and TODOs there
+# were, and the needs (resolver, ``import torch``, the first statement using the resolver). A plain tuple: the pass
+# takes one before every handler call, a third of a million per hundred thousand lines, and a named tuple's
+# constructor cost a few per cent of the run.
+Mark = tuple[int, int, bool, bool, int | None]
 
 
 @dataclass
@@ -161,6 +154,7 @@ class PyContext:
     fstring_quotes: list[str] = field(default_factory=list)  # quotes of the f-strings the pass is inside
     _device_uses: int = 0  # how many replacements referred to the resolver (DEVICE) so far
     source: str = ""  # the file's text, for the analyses computed on demand
+    _mentions: dict[str, bool] = field(default_factory=dict)
     _value_flow: ValueFlow | None = None
     _bindings: Bindings | None = None
     _unpacked: dict[str, Unpacked] = field(default_factory=dict)
@@ -191,6 +185,15 @@ class PyContext:
         if "def cuda" in source:
             ctx.user_cuda = UserCudaClasses.scan(source)
         return ctx
+
+    def mentions(self, text: str) -> bool:
+        """Whether the file's text holds ``text`` anywhere. Rules ask it at every node of a kind (is there any
+        ``get_device_properties`` to read a field of?); searching the whole text each time cost a tenth of the run
+        on long files, so each text is searched once."""
+        found = self._mentions.get(text)
+        if found is None:
+            found = self._mentions[text] = text in self.source
+        return found
 
     @property
     def value_flow(self) -> ValueFlow:
@@ -396,16 +399,16 @@ class PyContext:
     def mark(self) -> Mark:
         """What a handler may change here, before it runs (:meth:`internal_error` restores it)."""
         self.current_code = None
-        return Mark(len(self.findings), len(self._todo_log), self.needs_device, self.needs_torch, self.device_first_top)
+        return len(self.findings), len(self._todo_log), self.needs_device, self.needs_torch, self.device_first_top
 
     def internal_error(self, mark: Mark, owner: str, node: cst.CSTNode, error: Exception) -> None:
         """A handler raised at ``node`` (an original node): forget what it reported and asked for since
         ``mark`` (its edit is dropped) and report the error under the rule it was working for (``owner``, its
         family's first rule, when it had named none), with a request to report it."""
-        del self.findings[mark.findings :]
-        while len(self._todo_log) > mark.todos:
+        findings, todos, self.needs_device, self.needs_torch, self.device_first_top = mark
+        del self.findings[findings:]
+        while len(self._todo_log) > todos:
             self.todos[self._todo_log.pop()].pop()
-        self.needs_device, self.needs_torch, self.device_first_top = mark.needs
         code = self.current_code or owner
         text = " ".join(str(error).split())[:200]
         message = (

@@ -68,6 +68,9 @@ class PyOutcome:
 
     code: str | None  # None when nothing changes
     findings: list[PlacedFinding] = field(default_factory=list)
+    # (offset, text) of the parts of ``code`` that were generated, the rest being copied from the source text;
+    # None when all of it was generated
+    generated: list[tuple[int, str]] | None = None
 
 
 def parse(source: str) -> cst.Module:
@@ -144,10 +147,11 @@ def _outcome(result: Rewrite) -> PyOutcome | None:
     placed = layout(module, result.source, begins) if begins is not None else None
     found: dict[int, Position] = {}
     code: str | None = None
+    generated: list[tuple[int, str]] | None = None
     if placed is not None:
-        found, lengths = statement_positions(module, placed, ctx.findings)
+        found, lengths = statement_positions(module, placed, ctx.findings, edits.dirty)
         if _can_splice(result, placed, lengths):
-            code = splice(result.source, module, new_module, placed.spans, edits)
+            code, generated = splice(result.source, module, new_module, placed.spans, edits)
         elif result.reduced and edits.changed:
             return None
     elif result.reduced:
@@ -171,8 +175,10 @@ def _outcome(result: Rewrite) -> PyOutcome | None:
                 new_module = parse(code)
             except ParseFailure:
                 return None
-        code = remove_unused_cuda_imports(new_module, code, unused)
-    return PyOutcome(code if code != result.source else None, ordered)
+        trimmed = remove_unused_cuda_imports(new_module, code, unused)
+        if trimmed is not code:
+            code, generated = trimmed, None
+    return PyOutcome(code if code != result.source else None, ordered, generated)
 
 
 def _can_splice(result: Rewrite, placed: Layout, lengths: dict[int, int]) -> bool:

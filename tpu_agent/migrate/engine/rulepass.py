@@ -18,6 +18,7 @@ from typing import Any
 
 import libcst as cst
 
+from tpu_agent.migrate.cstnodes import ATOMS
 from tpu_agent.migrate.engine.context import PyContext
 from tpu_agent.migrate.engine.dispatch import Dispatch
 from tpu_agent.migrate.engine.imports import finish_module
@@ -67,6 +68,9 @@ class RulePass(cst.CSTTransformer):
         self.elifs: set[int] = set()  # ids of original ``If`` nodes that are the ``elif`` of another
         self.inert: set[int] = set()  # ids of statements whose text has no trigger: not descended into
         self.edits = Edits()
+        # the pass does not descend into atoms (:data:`~tpu_agent.migrate.cstnodes.ATOMS`), and passes these by on the
+        # way up: no leave handler looks at them (names are not among them: the reference handlers see those)
+        self.passive = frozenset(kind for kind in ATOMS if kind not in dispatch.leave and kind is not cst.Name)
 
     # libcst calls these for every field of every node to look up visit_<Node>_<field> methods; none exist.
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
@@ -80,6 +84,10 @@ class RulePass(cst.CSTTransformer):
     def on_visit(self, node: Any) -> bool:
         ctx = self.ctx
         kind = type(node)
+        if kind in ATOMS:
+            for fn in self.dispatch.visit.get(kind, ()):
+                self._run(fn, node, None, node)
+            return False
         if kind is cst.Attribute:
             ctx.not_references.add(id(node.value))
             ctx.not_references.add(id(node.attr))
@@ -143,8 +151,10 @@ class RulePass(cst.CSTTransformer):
         return True
 
     def on_leave(self, original: Any, updated: Any) -> Any:
-        ctx = self.ctx
         kind = type(original)
+        if kind in self.passive:
+            return updated
+        ctx = self.ctx
         result = updated
         for fn in self.dispatch.leave.get(kind, ()):
             result = self._run(fn, original, result, original, result)

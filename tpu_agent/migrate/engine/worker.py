@@ -121,7 +121,7 @@ def _run_python(source: str, options: MigrateOptions, imported: Imported | None 
     except IsolationFailure as exc:
         raise IsolationFailure(f"{exc} on {assessment.reason}", assessment.line) from None
     if assessment.tree is not None and outcome.code is not None:
-        _check_output(outcome.code)
+        _check_output(outcome.code, outcome.generated)
     return outcome
 
 
@@ -131,11 +131,16 @@ class InvalidOutput(Exception):
     it was, where writing it would break a working program."""
 
 
-def _check_output(code: str) -> None:
-    try:
-        ast.parse(code)
-    except SyntaxError as exc:
-        raise InvalidOutput(f"the rewrite does not parse at line {exc.lineno}: {exc.msg}") from None
+def _check_output(code: str, generated: list[tuple[int, str]] | None = None) -> None:
+    """Parse the rewrite: all of it, or only its ``generated`` parts (offset, text) where the rest is copied from
+    the source, which parsed. Each part is whole top-level statements, so it parses alone exactly when it parses
+    in its place; parsing only the parts saves most of the parse in a file where few statements changed."""
+    for offset, text in generated if generated is not None else [(0, code)]:
+        try:
+            ast.parse(text)
+        except SyntaxError as exc:
+            line = code.count("\n", 0, offset) + (exc.lineno or 1)
+            raise InvalidOutput(f"the rewrite does not parse at line {line}: {exc.msg}") from None
 
 
 def _run_in_isolation(source: str, options: MigrateOptions, imported: Imported | None = None) -> PyOutcome:

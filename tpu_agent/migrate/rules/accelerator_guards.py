@@ -250,7 +250,7 @@ def cuda_only_property(ctx: PyContext, original: cst.Attribute, updated: cst.Att
     ``__init__``, a class attribute): the call is rewritten (TPU201), the field it reads raises AttributeError
     on TPU, so it is reported as a capability check."""
     field_name = original.attr.value
-    if field_name in _TPU_PROPERTIES or field_name.startswith("__") or "get_device_properties" not in ctx.source:
+    if field_name in _TPU_PROPERTIES or field_name.startswith("__") or not ctx.mentions("get_device_properties"):
         return updated
     value = original.value
     if isinstance(value, cst.Name):

@@ -44,7 +44,7 @@ def _called(ctx: PyContext, call: cst.Call) -> tuple[str | None, bool]:
     own name, or through a name or attribute only ever bound to it (``set_dev = torch.cuda.set_device`` then
     ``set_dev(rank)``, which TPU201's rename of the reference leaves binding rank 1 on TPU as well)."""
     qualname = ctx.qualname(call)
-    if qualname is not None or "set_device" not in ctx.source:
+    if qualname is not None or not ctx.mentions("set_device"):
         return qualname, False
     alias = alias_of(ctx, call.func)
     return alias, alias is not None

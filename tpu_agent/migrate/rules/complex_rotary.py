@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from tpu_agent.migrate.analysis.local_names import target_names
+from tpu_agent.migrate.cstnodes import TreeReader
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import third_party
 from tpu_agent.migrate.rules._cst import source
@@ -140,7 +141,7 @@ class _OwnBody:
         return False
 
 
-class _FunctionScan(_OwnBody, cst.CSTVisitor):
+class _FunctionScan(_OwnBody, TreeReader):
     """In one function body (nested functions and classes are scanned on their own): how often each name is
     bound, every name read, and the ``torch.view_as_real`` calls."""
 
@@ -262,7 +263,7 @@ def _split_view(statement: cst.BaseStatement, view: _ComplexView) -> list[cst.Ba
 def _may_rewrite(ctx: PyContext) -> bool:
     """Whether functions of this file are worth scanning: the rule is on and the file names the complex view (the
     scan walks each function's body, which every other file is spared)."""
-    return "view_as_complex" in ctx.source and ctx.options.rule_enabled("TPU823")
+    return ctx.mentions("view_as_complex") and ctx.options.rule_enabled("TPU823")
 
 
 @third_party.FAMILY.visit(cst.FunctionDef)

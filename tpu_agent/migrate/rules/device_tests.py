@@ -269,7 +269,7 @@ def _report_indexed_test(ctx: PyContext, original: cst.Comparison) -> None:
 def device_string_comparison(ctx: PyContext, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
     # device == "cuda", "cuda" == device, device != "cuda", "cuda" in device, "cuda" not in device,
     # device in ("cuda", "mps"), device not in {"cuda"}
-    if "cuda" not in ctx.source:
+    if not ctx.mentions("cuda"):
         return updated
     sides = [original.left, *(c.comparator for c in original.comparisons)]
     if not any(holds_cuda(side) for side in sides):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.cstnodes import TreeReader
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import cuda_api, distributed, third_party
 from tpu_agent.migrate.rules._cst import keyword
@@ -166,7 +167,7 @@ _SPLIT_KEYWORDS = frozenset({"output_split_sizes", "input_split_sizes"})
 _HOST_READS = frozenset({"tolist", "item"})
 
 
-class _SplitSizes(cst.CSTVisitor):
+class _SplitSizes(TreeReader):
     """In one function: the host reads assigned to plain names, and the names passed as an all_to_all's sizes."""
 
     def __init__(self, ctx: PyContext) -> None:
@@ -199,7 +200,7 @@ def _host_reads(node: cst.CSTNode) -> list[cst.Call]:
     """The ``.tolist()``/``.item()`` calls in ``node``."""
     found: list[cst.Call] = []
 
-    class Reads(cst.CSTVisitor):
+    class Reads(TreeReader):
         def visit_Call(self, call: cst.Call) -> None:
             func = call.func
             if isinstance(func, cst.Attribute) and func.attr.value in _HOST_READS and not call.args:
@@ -211,7 +212,7 @@ def _host_reads(node: cst.CSTNode) -> list[cst.Call]:
 
 @distributed.FAMILY.leave(cst.FunctionDef)
 def host_read_split_sizes(ctx: PyContext, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-    if "all_to_all" not in ctx.source:
+    if not ctx.mentions("all_to_all"):
         return updated
     found = _SplitSizes(ctx)
     original.body.visit(found)

@@ -189,7 +189,7 @@ def _bound_entries(
 ) -> tuple[str, list[tuple[str, cst.BaseExpression]]] | None:
     """(name, its backend/device_id entries) for ``name = {...}`` / ``name = dict(...)`` / ``name["device_id"] =
     value`` where ``name`` is unpacked into init_process_group; else None."""
-    if _INIT_FUNCTION not in ctx.source or node.value is None:
+    if not ctx.mentions(_INIT_FUNCTION) or node.value is None:
         return None
     if isinstance(node, cst.Assign):
         if len(node.targets) != 1:

@@ -78,7 +78,7 @@ def _pairs(ctx: PyContext, body: Sequence[cst.CSTNode]) -> list[tuple[int, int]]
 
 @FAMILY.visit(cst.IndentedBlock)
 def _claim_pairs(ctx: PyContext, node: cst.IndentedBlock) -> None:
-    if "range_push" not in ctx.source:
+    if not ctx.mentions("range_push"):
         return
     for push, pop in _pairs(ctx, node.body):
         for index in (push, pop):
@@ -87,7 +87,7 @@ def _claim_pairs(ctx: PyContext, node: cst.IndentedBlock) -> None:
 
 @FAMILY.leave(cst.IndentedBlock)
 def nvtx_pairs(ctx: PyContext, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
-    if "range_push" not in ctx.source:
+    if not ctx.mentions("range_push"):
         return updated
     pairs = _pairs(ctx, original.body)
     if not pairs:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.cstnodes import TreeReader
 from tpu_agent.migrate.rules._bound import earlier_in_scope
 from tpu_agent.migrate.rules._cst import source
 from tpu_agent.migrate.rules.cuda_api import FAMILY
@@ -60,7 +61,7 @@ def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
         stack.extend(current.children)
 
 
-class _BoundNames(cst.CSTVisitor):
+class _BoundNames(TreeReader):
     """The names a statement (re)binds, with the bases of the attributes and items it assigns: ``seed``,
     ``args`` for ``args.seed = ...``."""
 

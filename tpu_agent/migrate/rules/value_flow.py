@@ -22,6 +22,7 @@ import libcst as cst
 
 from tpu_agent.migrate.analysis.crossmodule import merged
 from tpu_agent.migrate.analysis.valueflow import KeyFlow, Verdict, argparse_dest, attr_key, name_key
+from tpu_agent.migrate.cstnodes import walk
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules import devices, distributed
 from tpu_agent.migrate.rules._backend import fix_backend_value, is_nccl_backend
@@ -101,28 +102,12 @@ def _register_definition(family: Family, rewrite: DefinitionRewrite) -> None:
     family.leave(cst.AnnAssign)(annotated)
 
 
-class _StringSearch(cst.CSTVisitor):
-    """Finds a string literal holding a text; stops descending once it has (generating the code of every
-    assigned value to search it costs far more)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-        self.found = False
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if type(node) is cst.SimpleString and self.text in node.value:
-            self.found = True
-        return not self.found
-
-
 def _holds_string(ctx: PyContext, node: cst.CSTNode, text: str) -> bool:
-    """Some string literal inside ``node`` contains ``text``."""
-    if text not in ctx.source:
+    """Some string literal inside ``node`` contains ``text`` (a search that builds nothing: it runs on every
+    assigned value of a file that mentions the text)."""
+    if not ctx.mentions(text):
         return False
-    search = _StringSearch(text)
-    node.visit(search)
-    return search.found
+    return any(type(inner) is cst.SimpleString and text in inner.value for inner in walk(node))
 
 
 def _lines(flow: KeyFlow) -> str:

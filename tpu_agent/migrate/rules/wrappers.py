@@ -190,7 +190,7 @@ def _report(ctx: PyContext, args: Sequence[cst.Arg], site: cst.CSTNode, handed: 
     whole = "fully_shard(module) for each module it wraps, then fully_shard(model)" if handed else "fully_shard(model)"
     advice = [] if "auto_wrap_policy" in passed else [whole]
     advice += [text for name, text in _ARGUMENTS.items() if name in passed]
-    if "state_dict_type" in ctx.source:
+    if ctx.mentions("state_dict_type"):
         advice.append(f"save with {_STATE_DICT} in place of {_FSDP1_STATE_DICT}")
     where = f"{source(site)} {handed} wraps modules in FSDP1 where it is called. " if handed else ""
     ctx.report("TPU409", site, f"{_WHY}. {where}Port by hand: {'; '.join(advice)}", fixable=False)
