@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_agent.estimate import host_bound
 from tpu_agent.estimate.capture import CaptureComplete, ObservedGraph, _finish, _Step, _Watcher, script_error
-from tpu_agent.estimate.capture_only import CapturedGraph
+from tpu_agent.estimate.captured import CapturedGraph
 from tpu_agent.estimate.layout import RESULT_FILE
 from tpu_agent.estimate.report import summary_rows
 

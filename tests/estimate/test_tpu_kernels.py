@@ -12,7 +12,7 @@ from tpu_compiler import needs_tpu_compiler
 
 from tpu_agent.chips import parse_target
 from tpu_agent.estimate.capture import ObservedGraph, step_program
-from tpu_agent.estimate.capture_only import CapturedGraph
+from tpu_agent.estimate.captured import CapturedGraph
 from tpu_agent.estimate.model import ArgRole
 from tpu_agent.estimate.step import estimate_step
 from tpu_agent.runtime.emulated.state import Precision
