@@ -28,6 +28,7 @@ from tpu_agent.estimate.options import (
     MAX_OPTIMIZER_STEPS,
     MIN_OPTIMIZER_STEPS,
     STRATEGIES,
+    efforts_help,
 )
 from tpu_agent.fsutil import atomic_write_text
 
@@ -144,9 +145,7 @@ def estimate(
     effort: str = typer.Option(
         DEFAULT_EFFORT,
         "--effort",
-        help=f"{' | '.join(EFFORTS)}: the TPU compiler's effort at the program's speed. fast: its least scheduling "
-        "and fusion search (minutes less for a 7B step); full: its defaults. Memory planning is the same; each has "
-        "its own calibration.",
+        help=f"{' | '.join(EFFORTS)}. {efforts_help()}",
     ),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help=FORMAT_HELP + " Also markdown."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),

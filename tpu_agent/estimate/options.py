@@ -24,6 +24,14 @@ EFFORT_MEANING = {
     "fast": "the compiler's least scheduling and fusion search; memory planning at its default",
     "full": "the compiler's defaults, as MaxText's train_compile",
 }
+
+
+def efforts_help() -> str:
+    """The efforts and what each means, one text for the CLI's help and the MCP tool's argument."""
+    meanings = "; ".join(f"{name}: {meaning}" for name, meaning in EFFORT_MEANING.items())
+    return f"The TPU compiler's effort at the program's speed ({meanings}). Each has its own calibration."
+
+
 # The steady step is the interval between the last two optimizer steps, so fewer than two leaves none.
 MIN_OPTIMIZER_STEPS = 2
 DEFAULT_OPTIMIZER_STEPS = 3  # one more than the minimum: the first step's one-off work stays out of the compiled one
@@ -39,4 +47,5 @@ __all__ = [
     "MAX_OPTIMIZER_STEPS",
     "MIN_OPTIMIZER_STEPS",
     "STRATEGIES",
+    "efforts_help",
 ]

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, Field
 
 from tpu_agent.chips import TARGET_EXAMPLES, parse_target
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.estimate.options import EFFORTS, STRATEGIES
+from tpu_agent.estimate.options import EFFORTS, STRATEGIES, efforts_help
 from tpu_agent.plugins.jobs import JOB_ID_PATTERN
 from tpu_agent.plugins.limits import (
     MAX_CHIP_CHARS,
@@ -95,11 +95,7 @@ StrategyArg = Annotated[
 ]
 EffortArg = Annotated[
     Literal[EFFORTS],  # type: ignore[valid-type]  # estimate's one tuple of compiler efforts
-    Field(
-        description="The TPU compiler's effort at the program's speed: fast (its least scheduling and fusion search; "
-        "minutes less for a 7B step) or full (its defaults, as MaxText's train_compile). Each has its own "
-        "calibration."
-    ),
+    Field(description=efforts_help()),
 ]
 CompilerArg = Annotated[
     Literal[COMPILERS] | None,  # type: ignore[valid-type]  # the runtime's one tuple of compiler names
