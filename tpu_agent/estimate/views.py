@@ -21,18 +21,11 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._prims_common import make_contiguous_strides_for
 
 _READ = torch.ops.aten.as_strided_copy.default  # a functional graph's read of a view (a copy: never written)
 
 Described = tuple[tuple[int, ...], torch.dtype, int | None] | float  # an input as a capture records it
-
-
-def _contiguous_strides(sizes: Sequence[int]) -> list[int]:
-    strides, running = [], 1
-    for size in reversed(sizes):
-        strides.append(running)
-        running *= max(size, 1)
-    return strides[::-1]
 
 
 def _view(node: torch.fx.Node) -> tuple[tuple[int, ...], int] | None:
@@ -42,7 +35,7 @@ def _view(node: torch.fx.Node) -> tuple[tuple[int, ...], int] | None:
     sizes, strides = [int(s) for s in node.args[1]], [int(s) for s in node.args[2]]
     offset = int(node.args[3]) if len(node.args) > 3 and node.args[3] is not None else 0
     if any(s == 0 for s in sizes) or [st for sz, st in zip(sizes, strides, strict=True) if sz != 1] != [
-        st for sz, st in zip(sizes, _contiguous_strides(sizes), strict=True) if sz != 1
+        st for sz, st in zip(sizes, make_contiguous_strides_for(sizes), strict=True) if sz != 1
     ]:
         return None
     return tuple(sizes), offset
