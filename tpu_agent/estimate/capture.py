@@ -240,6 +240,7 @@ def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None
     import jax
 
     from tpu_agent.runtime.xla import lowering
+    from tpu_agent.runtime.xla.graphs import op_count
 
     gm, inputs = views.unpacked(graph.runner.gm, graph.inputs)
     examples: list[torch.Tensor | float] = [
@@ -266,8 +267,7 @@ def step_program(graph: ObservedGraph, index: int, role_of: Callable[[int | None
         return traced.function(rng_seed, *merged)
 
     donated = tuple(i for i, arg in enumerate(args) if arg.role in _DONATED_ROLES)
-    ops = sum(1 for node in gm.graph.nodes if node.op == "call_function")
-    return StepProgram(f"{index}: {graph.runner.name}", program, tuple(args), donated, graph.calls, ops)
+    return StepProgram(f"{index}: {graph.runner.name}", program, tuple(args), donated, graph.calls, op_count(gm))
 
 
 def _read_options(directory: Path) -> dict[str, Any]:
