@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from tpu_agent.migrate.cstnodes import walk
 from tpu_agent.migrate.model import ApiEquivalent, Safety
 from tpu_agent.migrate.rules._base import TEXT_KINDS, Family, TextFix
 from tpu_agent.migrate.rules._bound import bound_earlier
@@ -260,16 +261,13 @@ def known_cuda_index(ctx: PyContext, value: cst.BaseExpression) -> cst.BaseExpre
 def _refers_to_cuda(ctx: PyContext, node: cst.CSTNode) -> bool:
     """Whether the expression names something under ``torch.cuda`` or holds a CUDA device string (the rules
     rewrite those parts themselves); a name such as ``cfg.cuda_rank`` or a comment saying "cuda" does not count."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
+    for current in walk(node):
         if isinstance(current, (cst.Name, cst.Attribute)):
             qualname = ctx.qualname(current) or ""
             if qualname == "torch.cuda" or qualname.startswith("torch.cuda."):
                 return True
         elif isinstance(current, (cst.SimpleString, cst.FormattedString)) and cuda_device_code(ctx, current):
             return True
-        stack.extend(current.children)
     return False
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from tpu_agent.migrate.cstnodes import TreeReader
+from tpu_agent.migrate.cstnodes import TreeReader, walk
 from tpu_agent.migrate.rules._bound import earlier_in_scope
 from tpu_agent.migrate.rules._cst import source
 from tpu_agent.migrate.rules.cuda_api import FAMILY
@@ -53,12 +53,7 @@ def _seeded_earlier(ctx: PyContext, call: cst.Call) -> bool:
 
 def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
     """Every ``Name`` in ``node``."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Name):
-            yield current
-        stack.extend(current.children)
+    return (current for current in walk(node) if type(current) is cst.Name)
 
 
 class _BoundNames(TreeReader):
